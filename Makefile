@@ -1,0 +1,26 @@
+# Two entry points on a fresh machine: `make run` (the app on the quick-start preset) and
+# `make test` (the whole suite). Both create .venv and install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/torchdeck
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
