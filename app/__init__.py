@@ -1,0 +1,1 @@
+"""torchdeck's terminal app. Never imports torch at module import: the first frame must be fast."""

@@ -1,0 +1,1 @@
+"""torchdeck's training engine. Never imports textual; usable headless and under torchrun."""

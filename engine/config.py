@@ -1,0 +1,530 @@
+"""The run config: one schema shared by the form, presets, the CLI and the engine.
+
+Importable without torch (the app imports it on its first frame). Every error names the field
+it is about, so the form can mark that field and the CLI can print one clear line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+SCHEMA_VERSION = 1
+
+STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero")
+ACCELERATORS = ("cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
+BUILTIN_MODELS = ("cnn", "resnet18", "mlp")
+BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ConfigError(ValueError):
+    """All problems found in one config; each is (field path, reason)."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        lines = [f"{where}{f}: {why}" if f else f"{where}{why}" for f, why in problems]
+        super().__init__("\n".join(lines))
+
+    def by_field(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for f, why in self.problems:
+            out.setdefault(f, why)
+        return out
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class NodesConfig:
+    """Where the ranks meet (torchrun's vocabulary)."""
+
+    num_nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500  # 0: pick a free port (single node only)
+    timeout_s: int = 300  # collective and rendezvous timeout
+    ifname: str = ""  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set
+
+
+@dataclass
+class ModelConfig:
+    name: str = "cnn"  # cnn | resnet18 | mlp | package.module:callable
+    small_stem: bool = True  # resnet18: 3x3 stem, no max-pool, for 32x32 images
+    hidden: int = 256  # mlp width
+    kwargs: dict = field(default_factory=dict)  # passed to a user callable
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"  # synthetic | cifar10 | mnist | fashionmnist | imagefolder | module:callable
+    root: str = "./data"
+    download: bool = True  # torchvision sets: fetch when missing (needs network)
+    train_size: int = 8192  # synthetic only
+    val_size: int = 2048  # synthetic only
+    num_classes: int = 10  # synthetic only
+    image_size: int = 32  # synthetic only
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    on_device: bool = False  # keep a small data set on the GPU
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "none"
+    step_size: int = 1  # step: epochs between decays
+    gamma: float = 0.1  # step: decay factor
+    warmup_steps: int = 0  # warmup (and cosine/onecycle warm start): optimizer steps
+    min_lr: float = 0.0  # cosine floor
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64  # per process (dp: total across its devices)
+    epochs: int = 3
+    max_steps: int = 0  # optimizer steps; 0: no limit beyond epochs
+    grad_accum: int = 1
+    precision: str = "32-true"
+    grad_clip: float = 0.0  # max grad norm; 0: off
+    seed: int = 0
+    eval_every_epoch: bool = True
+    log_every_n_steps: int = 10  # step events per rank
+    threads_per_rank: int = 0  # 0: cores / local processes, like torchrun's OMP_NUM_THREADS
+    channels_last: bool = False
+    compile: bool = False
+    cudnn_benchmark: bool = True
+    tf32: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""  # empty: <run dir>/checkpoints
+    every_n_steps: int = 0  # 0: only at epoch ends (when every_epoch)
+    every_epoch: bool = True
+    keep_last: int = 3
+    resume: str = ""  # "" | latest | path to a checkpoint file
+
+
+@dataclass
+class DDPConfig:
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    sync_batchnorm: bool = False
+
+
+@dataclass
+class ModelParallelConfig:
+    split: list = field(default_factory=list)  # layers per device; empty: balance by parameters
+    micro_batches: int = 1  # >1: pipeline micro-batches so devices overlap
+
+
+@dataclass
+class FSDPConfig:
+    reshard_after_forward: bool = True
+    state_dict: str = "full"  # full | sharded
+
+
+@dataclass
+class RunConfig:
+    schema_version: int = SCHEMA_VERSION
+    name: str = "run"
+    description: str = ""
+    strategy: str = "cpu"
+    accelerator: str = "cpu"
+    # cpu: number of processes (int). cuda: GPU indices, e.g. [0, 2]; in YAML also "0,2",
+    # an int N (the first N GPUs) or -1 (all), as Lightning's `devices`.
+    devices: Any = 1
+    backend: str = "auto"
+    init_method: str = "env://"  # env:// | tcp://host:port | file:///path
+    nodes: NodesConfig = field(default_factory=NodesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    model_parallel: ModelParallelConfig = field(default_factory=ModelParallelConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def nproc_per_node(self) -> int:
+        from engine.strategies import get_strategy
+
+        return get_strategy(self.strategy).nprocs(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nodes.num_nodes
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.batch_size * self.world_size * self.train.grad_accum
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.accelerator == "cuda" else "gloo"
+
+    def device_for(self, local_rank: int) -> str:
+        """The device a local rank trains on ("cpu" or "cuda:N", N the real GPU index)."""
+        if self.accelerator == "cpu":
+            return "cpu"
+        gpus = self.devices
+        return f"cuda:{gpus[local_rank % len(gpus)]}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def copy(self) -> "RunConfig":
+        return from_dict(self.to_dict())
+
+
+# ----------------------------------------------------------------------------- hardware
+
+
+@dataclass
+class Hardware:
+    """What this host has, as far as validation needs to know. None: unknown, not checked."""
+
+    gpu_count: int | None = None
+    mpi_available: bool | None = None
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _type_name(tp) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value, tp, path: str, problems: list):
+    """Check one scalar against its declared type; YAML already gives us typed values."""
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif tp is list:
+        if isinstance(value, list):
+            return value
+    elif tp is dict:
+        if isinstance(value, dict):
+            return value
+    problems.append((path, f"must be {_type_name(tp)}, got {value!r} ({type(value).__name__})"))
+    return dataclasses.MISSING
+
+
+def _build(cls, data, prefix: str, problems: list):
+    hints = get_type_hints(cls)
+    obj = cls()
+    if data is None:
+        return obj
+    if not isinstance(data, dict):
+        problems.append((prefix.rstrip("."), f"must be a mapping of settings, got {type(data).__name__}"))
+        return obj
+    names = [f.name for f in fields(cls)]
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            guess = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{prefix}{guess[0]}'?)" if guess else f" (known: {', '.join(names)})"
+            problems.append((path, f"unknown key{hint}"))
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            setattr(obj, key, _build(tp, value, path + ".", problems))
+            continue
+        origin = get_origin(tp)
+        if origin is not None and type(None) in get_args(tp):  # Optional[...] is not used; keep simple
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        got = _coerce(value, tp, path, problems)
+        if got is not dataclasses.MISSING:
+            setattr(obj, key, got)
+    return obj
+
+
+def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
+    """Build and validate a config. Raises ConfigError listing every problem."""
+    problems: list[tuple[str, str]] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([("", f"a preset must be a mapping of settings, got {type(data).__name__}")], source)
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        problems.append(("schema_version", f"this torchdeck reads version {SCHEMA_VERSION}, got {version!r}"))
+        raise ConfigError(problems, source)
+    cfg = _build(RunConfig, data, "", problems)
+    if not problems:
+        _normalize(cfg, problems)
+    if not problems:
+        problems.extend(validate(cfg, hw))
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _normalize(cfg: RunConfig, problems: list) -> None:
+    """Turn Lightning-style `devices` into its canonical form for the accelerator."""
+    d = cfg.devices
+    if cfg.accelerator == "cpu":
+        if isinstance(d, bool) or not isinstance(d, int):
+            problems.append(("devices", f"with accelerator cpu, devices is the number of processes; got {d!r}"))
+        return
+    if isinstance(d, str):
+        try:
+            d = [int(p) for p in d.replace(" ", "").split(",") if p != ""]
+        except ValueError:
+            problems.append(("devices", f"GPU indices like \"0,2\" expected, got {cfg.devices!r}"))
+            return
+    elif isinstance(d, int) and not isinstance(d, bool):
+        if d == -1:
+            d = "all"
+        elif d >= 1:
+            d = list(range(d))
+        else:
+            problems.append(("devices", f"must be at least 1 GPU, or -1 for all; got {d}"))
+            return
+    elif isinstance(d, list):
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in d):
+            problems.append(("devices", f"GPU indices must be integers, got {d!r}"))
+            return
+    else:
+        problems.append(("devices", f"GPU indices (a list or \"0,2\"), a count, or -1; got {d!r}"))
+        return
+    cfg.devices = d
+
+
+def resolve_all_gpus(cfg: RunConfig, hw: Hardware) -> None:
+    """devices: -1 means every GPU on this host; fix it to indices once the count is known."""
+    if cfg.accelerator == "cuda" and cfg.devices == "all" and hw.gpu_count is not None:
+        cfg.devices = list(range(hw.gpu_count))
+
+
+def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]]:
+    """Every rule that needs no torch. Returns (field, reason) pairs; empty means valid."""
+    p: list[tuple[str, str]] = []
+
+    def choice(path, value, allowed):
+        if value not in allowed:
+            guess = difflib.get_close_matches(str(value), allowed, n=1)
+            hint = f"; did you mean '{guess[0]}'?" if guess else ""
+            p.append((path, f"must be one of {', '.join(allowed)}; got {value!r}{hint}"))
+
+    def at_least(path, value, low):
+        if value < low:
+            p.append((path, f"must be at least {low}, got {value}"))
+
+    choice("strategy", cfg.strategy, STRATEGIES)
+    choice("accelerator", cfg.accelerator, ACCELERATORS)
+    choice("backend", cfg.backend, BACKENDS)
+    choice("train.precision", cfg.train.precision, PRECISIONS)
+    choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    choice("scheduler.name", cfg.scheduler.name, SCHEDULERS)
+    choice("fsdp.state_dict", cfg.fsdp.state_dict, ("full", "sharded"))
+    if cfg.model.name not in BUILTIN_MODELS and not _IMPORT_PATH.match(cfg.model.name):
+        p.append(("model.name", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:callable'; got {cfg.model.name!r}"))
+    if cfg.data.dataset not in BUILTIN_DATASETS and not _IMPORT_PATH.match(cfg.data.dataset):
+        p.append(("data.dataset", f"must be one of {', '.join(BUILTIN_DATASETS)} or 'package.module:callable'; got {cfg.data.dataset!r}"))
+    if not re.match(r"^(env://|tcp://[^:/]+:\d+|file://.+)$", cfg.init_method):
+        p.append(("init_method", f"must be env://, tcp://HOST:PORT or file:///PATH; got {cfg.init_method!r}"))
+
+    t = cfg.train
+    at_least("train.batch_size", t.batch_size, 1)
+    at_least("train.epochs", t.epochs, 0)
+    at_least("train.max_steps", t.max_steps, 0)
+    if t.epochs == 0 and t.max_steps == 0:
+        p.append(("train.epochs", "epochs and max_steps are both 0: nothing to train; set one of them"))
+    at_least("train.grad_accum", t.grad_accum, 1)
+    if t.grad_clip < 0:
+        p.append(("train.grad_clip", f"must be 0 (off) or positive, got {t.grad_clip}"))
+    at_least("train.log_every_n_steps", t.log_every_n_steps, 1)
+    at_least("train.threads_per_rank", t.threads_per_rank, 0)
+    o = cfg.optimizer
+    if not o.lr > 0:
+        p.append(("optimizer.lr", f"must be positive, got {o.lr}"))
+    if not 0 <= o.momentum < 1:
+        p.append(("optimizer.momentum", f"must be in [0, 1), got {o.momentum}"))
+    if o.nesterov and (o.name != "sgd" or o.momentum == 0):
+        p.append(("optimizer.nesterov", "nesterov needs optimizer sgd with momentum > 0"))
+    if o.weight_decay < 0:
+        p.append(("optimizer.weight_decay", f"must be 0 or positive, got {o.weight_decay}"))
+    if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
+        p.append(("optimizer.betas", f"must be two numbers in [0, 1), got {o.betas!r}"))
+    s = cfg.scheduler
+    at_least("scheduler.step_size", s.step_size, 1)
+    if not 0 < s.gamma <= 1:
+        p.append(("scheduler.gamma", f"must be in (0, 1], got {s.gamma}"))
+    at_least("scheduler.warmup_steps", s.warmup_steps, 0)
+    if s.name == "warmup" and s.warmup_steps == 0:
+        p.append(("scheduler.warmup_steps", "scheduler warmup needs warmup_steps > 0"))
+    d = cfg.data
+    at_least("data.num_workers", d.num_workers, 0)
+    if d.persistent_workers and d.num_workers == 0:
+        p.append(("data.persistent_workers", "persistent workers need data.num_workers > 0"))
+    if d.dataset == "synthetic":
+        at_least("data.train_size", d.train_size, 1)
+        at_least("data.val_size", d.val_size, 0)
+        at_least("data.num_classes", d.num_classes, 2)
+        at_least("data.image_size", d.image_size, 8)
+    if d.dataset == "imagefolder" and not d.root:
+        p.append(("data.root", "imagefolder needs data.root pointing at a folder of class sub-folders"))
+    c = cfg.checkpoint
+    at_least("checkpoint.every_n_steps", c.every_n_steps, 0)
+    at_least("checkpoint.keep_last", c.keep_last, 1)
+    n = cfg.nodes
+    at_least("nodes.num_nodes", n.num_nodes, 1)
+    if not 0 <= n.node_rank < max(n.num_nodes, 1):
+        p.append(("nodes.node_rank", f"must be in 0..{n.num_nodes - 1} for {n.num_nodes} node(s), got {n.node_rank}"))
+    if not 0 <= n.master_port <= 65535:
+        p.append(("nodes.master_port", f"must be a port number 1-65535 (0: pick a free one), got {n.master_port}"))
+    if n.master_port == 0 and n.num_nodes > 1:
+        p.append(("nodes.master_port", "multi-node runs need a fixed master_port that every node uses"))
+    at_least("nodes.timeout_s", n.timeout_s, 1)
+    at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
+    at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
+
+    if cfg.accelerator == "cpu" and isinstance(cfg.devices, int):
+        at_least("devices", cfg.devices, 1)
+    if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
+        if not cfg.devices:
+            p.append(("devices", "pick at least one GPU"))
+        if len(set(cfg.devices)) != len(cfg.devices) and cfg.strategy != "model-parallel":
+            p.append(("devices", f"each GPU may be listed once, got {cfg.devices}"))
+        if any(i < 0 for i in cfg.devices):
+            p.append(("devices", f"GPU indices are 0 or more, got {cfg.devices}"))
+        if hw is not None and hw.gpu_count is not None:
+            missing = [i for i in cfg.devices if i >= hw.gpu_count]
+            if missing:
+                have = f"GPUs 0-{hw.gpu_count - 1}" if hw.gpu_count else "no GPU"
+                p.append(("devices", f"GPU {', '.join(map(str, missing))} does not exist: this host has {have}"))
+    if cfg.accelerator == "cuda" and hw is not None and hw.gpu_count == 0:
+        p.append(("accelerator", "cuda needs an NVIDIA GPU and driver, and this host has none; use accelerator cpu"))
+
+    if cfg.backend == "nccl" and cfg.accelerator != "cuda":
+        p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
+    if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:
+        p.append(("backend", "this PyTorch build has no MPI support; use gloo or nccl"))
+    if cfg.train.precision == "16-mixed" and cfg.accelerator == "cpu":
+        p.append(("train.precision", "fp16 mixed precision needs CUDA; on CPU use bf16-mixed or 32-true"))
+    if cfg.data.on_device and cfg.accelerator != "cuda":
+        p.append(("data.on_device", "keeping data on the device needs accelerator cuda"))
+    if cfg.data.pin_memory and cfg.accelerator != "cuda":
+        p.append(("data.pin_memory", "pinned memory only helps copies to a GPU; turn it off for CPU runs"))
+
+    if not p and cfg.strategy in STRATEGIES:
+        from engine.strategies import get_strategy
+
+        p.extend(get_strategy(cfg.strategy).check(cfg, hw))
+    return p
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is not None:
+        return f"broken YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return f"broken YAML: {problem}"
+
+
+def loads(text: str, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([("", _yaml_error(exc))], source) from None
+    return from_dict(data, source=source, hw=hw)
+
+
+def load(path: str | os.PathLike, hw: Hardware | None = None) -> RunConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError([("", "no such preset file; `torchdeck presets` lists the known ones")], str(path)) from None
+    except OSError as exc:
+        raise ConfigError([("", f"cannot read the preset: {exc.strerror}")], str(path)) from None
+    return loads(text, source=str(path), hw=hw)
+
+
+def dumps(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
+
+
+def save(cfg: RunConfig, path: str | os.PathLike) -> None:
+    """Write atomically: a crash mid-write never leaves a half preset behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(dumps(cfg))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`--set train.lr=0.1 devices=0,1`: values are parsed as YAML scalars."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError([("", f"--set expects key=value, got {item!r}")])
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data

@@ -1,0 +1,31 @@
+"""One module per parallel strategy, all with the `Strategy` interface of `base.py`.
+
+The registry maps config names to modules lazily so `engine.config` stays importable without
+torch; strategy modules import torch only inside their runtime methods.
+"""
+from __future__ import annotations
+
+import importlib
+
+from engine.strategies.base import Strategy
+
+_MODULES = {
+    "cpu": "engine.strategies.cpu",
+    "gpu": "engine.strategies.gpu",
+    "dp": "engine.strategies.dp",
+    "ddp": "engine.strategies.ddp",
+    "model-parallel": "engine.strategies.model_parallel",
+    "fsdp": "engine.strategies.fsdp",
+    "zero": "engine.strategies.zero",
+}
+_cache: dict[str, Strategy] = {}
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in _cache:
+        _cache[name] = importlib.import_module(_MODULES[name]).STRATEGY
+    return _cache[name]
+
+
+def names() -> list[str]:
+    return list(_MODULES)
