@@ -1,0 +1,112 @@
+"""The event schema: what ranks and the supervisor report, one JSON object per line.
+
+Shared by the engine (writes `events.jsonl`) and the app (tails it). Importable without torch.
+Every event carries `v` (schema version), `kind`, `t` (unix time, float seconds); rank events
+carry `rank`. Values are plain numbers, strings and lists: never tensors.
+
+Kinds and their fields (beyond v, kind, t):
+
+    run_started    run, strategy, world_size, nproc_per_node, node_rank, num_nodes,
+                   global_batch, devices (list of device strings per local rank),
+                   master_addr, master_port, pid (supervisor), host, total_steps
+    rank_ready     rank, local_rank, device, pid, host, threads
+    step           rank, epoch, step (optimizer steps done), total_steps, loss,
+                   samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null)
+    epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval)
+    checkpoint     rank, epoch, step, path
+    log            rank (null: supervisor), level (info|warning|error), message
+    error          rank, host, pid, exception, message, traceback
+    rank_exited    rank, exitcode, signal (name or null)
+    run_finished   status (finished|failed|stopped), exit_codes (list per local rank),
+                   root_cause (str or null), elapsed_s
+
+Changing a field's meaning bumps EVENT_VERSION; adding a field does not.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+EVENT_VERSION = 1
+
+KINDS = (
+    "run_started",
+    "rank_ready",
+    "step",
+    "epoch_end",
+    "checkpoint",
+    "log",
+    "error",
+    "rank_exited",
+    "run_finished",
+)
+
+FINAL_STATUSES = ("finished", "failed", "stopped")
+
+
+def make(kind: str, **fields) -> dict:
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}")
+    ev = {"v": EVENT_VERSION, "kind": kind, "t": time.time()}
+    ev.update(fields)
+    return ev
+
+
+def dumps(ev: dict) -> str:
+    return json.dumps(ev, separators=(",", ":"), allow_nan=True)
+
+
+def read_all(path: str | Path) -> list[dict]:
+    """Every complete event in a file (a partly written last line is skipped)."""
+    out = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if line.endswith(b"\n"):
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except FileNotFoundError:
+        pass
+    return out
+
+
+class Tail:
+    """Incremental reader of a growing events file; call `poll()` for the events added since."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._pos = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                chunk = fh.read()
+                self._pos = fh.tell()
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def follow(self, interval: float = 0.2, stop=lambda: False) -> Iterator[dict]:
+        while not stop():
+            evs = self.poll()
+            yield from evs
+            if not evs:
+                time.sleep(interval)

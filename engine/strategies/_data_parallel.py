@@ -1,0 +1,18 @@
+"""What the process-group strategies (ddp, fsdp, zero) share on the config side."""
+from engine.strategies.base import Strategy
+
+
+class ProcessGroupStrategy(Strategy):
+    distributed = True
+
+    def nprocs(self, cfg) -> int:
+        if cfg.accelerator == "cpu":
+            return cfg.devices if isinstance(cfg.devices, int) else 1
+        return len(cfg.devices) if isinstance(cfg.devices, list) else 1
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        if self.nprocs(cfg) * cfg.nodes.num_nodes < 2:
+            p.append(("devices", f"{self.name} with one process in all is plain training: pick 2 or more "
+                                 f"devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}"))
+        return p

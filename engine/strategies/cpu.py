@@ -1,0 +1,18 @@
+"""One process on the CPU: the quick-start baseline every other strategy is compared with."""
+from engine.strategies.base import Strategy
+
+
+class CPUStrategy(Strategy):
+    name = "cpu"
+    summary = "one process on the CPU"
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        if cfg.accelerator != "cpu":
+            p.append(("accelerator", "strategy cpu trains on the CPU; pick gpu, dp or ddp for GPUs"))
+        elif cfg.devices != 1:
+            p.append(("devices", f"strategy cpu runs one process; for {cfg.devices} processes pick ddp"))
+        return p
+
+
+STRATEGY = CPUStrategy()

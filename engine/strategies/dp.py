@@ -1,0 +1,23 @@
+"""nn.DataParallel: one process scatters each batch over its GPUs; GPU 0 gathers (and is heavier)."""
+from engine.strategies.base import Strategy
+
+
+class DPStrategy(Strategy):
+    name = "dp"
+    summary = "nn.DataParallel, one process, batch split over GPUs"
+    needs_cuda = True
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
+            if len(cfg.devices) < 2:
+                p.append(("devices", "dp splits each batch over 2 or more GPUs; with one GPU pick gpu"))
+            elif cfg.train.batch_size < len(cfg.devices):
+                p.append(("train.batch_size", f"dp's batch size is the total across devices: at least {len(cfg.devices)} for {len(cfg.devices)} GPUs"))
+        return p
+
+    def local_devices(self, cfg, local_rank):
+        return [f"cuda:{i}" for i in cfg.devices] if isinstance(cfg.devices, list) else ["cuda"]
+
+
+STRATEGY = DPStrategy()

@@ -1,0 +1,17 @@
+"""One process on one CUDA device."""
+from engine.strategies.base import Strategy
+
+
+class GPUStrategy(Strategy):
+    name = "gpu"
+    summary = "one process on one GPU"
+    needs_cuda = True
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        if cfg.accelerator == "cuda" and isinstance(cfg.devices, list) and len(cfg.devices) != 1:
+            p.append(("devices", f"strategy gpu uses exactly one GPU, got {cfg.devices}; pick dp or ddp for several"))
+        return p
+
+
+STRATEGY = GPUStrategy()

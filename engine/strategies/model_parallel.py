@@ -1,0 +1,32 @@
+"""Model (pipeline) parallel in one process: consecutive layers on consecutive devices."""
+from engine.strategies.base import Strategy
+
+
+class ModelParallelStrategy(Strategy):
+    name = "model-parallel"
+    summary = "one process, layers split across devices, optional micro-batch pipelining"
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        mp = cfg.model_parallel
+        n_dev = self.stage_count(cfg)
+        if n_dev < 2:
+            p.append(("devices", "model-parallel splits the model over 2 or more devices (cpu: devices: 2 repeats the CPU)"))
+        if mp.split and (len(mp.split) != n_dev or any((not isinstance(s, int)) or s < 1 for s in mp.split)):
+            p.append(("model_parallel.split", f"one positive layer count per device ({n_dev}), got {mp.split}"))
+        if mp.micro_batches > cfg.train.batch_size:
+            p.append(("model_parallel.micro_batches", f"at most the batch size ({cfg.train.batch_size}), got {mp.micro_batches}"))
+        return p
+
+    def stage_count(self, cfg) -> int:
+        if cfg.accelerator == "cpu":
+            return cfg.devices if isinstance(cfg.devices, int) else 1
+        return len(cfg.devices) if isinstance(cfg.devices, list) else 1
+
+    def local_devices(self, cfg, local_rank):
+        if cfg.accelerator == "cpu":
+            return ["cpu"] * self.stage_count(cfg)
+        return [f"cuda:{i}" for i in cfg.devices]
+
+
+STRATEGY = ModelParallelStrategy()
