@@ -67,3 +67,18 @@ class Strategy:
     def make_optimizer(self, params_fn, model):
         """Build the optimizer; ZeRO overrides this to shard its state."""
         return params_fn(model.parameters())
+
+    # ------------------------------------------------------------ checkpoint state
+    # Called on EVERY rank (sharded strategies need a collective to gather); only rank 0 writes.
+    def model_state(self, model, ctx: RankContext) -> dict:
+        """A full state_dict that loads into the plain, unwrapped model."""
+        return self.unwrap(model).state_dict()
+
+    def optim_state(self, optimizer, model, ctx: RankContext) -> dict:
+        return optimizer.state_dict()
+
+    def load_model_state(self, model, state: dict, ctx: RankContext) -> None:
+        self.unwrap(model).load_state_dict(state)
+
+    def load_optim_state(self, optimizer, model, state: dict, ctx: RankContext) -> None:
+        optimizer.load_state_dict(state)
