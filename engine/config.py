@@ -300,6 +300,8 @@ def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None 
     cfg = _build(RunConfig, data, "", problems)
     if not problems:
         _normalize(cfg, problems)
+    if not problems and hw is not None:
+        resolve_all_gpus(cfg, hw)
     if not problems:
         problems.extend(validate(cfg, hw))
     if problems:
@@ -313,6 +315,8 @@ def _normalize(cfg: RunConfig, problems: list) -> None:
     if cfg.accelerator == "cpu":
         if isinstance(d, bool) or not isinstance(d, int):
             problems.append(("devices", f"with accelerator cpu, devices is the number of processes; got {d!r}"))
+        return
+    if d == "all":  # -1 not yet resolved (hardware unknown); round-trips through YAML
         return
     if isinstance(d, str):
         try:
