@@ -8,6 +8,7 @@ No torch here: the app lists presets on its first frame.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -88,6 +89,9 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     names = sorted({i.name for i in list_presets()})
     looks_like_path = os.sep in text or text.endswith((".yaml", ".yml"))
     why = "no such preset file" if looks_like_path else "no preset of that name"
+    guess = difflib.get_close_matches(bare, names, n=1)
+    if guess and not looks_like_path:
+        why += f" (did you mean {guess[0]!r}?)"
     raise ConfigError([("", f"{why}; known presets: {', '.join(names) or '(none)'}")], text)
 
 
