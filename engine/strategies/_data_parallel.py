@@ -1,4 +1,4 @@
-"""What the process-group strategies (ddp, fsdp, zero) share on the config side."""
+"""What the process-group strategies (ddp, fsdp, zero) share: config rules and data sharding."""
 from engine.strategies.base import Strategy
 
 
@@ -12,7 +12,15 @@ class ProcessGroupStrategy(Strategy):
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
-        if cfg.devices != "all" and self.nprocs(cfg) * cfg.nodes.num_nodes < 2:  # "all": count unknown yet
+        if self.nprocs(cfg) * cfg.nodes.num_nodes < 2:
             p.append(("devices", f"{self.name} with one process in all is plain training: pick 2 or more "
                                  f"devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}"))
         return p
+
+    def sampler(self, dataset, ctx, shuffle: bool, seed: int):
+        """Rank r takes perm[r::world] of each epoch's permutation; drop_last keeps every rank's
+        step count equal and matches one process with a world-times-larger batch."""
+        from torch.utils.data import DistributedSampler
+
+        return DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                  shuffle=shuffle, seed=seed, drop_last=True)

@@ -6,5 +6,25 @@ class DDPStrategy(ProcessGroupStrategy):
     name = "ddp"
     summary = "DistributedDataParallel, one process per device"
 
+    def wrap(self, model, ctx):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        d = ctx.cfg.ddp
+        if d.sync_batchnorm:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = model.to(ctx.device)
+        cuda = ctx.device.type == "cuda"
+        return DDP(model, device_ids=[ctx.device.index] if cuda else None,
+                   output_device=ctx.device.index if cuda else None,
+                   bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
+                   static_graph=d.static_graph, find_unused_parameters=d.find_unused_parameters)
+
+    def unwrap(self, model):
+        return getattr(model, "module", model)
+
+    def no_sync(self, model):
+        return model.no_sync()
+
 
 STRATEGY = DDPStrategy()

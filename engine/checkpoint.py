@@ -1,0 +1,140 @@
+"""Checkpoint files: atomic writes, keep-last-K, finding the newest complete one, RNG capture.
+
+Files hold only tensors, containers and plain values so they load with
+`torch.load(weights_only=True)`: a checkpoint from elsewhere cannot run code on load.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT = 1
+_NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+
+
+def file_name(step: int) -> str:
+    return f"ckpt-{step:08d}.pt"
+
+
+def checkpoint_dir(cfg, run_dir) -> Path:
+    return Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+    }
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
+    """Write atomically (tmp in the same dir, fsync, rename, fsync dir), then prune old ones."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / file_name(step)
+    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    prune(directory, keep_last)
+    return final
+
+
+def listing(directory: str | Path) -> list[tuple[int, Path]]:
+    """Finished checkpoint files (temp files excluded), oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in directory.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_file():
+            out.append((int(m.group(1)), p))
+    out.sort()
+    return out
+
+
+def prune(directory: str | Path, keep_last: int) -> None:
+    files = listing(directory)
+    for _, p in files[:-keep_last] if keep_last > 0 else []:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def load(path: str | Path, map_location="cpu") -> dict:
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        raise ValueError(f"{path} is not a torchdeck checkpoint (no model/step)")
+    return state
+
+
+def latest(directory: str | Path) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads; a damaged newest file falls back to the one before."""
+    for _, p in reversed(listing(directory)):
+        try:
+            return p, load(p)
+        except Exception:
+            continue
+    return None
+
+
+def resolve_resume(cfg, run_dir) -> tuple[Path, dict] | None:
+    """What `checkpoint.resume` points at; None when there is nothing to resume from."""
+    r = cfg.checkpoint.resume
+    if not r:
+        return None
+    if r == "latest":
+        return latest(checkpoint_dir(cfg, run_dir))
+    p = Path(r).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint.resume: no checkpoint file at {p}")
+    return p, load(p)

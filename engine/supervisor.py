@@ -1,0 +1,312 @@
+"""The supervisor: one process per node and run that starts the ranks, drains their events into
+events.jsonl, turns stop requests into a graceful stop, and stops every rank when one fails.
+
+    python -m engine.supervisor RUN_DIR      (the launcher redirects its output to supervisor.log)
+    supervise(run_dir) -> exit code          (in-process, for tests)
+"""
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from engine import events
+from engine.config import ConfigError, Hardware, load, resolve_all_gpus
+from engine.rundir import RunDir
+
+FLUSH_EVERY_S = 0.2
+POLL_S = 0.5
+STOP_GRACE_S = 30.0
+FAIL_GRACE_S = 2.0
+
+
+# ----------------------------------------------------------------------------- events file
+
+
+class EventWriter(threading.Thread):
+    """Drains the ranks' queue continuously (a full pipe would block them) into events.jsonl."""
+
+    def __init__(self, path: Path, q):
+        super().__init__(name="event-writer", daemon=True)
+        self.path, self.q = path, q
+        self.fh = open(path, "a", buffering=1 << 20)
+        self.lock = threading.Lock()
+        self.errors: list[dict] = []
+        self.done = threading.Event()
+        self.count = 0
+
+    def write(self, ev: dict) -> None:
+        """Supervisor's own events go straight to the file (under the same lock)."""
+        with self.lock:
+            self.fh.write(events.dumps(ev) + "\n")
+            self.fh.flush()
+
+    def run(self) -> None:
+        last_flush = time.monotonic()
+        pending = 0
+        while True:
+            try:
+                ev = self.q.get(timeout=FLUSH_EVERY_S)
+            except queue_mod.Empty:
+                ev = None
+            except (EOFError, OSError):
+                break
+            if ev == "__end__":
+                break
+            if isinstance(ev, dict):
+                if ev.get("kind") == "error":
+                    self.errors.append(ev)
+                with self.lock:
+                    self.fh.write(events.dumps(ev) + "\n")
+                pending += 1
+                self.count += 1
+            now = time.monotonic()
+            if pending and (now - last_flush >= FLUSH_EVERY_S or ev is None):
+                with self.lock:
+                    self.fh.flush()
+                pending, last_flush = 0, now
+        with self.lock:
+            self.fh.flush()
+        self.done.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Drain what is left in the queue, then end the thread (the file stays open)."""
+        try:
+            self.q.put("__end__")
+        except (ValueError, OSError):
+            pass
+        self.join(timeout)
+
+    def close(self) -> None:
+        with self.lock:
+            self.fh.flush()
+            self.fh.close()
+
+
+# ----------------------------------------------------------------------------- ports
+
+
+def port_in_use(port: int, host: str = "") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class PortError(RuntimeError):
+    pass
+
+
+def choose_port(cfg) -> tuple[int, str | None]:
+    """(port, message): single node picks a free one when needed; multi-node never silently moves."""
+    n = cfg.nodes
+    if n.num_nodes > 1:
+        if n.node_rank == 0 and port_in_use(n.master_port):
+            raise PortError(f"nodes.master_port {n.master_port} is in use on this host (node 0); free it "
+                            "(a leftover run?) or pick another port on every node")
+        return n.master_port, None
+    if n.master_port == 0:
+        p = free_port()
+        return p, f"master_port 0: using free port {p}"
+    if port_in_use(n.master_port):
+        p = free_port()
+        return p, f"port {n.master_port} in use; using {p}"
+    return n.master_port, None
+
+
+# ----------------------------------------------------------------------------- supervisor
+
+
+def _signal_text(exitcode: int | None) -> str | None:
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+class Supervisor:
+    def __init__(self, run_dir):
+        self.rd = RunDir(Path(run_dir))
+        self.stop_requests = 0
+        self.first_stop_t: float | None = None
+        self.started = time.time()
+        self.writer_errors: list[dict] = []
+
+    # ---------------------------------------------------------------- stop requests
+    def request_stop(self, *_):
+        self.stop_requests += 1
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the run outlives the terminal
+
+    def _finish(self, writer, status, exit_codes, root_cause) -> int:
+        elapsed = round(time.time() - self.started, 3)
+        final = {"status": status, "exit_codes": exit_codes, "root_cause": root_cause, "elapsed_s": elapsed}
+        ev = events.make("run_finished", **final)
+        if writer is not None:
+            writer.write(ev)
+        else:
+            with open(self.rd.events_path, "a") as fh:
+                fh.write(events.dumps(ev) + "\n")
+        self.rd.write_status(final)
+        print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
+        return 0 if status in ("finished", "stopped") else 1
+
+    def run(self) -> int:
+        self._install_signals()
+        rd = self.rd
+        rd.pid_path.write_text(str(os.getpid()))
+        try:
+            cfg = load(rd.config_path)
+        except ConfigError as exc:
+            return self._finish(None, "failed", [], str(exc))
+        try:
+            port, port_msg = choose_port(cfg)
+        except PortError as exc:
+            return self._finish(None, "failed", [], str(exc))
+
+        import torch
+        import torch.multiprocessing as mp
+
+        if cfg.accelerator == "cuda":
+            resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
+        from engine.strategies import get_strategy
+        from engine.worker import rank_main, threads_for
+
+        nproc = cfg.nproc_per_node
+        threads = threads_for(cfg)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if cfg.nodes.ifname:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", cfg.nodes.ifname)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.nodes.ifname)
+
+        ctx_mp = mp.get_context("spawn")
+        q = ctx_mp.Queue()
+        stop_event = ctx_mp.Event()
+        writer = EventWriter(rd.events_path, q)
+        writer.start()
+        strategy = get_strategy(cfg.strategy)
+        total = None
+        if cfg.data.dataset == "synthetic":
+            per_rank = cfg.data.train_size // (cfg.world_size if strategy.distributed else 1)
+            spe = per_rank // cfg.train.batch_size // cfg.train.grad_accum
+            total = min(cfg.train.max_steps or 10 ** 18, (cfg.train.epochs or 10 ** 18) * spe)
+        writer.write(events.make(
+            "run_started", run=rd.name, strategy=cfg.strategy, world_size=cfg.world_size,
+            nproc_per_node=nproc, node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
+            global_batch=cfg.global_batch,
+            devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(nproc)],
+            master_addr=cfg.nodes.master_addr, master_port=port, pid=os.getpid(),
+            host=socket.gethostname(), total_steps=total, threads_per_rank=threads))
+        if port_msg:
+            writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
+                                     message=port_msg))
+
+        pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
+                                  nprocs=nproc, join=False, start_method="spawn")
+        failed_index, reported = self._join(pctx, stop_event, writer)
+        codes = [p.exitcode for p in pctx.processes]
+        base = cfg.nodes.node_rank * nproc
+        writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
+        self.writer_errors = writer.errors
+        for i, code in enumerate(codes):
+            writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
+        status, cause = self._outcome(codes, failed_index, base, reported)
+        try:
+            return self._finish(writer, status, codes, cause)
+        finally:
+            writer.close()
+
+    def _join(self, pctx, stop_event, writer):
+        """Wait for the ranks; pass on stop requests; on the first failure stop the rest."""
+        failed_index = None
+        reported = None
+        while True:
+            if self.rd.stop_path.exists() and self.stop_requests == 0:
+                self.stop_requests = 1
+            if self.stop_requests and self.first_stop_t is None:
+                self.first_stop_t = time.monotonic()
+                stop_event.set()
+                writer.write(events.make("log", rank=None, level="info",
+                                         message="stop requested: ranks finish this step, rank 0 checkpoints"))
+            if self.first_stop_t is not None and (
+                    self.stop_requests > 1 or time.monotonic() - self.first_stop_t > STOP_GRACE_S):
+                why = "second stop request" if self.stop_requests > 1 else f"no exit {STOP_GRACE_S:.0f} s after stop"
+                writer.write(events.make("log", rank=None, level="warning", message=f"{why}: killing the ranks"))
+                reported = f"killed after {why}"
+                for p in pctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in pctx.processes:
+                    p.join(5)
+                return failed_index, reported
+            try:
+                if pctx.join(timeout=POLL_S, grace_period=FAIL_GRACE_S):
+                    return failed_index, reported
+            except Exception as exc:  # ProcessRaisedException / ProcessExitedException
+                failed_index = getattr(exc, "error_index", None)
+                for p in pctx.processes:  # join already terminated them; make sure they are gone
+                    if p.is_alive():
+                        p.kill()
+                    p.join(5)
+                return failed_index, reported
+
+    def _outcome(self, codes, failed_index, base, reported):
+        ok = all(c == 0 for c in codes)
+        stopping = self.first_stop_t is not None
+        if ok:
+            return ("stopped" if stopping else "finished"), None
+        if stopping and reported:
+            return "stopped", reported
+        # Root cause: a rank killed by a signal without reporting (OOM killer), else the first error.
+        errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))
+        if failed_index is not None:
+            code = codes[failed_index]
+            rank = base + failed_index
+            own = [e for e in errors if e.get("rank") == rank]
+            if code is not None and code < 0 and not own:
+                return "failed", f"rank {rank} killed by signal {-code} ({_signal_text(code)})"
+        if errors:
+            e = errors[0]
+            return "failed", f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+        bad = next(i for i, c in enumerate(codes) if c != 0)
+        code = codes[bad]
+        if code is not None and code < 0:
+            return "failed", f"rank {base + bad} killed by signal {-code} ({_signal_text(code)})"
+        return "failed", f"rank {base + bad} exited with code {code}"
+
+
+def supervise(run_dir) -> int:
+    return Supervisor(run_dir).run()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m engine.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    return supervise(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The training loop, strategy-agnostic: it only talks to the Strategy interface.
+
+One `Trainer` per rank. The hot path does no host sync and sends nothing except at log steps:
+losses and accuracy are summed on the device and read once per step event.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from engine import checkpoint as ckpt
+from engine.events import EVENT_VERSION
+from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_flags
+
+
+class TrainError(Exception):
+    """A config that cannot train on this data (e.g. batch larger than the data set)."""
+
+
+class SkipSampler(torch.utils.data.Sampler):
+    """Wraps an epoch sampler and drops its first `skip` indices: resume mid-epoch without loading them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.inner), self.skip, None)
+
+    def __len__(self):
+        return max(0, len(self.inner) - self.skip)
+
+
+def default_sampler(dataset, seed: int):
+    """One process: exactly the order DistributedSampler gives one replica, so 1 x 2B == 2 ranks x B."""
+    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
+
+
+def eval_shard(dataset, rank: int, world: int) -> tuple[Subset, int]:
+    """Rank's share of the val set padded to equal length (so every rank runs the same number of
+    forwards, which FSDP needs), and how many of its samples are real."""
+    n = len(dataset)
+    idx = list(range(rank, n, world))
+    per = math.ceil(n / world) if n else 0
+    valid = len(idx)
+    if idx and valid < per:
+        idx += [idx[-1]] * (per - valid)
+    elif not idx and per:
+        idx = [0] * per
+    return Subset(dataset, idx), valid
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
+    if _distributed():
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t
+
+
+@torch.no_grad()
+def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | None = None,
+                   num_workers: int = 0, channels_last: bool = False) -> dict:
+    """Loss/accuracy over the whole set, sharded over ranks and summed so every rank gets the global value."""
+    world = ctx.world_size if _distributed() else 1
+    rank = ctx.rank if _distributed() else 0
+    shard, valid = eval_shard(dataset, rank, world)
+    loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    dev = ctx.device
+    sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss, correct, count
+    was_training = model.training
+    model.eval()
+    seen = 0
+    autocast = precision.autocast if precision is not None else contextlib.nullcontext
+    for x, y in loader:
+        b = y.shape[0]
+        n = max(0, min(b, valid - seen))
+        seen += b
+        x = x.to(dev, non_blocking=True)
+        y = y.to(dev, non_blocking=True)
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast():
+            out = model(x)
+        if n == 0:
+            continue
+        out, y = out[:n].float(), y[:n]
+        sums[0] += F.cross_entropy(out, y, reduction="sum").double()
+        sums[1] += (out.argmax(1) == y).sum()
+        sums[2] += n
+    model.train(was_training)
+    _all_reduce(sums)
+    loss, correct, count = sums.tolist()
+    count = max(count, 1.0)
+    return {"loss": loss / count, "accuracy": correct / count, "samples": int(count)}
+
+
+@dataclass
+class Position:
+    """Where training is: optimizer steps done, epoch, micro-batches of that epoch consumed."""
+
+    epoch: int = 0
+    step: int = 0
+    batches_done: int = 0
+
+
+class Trainer:
+    def __init__(self, cfg, strategy, ctx, run_dir, emit, stop_requested=lambda: False):
+        """emit(kind, **fields) reports an event; stop_requested() is this rank's local stop flag."""
+        from engine.data import build_datasets
+        from engine.models import build_model
+
+        self.cfg, self.strategy, self.ctx, self.run_dir = cfg, strategy, ctx, run_dir
+        self.emit, self.stop_requested = emit, stop_requested
+        t = cfg.train
+        self.device = ctx.device
+        set_speed_flags(cfg, self.device)
+
+        self.train_ds, self.val_ds, self.info = build_datasets(cfg)
+        model = build_model(cfg, self.info)
+        if t.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = strategy.wrap(model, ctx)
+        self.optimizer = build_optimizer(cfg, strategy, self.model)
+        # Strategy calls get the wrapped module; only the forward goes through the compiled one.
+        self.forward_model = torch.compile(self.model) if t.compile else self.model
+
+        inner = strategy.sampler(self.train_ds, ctx, shuffle=True, seed=t.seed)
+        if inner is None:
+            inner = default_sampler(self.train_ds, t.seed)
+        self.sampler = SkipSampler(inner)
+        d = cfg.data
+        self.loader = DataLoader(
+            self.train_ds, batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
+            num_workers=d.num_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
+            persistent_workers=d.persistent_workers and d.num_workers > 0)
+        self.micro_per_epoch = len(inner) // t.batch_size
+        self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise TrainError(
+                f"train.batch_size {t.batch_size} x grad_accum {t.grad_accum} needs more samples per rank "
+                f"than the {len(inner)} this rank gets from {self.info.name} ({len(self.train_ds)} in all); "
+                "lower the batch size or use more data")
+        by_epochs = t.epochs * self.steps_per_epoch if t.epochs else math.inf
+        self.total_steps = int(min(t.max_steps or math.inf, by_epochs))
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.total_steps, self.steps_per_epoch)
+        self.precision = Precision(cfg, self.device)
+        self.pos = Position()
+        self.ckpt_dir = ckpt.checkpoint_dir(cfg, run_dir)
+        self.last_saved_step = -1
+        self.stopped = False
+
+    # ------------------------------------------------------------------ checkpoints
+    def resume(self) -> None:
+        found = ckpt.resolve_resume(self.cfg, self.run_dir)
+        if found is None:
+            if self.cfg.checkpoint.resume and self.ctx.rank == 0:
+                self.emit("log", level="warning",
+                          message=f"resume: latest: no checkpoint in {self.ckpt_dir}; starting from scratch")
+            return
+        path, state = found
+        s, c = self.strategy, self.ctx
+        s.load_model_state(self.model, state["model"], c)
+        s.load_optim_state(self.optimizer, self.model, state["optimizer"], c)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("scaler"))
+        ckpt.set_rng_state(state["rng"])
+        self.pos = Position(int(state["epoch"]), int(state["step"]), int(state["batches_done"]))
+        self.last_saved_step = self.pos.step
+        if c.rank == 0:
+            note = ""
+            if state.get("world_size") not in (None, c.world_size):
+                note = f" (saved with world size {state['world_size']}, now {c.world_size}: data order differs)"
+            self.emit("log", level="info", message=f"resumed from {path} at epoch {self.pos.epoch} "
+                                                   f"step {self.pos.step}{note}")
+
+    def save_checkpoint(self) -> None:
+        """Every rank gathers its part (sharded strategies need that); rank 0 writes."""
+        s, c = self.strategy, self.ctx
+        model_state = s.model_state(self.model, c)
+        optim_state = s.optim_state(self.optimizer, self.model, c)
+        if c.rank == 0:
+            state = {
+                "format": ckpt.FORMAT, "events_version": EVENT_VERSION,
+                "epoch": self.pos.epoch, "step": self.pos.step, "batches_done": self.pos.batches_done,
+                "world_size": c.world_size, "model": model_state, "optimizer": optim_state,
+                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
+                "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
+                "data": {"name": self.info.name, "in_channels": self.info.in_channels,
+                         "num_classes": self.info.num_classes, "image_size": self.info.image_size},
+            }
+            path = ckpt.save(state, self.ckpt_dir, self.pos.step, self.cfg.checkpoint.keep_last)
+            self.emit("checkpoint", epoch=self.pos.epoch, step=self.pos.step, path=str(path))
+        self.last_saved_step = self.pos.step
+        if _distributed():
+            dist.barrier()
+
+    # ------------------------------------------------------------------ stop agreement
+    def _should_stop(self) -> bool:
+        flag = self.stop_requested()
+        if not _distributed():
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> Position:
+        cfg, t = self.cfg, self.cfg.train
+        model, opt, sched, prec = self.forward_model, self.optimizer, self.scheduler, self.precision
+        k, dev = t.grad_accum, self.device
+        stop_every = 1 if dev.type == "cpu" else max(1, min(t.log_every_n_steps, 20))
+        every_n = cfg.checkpoint.every_n_steps
+        has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
+        model.train()
+        max_epochs = t.epochs if t.epochs else 10 ** 9
+
+        while self.pos.step < self.total_steps and self.pos.epoch < max_epochs and not self.stopped:
+            epoch = self.pos.epoch
+            start_micro = self.pos.batches_done
+            self.sampler.set_epoch(epoch)
+            self.sampler.skip = start_micro * t.batch_size
+            it = iter(self.loader)
+            ep_sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss sum, correct
+            log_sums = torch.zeros(2, dtype=torch.float64, device=dev)
+            ep_samples = 0
+            last_log_t, data_wait, log_samples = time.perf_counter(), 0.0, 0
+            micro = start_micro
+            while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
+                for j in range(k):
+                    t0 = time.perf_counter()
+                    x, y = next(it)
+                    x = x.to(dev, non_blocking=True)
+                    y = y.to(dev, non_blocking=True)
+                    if t.channels_last and x.dim() == 4:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                    data_wait += time.perf_counter() - t0
+                    sync = self.strategy.no_sync(self.model) if j < k - 1 else contextlib.nullcontext()
+                    with sync:
+                        with prec.autocast():
+                            out = model(x)
+                            loss = F.cross_entropy(out, y)
+                        prec.backward(loss / k if k > 1 else loss)
+                    with torch.no_grad():
+                        b = y.shape[0]
+                        log_sums[0] += loss.detach().double() * b
+                        log_sums[1] += (out.argmax(1) == y).sum()
+                    log_samples += b
+                    ep_samples += b
+                prec.step(opt, self.model)
+                opt.zero_grad(set_to_none=True)
+                sched.step()
+                micro += k
+                self.pos.step += 1
+                self.pos.batches_done = micro
+                step = self.pos.step
+                last = step >= self.total_steps or micro + k > self.steps_per_epoch * k
+                if step % t.log_every_n_steps == 0 or last:
+                    now = time.perf_counter()
+                    ep_sums += log_sums
+                    loss_sum, correct = log_sums.tolist()
+                    n = log_samples
+                    wall = max(now - last_log_t, 1e-9)
+                    self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
+                              loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
+                              samples_per_s=log_samples / wall, data_wait_s=data_wait,
+                              compute_s=max(0.0, wall - data_wait), lr=float(sched.get_last_lr()[0]))
+                    log_sums.zero_()
+                    last_log_t, data_wait, log_samples = now, 0.0, 0
+                if step % stop_every == 0 or last:
+                    if self._should_stop():
+                        self.stopped = True
+                        break
+                epoch_done = micro + k > self.steps_per_epoch * k
+                if (every_n and step % every_n == 0 and step < self.total_steps
+                        and not (epoch_done and cfg.checkpoint.every_epoch)):
+                    self.save_checkpoint()
+            ep_sums += log_sums
+            if self.stopped:
+                break
+            if micro + k > self.steps_per_epoch * k:  # the epoch is complete
+                self._end_epoch(epoch, ep_sums, ep_samples, has_eval)
+                self.pos = Position(epoch + 1, self.pos.step, 0)
+                if cfg.checkpoint.every_epoch and self.pos.step < self.total_steps:
+                    self.save_checkpoint()
+            elif has_eval:  # max_steps ended it mid-epoch: still report where the model stands
+                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, partial=True)
+        if self.last_saved_step != self.pos.step:
+            self.save_checkpoint()
+        return self.pos
+
+    def _end_epoch(self, epoch, sums, samples, has_eval, partial=False) -> None:
+        sums = torch.cat([sums, torch.tensor([float(samples)], dtype=torch.float64, device=sums.device)])
+        _all_reduce(sums)
+        loss_sum, correct, n = sums.tolist()
+        val = {"loss": None, "accuracy": None}
+        if has_eval:
+            val = evaluate_model(self.forward_model, self.val_ds, self.ctx, self.cfg.train.batch_size, self.precision,
+                                 channels_last=self.cfg.train.channels_last)
+        fields = dict(epoch=epoch, step=self.pos.step, train_loss=loss_sum / n if n else None,
+                      train_acc=correct / n if n else None, val_loss=val["loss"], val_acc=val["accuracy"])
+        if partial:
+            fields["partial"] = True
+        self.emit("epoch_end", **fields)

@@ -1,0 +1,179 @@
+"""One rank: set up the process (output, threads, device, process group, seeds), train, report.
+
+Entry points: `rank_main` (started by the supervisor through torch.multiprocessing) and
+`python -m engine.worker CONFIG.yaml --run-dir DIR` (under torchrun, reading RANK etc. from env).
+Everything sent to the supervisor is a plain event dict; never a tensor.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import random
+import signal
+import socket
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from engine import events
+from engine.config import from_dict
+
+
+def _redirect_output(path: Path) -> None:
+    """fd 1 and 2 to the rank's log, so prints and C-level output (gloo, NCCL) land there too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the supervisor goes, so no rank outlives its run (Linux only)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+def threads_for(cfg) -> int:
+    return cfg.train.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, cfg.nproc_per_node))
+
+
+class QueueReporter:
+    """emit(kind, **fields) -> one event on the supervisor's queue, tagged with this rank."""
+
+    def __init__(self, queue, rank: int):
+        self.queue, self.rank = queue, rank
+
+    def __call__(self, kind: str, **fields) -> None:
+        fields.setdefault("rank", self.rank)
+        self.queue.put(events.make(kind, **fields))
+
+
+class FileReporter:
+    """For torchrun: append events to RUN_DIR/events.rank<N>.jsonl (no supervisor to drain a queue)."""
+
+    def __init__(self, path: Path, rank: int):
+        self.fh = open(path, "a", buffering=1)
+        self.rank = rank
+
+    def __call__(self, kind: str, **fields) -> None:
+        fields.setdefault("rank", self.rank)
+        self.fh.write(events.dumps(events.make(kind, **fields)) + "\n")
+
+
+def error_event(emit, rank: int, exc: BaseException) -> None:
+    emit("error", rank=rank, host=socket.gethostname(), pid=os.getpid(), exception=type(exc).__name__,
+         message=str(exc), traceback=traceback.format_exc())
+
+
+def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, emit,
+               stop_requested=lambda: False) -> None:
+    """Everything a rank does once its environment (MASTER_ADDR etc.) is set."""
+    import torch
+    import torch.distributed as dist
+
+    from engine.strategies import get_strategy
+    from engine.strategies.base import RankContext
+    from engine.train import Trainer
+
+    strategy = get_strategy(cfg.strategy)
+    threads = threads_for(cfg)
+    torch.set_num_threads(threads)
+    device = torch.device(cfg.device_for(local_rank))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the index the user listed: "6,7" trains on cuda:6 and cuda:7
+    if strategy.distributed:
+        dist.init_process_group(cfg.resolved_backend, init_method=cfg.init_method, rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=cfg.nodes.timeout_s))
+    try:
+        emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
+             host=socket.gethostname(), threads=threads)
+        seed_everything(cfg.train.seed)
+        ctx = RankContext(rank=rank, local_rank=local_rank, world_size=world_size,
+                          local_world_size=cfg.nproc_per_node, node_rank=cfg.nodes.node_rank,
+                          device=device, cfg=cfg)
+        trainer = Trainer(cfg, strategy, ctx, run_dir, emit, stop_requested)
+        trainer.resume()
+        if rank == 0:
+            emit("log", level="info",
+                 message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples, "
+                         f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps in all")
+        pos = trainer.fit()
+        if rank == 0:
+            how = "stopped on request" if trainer.stopped else "finished"
+            emit("log", level="info", message=f"{how} at epoch {pos.epoch} step {pos.step}")
+    finally:
+        if strategy.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port) -> None:
+    """Started once per local rank by the supervisor (torch.multiprocessing, spawn)."""
+    cfg = from_dict(cfg_dict)
+    nproc = cfg.nproc_per_node
+    rank = cfg.nodes.node_rank * nproc + local_rank
+    run_dir = Path(run_dir)
+    _redirect_output(run_dir / f"rank{rank}.log")
+    # Ctrl-C and a closed terminal reach the supervisor, which stops the ranks in step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _die_with_parent()
+    os.environ.update(MASTER_ADDR=cfg.nodes.master_addr, MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(cfg.world_size),
+                      LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
+    emit = QueueReporter(queue, rank)
+    try:
+        train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set)
+    except BaseException as exc:
+        error_event(emit, rank, exc)
+        traceback.print_exc()
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- torchrun entry
+
+
+def main(argv=None) -> int:
+    """torchrun-compatible: `torchrun --nproc-per-node 2 -m engine.worker CONFIG.yaml --run-dir DIR`."""
+    from engine.config import load
+
+    ap = argparse.ArgumentParser(prog="python -m engine.worker")
+    ap.add_argument("config")
+    ap.add_argument("--run-dir", required=True)
+    args = ap.parse_args(argv)
+    cfg = load(args.config)
+    env = os.environ
+    rank = int(env.get("RANK", 0))
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    world = int(env.get("WORLD_SIZE", 1))
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    emit = FileReporter(run_dir / f"events.rank{rank}.jsonl", rank)
+    stop_file = run_dir / "stop"
+    try:
+        train_rank(cfg, run_dir, rank, local_rank, world, emit, stop_file.exists)
+    except BaseException as exc:
+        error_event(emit, rank, exc)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
