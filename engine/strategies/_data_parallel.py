@@ -12,7 +12,7 @@ class ProcessGroupStrategy(Strategy):
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
-        if self.nprocs(cfg) * cfg.nodes.num_nodes < 2:
+        if cfg.devices != "all" and self.nprocs(cfg) * cfg.nodes.num_nodes < 2:  # "all": count unknown yet
             p.append(("devices", f"{self.name} with one process in all is plain training: pick 2 or more "
                                  f"devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}"))
         return p
