@@ -1,0 +1,129 @@
+"""Start a run's supervisor detached, stop it, kill it, and find every process it owns.
+
+The supervisor runs in a new session (its pid is the session id), so the run outlives the app,
+the CLI and an SSH drop, and every process of the run (spawned ranks, data loader workers)
+can be found by that session id even after the supervisor itself is gone.
+No torch here: the app calls this from its event loop.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from engine import events
+from engine.config import RunConfig
+from engine.rundir import RunDir
+
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _child_env() -> dict:
+    """Our environment, with this checkout importable even when it is not installed."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(_PROJECT_ROOT) not in paths:
+        paths.append(str(_PROJECT_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start(cfg: RunConfig, root: str | os.PathLike | None = None) -> RunDir:
+    """Create the run directory and start `python -m engine.supervisor RUN_DIR` in its own session."""
+    run = RunDir.create(cfg, Path(root) if root else None)
+    with open(run.path / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.supervisor", str(run.path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=_child_env(), close_fds=True,
+        )
+    # The supervisor writes this too; writing it now means stop/kill work from the first moment.
+    if not run.pid_path.exists():
+        tmp = run.pid_path.with_suffix(".tmp")
+        tmp.write_text(f"{proc.pid}\n")
+        os.replace(tmp, run.pid_path)
+    # Reap it when it ends, so a finished supervisor is not a zombie that still looks alive.
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return run
+
+
+def _as_run(run) -> RunDir:
+    return run if isinstance(run, RunDir) else RunDir(Path(run))
+
+
+def request_stop(run) -> None:
+    """Graceful stop: ranks finish the step, rank 0 checkpoints. The supervisor polls this file."""
+    run = _as_run(run)
+    run.stop_path.touch()
+
+
+def _session_id(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def run_processes(run) -> list[psutil.Process]:
+    """Every live process of the run: the supervisor's session (ranks inherit it)."""
+    run = _as_run(run)
+    sid = run.supervisor_pid()
+    if sid is None:
+        return []
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if p.pid == sid or _session_id(p.pid) == sid:
+            out.append(p)
+    return out
+
+
+def kill(run) -> list[int]:
+    """SIGKILL every process of the run; record the run as failed if nothing else did. Returns pids."""
+    run = _as_run(run)
+    sid = run.supervisor_pid()
+    killed = []
+    if sid is not None:
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except OSError:
+            pass
+        for p in run_processes(run):
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+    if run.final_status() is None:
+        cause = "killed by the user (SIGKILL to every process of the run)"
+        with open(run.events_path, "a") as fh:
+            fh.write(events.dumps(events.make("run_finished", status="failed", exit_codes=[],
+                                              root_cause=cause, elapsed_s=None)) + "\n")
+        run.write_status({"status": "failed", "exit_codes": [], "root_cause": cause, "killed": True})
+    return killed
+
+
+def wait(run, timeout: float | None = None, interval: float = 0.2) -> dict | None:
+    """The final status once the run ends (a vanished supervisor counts as failed); None on timeout."""
+    run = _as_run(run)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        final = run.final_status()
+        if final is not None:
+            return final
+        if run.status() == "lost":
+            time.sleep(0.3)  # it may have written status.json just before exiting
+            return run.final_status() or {
+                "status": "failed", "exit_codes": [],
+                "root_cause": f"the supervisor exited without a final status; see {run.path / 'supervisor.log'}"}
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
