@@ -19,5 +19,19 @@ class DPStrategy(Strategy):
     def local_devices(self, cfg, local_rank):
         return [f"cuda:{i}" for i in cfg.devices] if isinstance(cfg.devices, list) else ["cuda"]
 
+    # ------------------------------------------------------------ runtime
+    def wrap(self, model, ctx):
+        """Parameters live on the first GPU; each forward replicates them onto the others."""
+        import torch
+
+        ids = list(ctx.cfg.devices)
+        first = torch.device(f"cuda:{ids[0]}")
+        return torch.nn.DataParallel(model.to(first), device_ids=ids, output_device=ids[0])
+
+    def unwrap(self, model):
+        import torch
+
+        return model.module if isinstance(model, torch.nn.DataParallel) else model
+
 
 STRATEGY = DPStrategy()

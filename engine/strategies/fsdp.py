@@ -1,10 +1,80 @@
 """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks."""
+import contextlib
+
 from engine.strategies._data_parallel import ProcessGroupStrategy
 
 
 class FSDPStrategy(ProcessGroupStrategy):
+    """Each block with parameters is its own FSDP unit (all-gathered just before its forward,
+    freed after), and the root takes what is left. Gradients are reduce-scattered and averaged
+    over ranks, so training matches DDP step for step."""
+
     name = "fsdp"
     summary = "FSDP2 fully_shard per block and at the root"
+
+    def check(self, cfg, hw):
+        p = super().check(cfg, hw)
+        if cfg.fsdp.state_dict == "sharded":
+            p.append(("fsdp.state_dict", "sharded checkpoints (one file per rank) are not supported yet; "
+                                         "use full (gathered on rank 0, loads without FSDP)"))
+        return p
+
+    def wrap(self, model, ctx):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(ctx.device)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        reshard = ctx.cfg.fsdp.reshard_after_forward
+        for block in model.children():
+            if any(p.requires_grad for p in block.parameters()):
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        return model
+
+    def unwrap(self, model):
+        # fully_shard swaps the class in place and keeps every key; there is no wrapper to remove.
+        # The parameters are DTensor shards though: save through model_state, not state_dict().
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """Micro-steps keep their gradients unreduced on each rank; the final one reduce-scatters the sum."""
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    # ------------------------------------------------------------ checkpoint state
+    @staticmethod
+    def _options(**extra):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, **extra)
+
+    def model_state(self, model, ctx) -> dict:
+        """Gathered to full tensors on rank 0's CPU (other ranks get {}): loads without FSDP."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=self._options(cpu_offload=True))
+
+    def optim_state(self, optimizer, model, ctx) -> dict:
+        """Keyed by parameter name (not position), full tensors on rank 0's CPU."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=self._options(cpu_offload=True))
+
+    def load_model_state(self, model, state: dict, ctx) -> None:
+        """Every rank passes the full dict; each keeps its own shard."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state, options=self._options())
+
+    def load_optim_state(self, optimizer, model, state: dict, ctx) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=self._options())
 
 
 STRATEGY = FSDPStrategy()

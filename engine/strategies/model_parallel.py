@@ -28,5 +28,17 @@ class ModelParallelStrategy(Strategy):
             return ["cpu"] * self.stage_count(cfg)
         return [f"cuda:{i}" for i in cfg.devices]
 
+    # ------------------------------------------------------------ runtime
+    def wrap(self, model, ctx):
+        from engine.strategies._pipeline import Pipeline
+
+        mp = ctx.cfg.model_parallel
+        return Pipeline(model, self.local_devices(ctx.cfg, ctx.local_rank),
+                        split=list(mp.split) or None, micro_batches=mp.micro_batches)
+
+    def unwrap(self, model):
+        # The original model object: its layers live on several devices but its keys are unchanged.
+        return getattr(model, "module", model)
+
 
 STRATEGY = ModelParallelStrategy()

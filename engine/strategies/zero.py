@@ -1,10 +1,51 @@
 """DDP with ZeroRedundancyOptimizer: the optimizer state is sharded across ranks."""
-from engine.strategies._data_parallel import ProcessGroupStrategy
+from engine.strategies.ddp import DDPStrategy
 
 
-class ZeroStrategy(ProcessGroupStrategy):
+class ZeroStrategy(DDPStrategy):
+    """Model, sampler and no_sync are DDP's; only the optimizer differs.
+
+    Each rank keeps optimizer state for its shard of the parameters (ZeRO stage 1), steps only
+    that shard, then broadcasts the updated shard: the same weights as DDP, with about
+    1/world of the optimizer memory per rank.
+    """
+
     name = "zero"
     summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded)"
+
+    def make_optimizer(self, params_fn, model):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        cls, kwargs = _optimizer_recipe(params_fn, model)
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
+
+    def optim_state(self, optimizer, model, ctx) -> dict:
+        # A collective: every rank sends its shard to rank 0, which alone can return the whole.
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if ctx.rank == 0 else {}
+
+    def load_optim_state(self, optimizer, model, state: dict, ctx) -> None:
+        # The consolidated dict holds every shard; each rank keeps its own part.
+        optimizer.load_state_dict(state)
+
+
+def _optimizer_recipe(params_fn, model):
+    """(optimizer class, constructor kwargs) for ZeroRedundancyOptimizer.
+
+    Uses params_fn.optimizer_class/optimizer_kwargs when the loop attached them; otherwise builds
+    the optimizer once on the real parameters (no state is allocated before a step) and reads its
+    class and defaults, keeping only what the constructor accepts.
+    """
+    import inspect
+
+    cls = getattr(params_fn, "optimizer_class", None)
+    kwargs = getattr(params_fn, "optimizer_kwargs", None)
+    if cls is not None and kwargs is not None:
+        return cls, dict(kwargs)
+    probe = params_fn(model.parameters())
+    cls = type(probe)
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls, {k: v for k, v in probe.defaults.items() if k in accepted}
 
 
 STRATEGY = ZeroStrategy()
