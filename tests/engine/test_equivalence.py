@@ -1,0 +1,138 @@
+"""Equivalence: the strongest check of the loop. DDP 2 x B through the real supervisor equals one
+process with 2B; accumulation of k x B equals one kB batch. No batch norm or dropout (mlp)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint as ckpt
+from engine import config as cfgmod
+from engine import events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_cfg(**over) -> dict:
+    """A tiny, fast run: mlp on 8x8 synthetic images, plain SGD with momentum, no eval."""
+    d = {
+        "name": "eq", "strategy": "cpu", "devices": 1,
+        "model": {"name": "mlp", "hidden": 32},
+        "data": {"train_size": 256, "val_size": 64, "image_size": 8},
+        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        "train": {"batch_size": 32, "epochs": 2, "max_steps": 6, "eval_every_epoch": False,
+                  "log_every_n_steps": 2, "threads_per_rank": 1},
+        "checkpoint": {"every_epoch": False, "keep_last": 20},
+    }
+    for key, value in over.items():
+        node = d
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return d
+
+
+def run_supervised(run_dir: Path, cfg: dict, timeout: float = 180, env: dict | None = None):
+    """The real thing: `python -m engine.supervisor RUN_DIR` in its own process."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfgmod.save(cfgmod.from_dict(cfg), run_dir / "config.yaml")
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "engine.supervisor", str(run_dir)], cwd=ROOT,
+                          env=full_env, timeout=timeout, capture_output=True, text=True)
+    return proc
+
+
+def run_in_process(run_dir: Path, cfg: dict) -> list[dict]:
+    """One process, no spawn: the same worker code the supervisor runs, for quick single-rank checks."""
+    from engine.worker import train_rank
+
+    out: list[dict] = []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    c = cfgmod.from_dict(cfg)
+    threads = torch.get_num_threads()
+    try:
+        train_rank(c, run_dir, 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def final_model(run_dir: Path) -> dict:
+    found = ckpt.latest(run_dir / "checkpoints")
+    assert found is not None, f"no checkpoint in {run_dir}"
+    return found[1]
+
+
+def assert_same_weights(a: dict, b: dict, atol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=atol, rtol=0), (k, (a[k] - b[k]).abs().max().item())
+
+
+def assert_trained(state: dict, cfg: dict, tmp: Path):
+    """Guard against vacuous equality: the weights moved away from their initial values."""
+    init = run_in_process(tmp, {**cfg, "train": {**cfg["train"], "max_steps": 1},
+                                "optimizer": {**cfg["optimizer"], "lr": 1e-12}})
+    assert init
+    start = final_model(tmp)["model"]
+    moved = max((state[k] - start[k]).abs().max().item() for k in state)
+    assert moved > 1e-3
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_equal_one_process_double_batch(tmp_path):
+    ddp = small_cfg(strategy="ddp", devices=2, **{"train.batch_size": 16, "nodes.master_port": 0})
+    proc = run_supervised(tmp_path / "ddp", ddp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "ddp" / "rank0.log").read_text()
+    one = small_cfg(**{"train.batch_size": 32})
+    run_in_process(tmp_path / "one", one)
+
+    a, b = final_model(tmp_path / "ddp"), final_model(tmp_path / "one")
+    assert a["step"] == b["step"] == 6
+    assert_same_weights(a["model"], b["model"])
+    assert_trained(a["model"], one, tmp_path / "init")
+    # Momentum buffers too: the optimizer saw the same gradients.
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.allclose(sa["momentum_buffer"], sb["momentum_buffer"], atol=1e-5)
+
+
+def test_grad_accumulation_equals_larger_batch(tmp_path):
+    accum = small_cfg(**{"train.batch_size": 8, "train.grad_accum": 4, "train.max_steps": 5})
+    big = small_cfg(**{"train.batch_size": 32, "train.max_steps": 5})
+    ev = run_in_process(tmp_path / "accum", accum)
+    run_in_process(tmp_path / "big", big)
+    a, b = final_model(tmp_path / "accum"), final_model(tmp_path / "big")
+    assert a["step"] == b["step"] == 5
+    assert_same_weights(a["model"], b["model"])
+    steps = [e for e in ev if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [2, 4, 5]  # log_every 2 and the last step
+    assert all(e["total_steps"] == 5 for e in steps)
+
+
+def test_single_process_sampler_is_distributed_sampler_order():
+    """cpu/gpu read perm[0:2B] in the order two DDP ranks read perm[r::2] -- the basis of equivalence."""
+    from torch.utils.data import DistributedSampler
+
+    from engine.train import default_sampler
+
+    data = list(range(101))
+    for epoch in (0, 3):
+        one = default_sampler(data, seed=7)
+        one.set_epoch(epoch)
+        ranks = [DistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=7, drop_last=True)
+                 for r in (0, 1)]
+        for r in ranks:
+            r.set_epoch(epoch)
+        order = list(one)
+        r0, r1 = (list(r) for r in ranks)
+        b = 5
+        for i in range(len(r0) // b):
+            assert sorted(order[2 * b * i: 2 * b * (i + 1)]) == sorted(r0[b * i: b * (i + 1)] + r1[b * i: b * (i + 1)])
+    e0, e1 = default_sampler(data, 7), default_sampler(data, 7)
+    e1.set_epoch(1)
+    assert list(e0) != list(e1)  # set_epoch reshuffles
