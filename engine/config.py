@@ -25,6 +25,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
 BUILTIN_MODELS = ("cnn", "resnet18", "mlp")
 BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
+_SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -241,6 +242,8 @@ def _coerce(value, tp, path: str, problems: list):
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _SCI_FLOAT.match(value.strip()):  # YAML 1.1 reads 1e-3 as a string
             return float(value)
     elif tp is str:
         if isinstance(value, str):

@@ -1,0 +1,211 @@
+"""The run config rejects every invalid case of issue 2 with the field named, and derives values."""
+import pytest
+
+from engine import config as c
+from engine.config import ConfigError, Hardware
+
+GPU8 = Hardware(gpu_count=8, mpi_available=False)
+NO_GPU = Hardware(gpu_count=0, mpi_available=False)
+
+
+def problems(data, hw=None):
+    with pytest.raises(ConfigError) as info:
+        c.from_dict(data, source="test.yaml", hw=hw)
+    return info.value.by_field(), str(info.value)
+
+
+def ddp_cpu(**over):
+    d = {"strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"}
+    d.update(over)
+    return d
+
+
+def test_unknown_key_suggests_the_close_one():
+    fields, text = problems({"train": {"batchsize": 32}})
+    assert "did you mean 'train.batch_size'" in fields["train.batchsize"]
+    assert text.startswith("test.yaml: train.batchsize: unknown key")
+
+
+def test_unknown_top_level_key_lists_known_keys_when_nothing_is_close():
+    fields, _ = problems({"zzzqqq": 1})
+    assert "unknown key" in fields["zzzqqq"] and "strategy" in fields["zzzqqq"]
+
+
+@pytest.mark.parametrize("path,value,want", [
+    ("train.batch_size", "big", "integer"),
+    ("train.batch_size", 3.5, "integer"),
+    ("train.batch_size", True, "integer"),
+    ("optimizer.lr", "fast", "number"),
+    ("train.eval_every_epoch", "yes please", "true or false"),
+    ("train.epochs", [1, 2], "integer"),
+    ("model", "cnn", "mapping"),
+    ("optimizer.betas", 0.9, "list"),
+])
+def test_wrong_type_names_field_and_expected_type(path, value, want):
+    data = c.apply_overrides({}, [])
+    node = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    fields, _ = problems(data)
+    assert want in fields[path]
+
+
+@pytest.mark.parametrize("override,field", [
+    ("train.batch_size=0", "train.batch_size"),
+    ("train.grad_accum=0", "train.grad_accum"),
+    ("optimizer.lr=0", "optimizer.lr"),
+    ("optimizer.lr=-1", "optimizer.lr"),
+    ("optimizer.momentum=1.5", "optimizer.momentum"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay"),
+    ("nodes.master_port=70000", "nodes.master_port"),
+    ("nodes.node_rank=3", "nodes.node_rank"),
+    ("nodes.num_nodes=0", "nodes.num_nodes"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last"),
+    ("scheduler.gamma=2", "scheduler.gamma"),
+    ("train.grad_clip=-1", "train.grad_clip"),
+    ("data.num_workers=-2", "data.num_workers"),
+    ("strategy=ddpp", "strategy"),
+    ("train.precision=fp8", "train.precision"),
+    ("optimizer.name=lion", "optimizer.name"),
+    ("scheduler.name=linear", "scheduler.name"),
+    ("model.name=transformer", "model.name"),
+    ("data.dataset=imagenet", "data.dataset"),
+    ("init_method=http://x", "init_method"),
+    ("backend=ucc", "backend"),
+])
+def test_out_of_range_or_unknown_value_names_field(override, field):
+    data = c.apply_overrides(ddp_cpu(), [override])
+    fields, _ = problems(data)
+    assert field in fields, fields
+
+
+def test_did_you_mean_for_choices():
+    fields, _ = problems(ddp_cpu(strategy="ddpp"))
+    assert "did you mean 'ddp'" in fields["strategy"]
+
+
+def test_nccl_without_cuda():
+    fields, _ = problems(ddp_cpu(backend="nccl"))
+    assert "nccl needs CUDA" in fields["backend"]
+
+
+def test_ddp_with_one_process():
+    fields, _ = problems(ddp_cpu(devices=1))
+    assert "one process" in fields["devices"]
+    fields, _ = problems({"strategy": "ddp", "accelerator": "cuda", "devices": [3]}, GPU8)
+    assert "one process" in fields["devices"]
+
+
+def test_devices_that_do_not_exist():
+    fields, _ = problems({"strategy": "ddp", "accelerator": "cuda", "devices": "6,7"}, Hardware(gpu_count=2))
+    assert "GPU 6, 7 does not exist" in fields["devices"] and "0-1" in fields["devices"]
+
+
+def test_cuda_on_a_host_without_gpu():
+    fields, _ = problems({"strategy": "gpu", "accelerator": "cuda", "devices": [0]}, NO_GPU)
+    assert "has none" in fields["accelerator"]
+
+
+def test_fp16_on_cpu():
+    fields, _ = problems(ddp_cpu(train={"precision": "16-mixed"}))
+    assert "needs CUDA" in fields["train.precision"]
+
+
+def test_mpi_when_torch_has_none():
+    fields, _ = problems(ddp_cpu(backend="mpi"), Hardware(gpu_count=0, mpi_available=False))
+    assert "MPI" in fields["backend"]
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"strategy": "cpu", "devices": 2}, "devices"),
+    ({"strategy": "gpu", "accelerator": "cuda", "devices": [0, 1]}, "devices"),
+    ({"strategy": "ddp", "accelerator": "cuda", "devices": [1, 1]}, "devices"),
+    ({"strategy": "ddp", "accelerator": "cuda", "devices": "a,b"}, "devices"),
+    ({"strategy": "ddp", "accelerator": "cpu", "devices": "0,1"}, "devices"),
+    ({"train": {"epochs": 0, "max_steps": 0}}, "train.epochs"),
+    ({"data": {"num_workers": 0, "persistent_workers": True}}, "data.persistent_workers"),
+    ({"data": {"pin_memory": True}}, "data.pin_memory"),
+    ({"optimizer": {"name": "adam", "nesterov": True}}, "optimizer.nesterov"),
+    ({"scheduler": {"name": "warmup", "warmup_steps": 0}}, "scheduler.warmup_steps"),
+    ({"nodes": {"num_nodes": 2, "master_port": 0}, "strategy": "ddp", "devices": 2}, "nodes.master_port"),
+    ({"nodes": {"num_nodes": 2}, "strategy": "cpu"}, "nodes.num_nodes"),
+])
+def test_impossible_combinations(data, field):
+    fields, _ = problems(data, GPU8)
+    assert field in fields, fields
+
+
+def test_every_problem_is_reported_at_once():
+    fields, text = problems(ddp_cpu(train={"batch_size": -1, "grad_accum": 0}, optimizer={"lr": -1}))
+    assert {"train.batch_size", "train.grad_accum", "optimizer.lr"} <= set(fields)
+    assert len(text.splitlines()) >= 3
+
+
+def test_broken_yaml_reports_line_and_column():
+    with pytest.raises(ConfigError) as info:
+        c.loads("strategy: ddp\ntrain:\n  batch_size: [1, 2\n", source="p.yaml")
+    assert "line" in str(info.value) and "column" in str(info.value)
+
+
+def test_newer_schema_version_is_refused():
+    fields, _ = problems({"schema_version": 99})
+    assert "version" in fields["schema_version"]
+
+
+def test_round_trip_dumps_loads_equal():
+    cfg = c.from_dict(ddp_cpu(train={"batch_size": 32, "grad_accum": 2, "precision": "bf16-mixed"},
+                              optimizer={"name": "adamw", "lr": 0.001, "betas": [0.8, 0.99]},
+                              scheduler={"name": "cosine", "min_lr": 1e-5},
+                              checkpoint={"every_n_steps": 5, "keep_last": 2},
+                              model={"name": "mlp", "hidden": 64}))
+    again = c.loads(c.dumps(cfg))
+    assert again == cfg
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_round_trip_through_file(tmp_path):
+    cfg = c.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": "0,2", "backend": "nccl"}, hw=GPU8)
+    c.save(cfg, tmp_path / "x.yaml")
+    assert c.load(tmp_path / "x.yaml", hw=GPU8) == cfg
+    assert cfg.devices == [0, 2]
+
+
+def test_derived_world_size_and_global_batch():
+    cfg = c.from_dict(ddp_cpu(devices=4, train={"batch_size": 16, "grad_accum": 3}))
+    assert cfg.world_size == 4
+    assert cfg.global_batch == 16 * 4 * 3
+    cfg = c.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": [0, 2, 5],
+                       "nodes": {"num_nodes": 2, "master_port": 29400}, "train": {"batch_size": 8}}, hw=GPU8)
+    assert cfg.world_size == 6 and cfg.global_batch == 48
+    assert [cfg.device_for(i) for i in range(3)] == ["cuda:0", "cuda:2", "cuda:5"]  # real indices
+    assert c.from_dict({}).world_size == 1
+
+
+def test_lightning_style_devices():
+    assert c.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": 3}, hw=GPU8).devices == [0, 1, 2]
+    all_gpus = c.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": -1}, hw=GPU8)
+    assert all_gpus.devices == list(range(8)) and all_gpus.world_size == 8
+    # unknown hardware: -1 stays symbolic and still round-trips
+    unknown = c.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": -1})
+    assert c.loads(c.dumps(unknown)) == unknown
+
+
+def test_overrides_parse_yaml_scalars_and_create_sections():
+    data = c.apply_overrides({}, ["train.batch_size=128", "devices=0,1", "optimizer.lr=1e-3",
+                                 "data.pin_memory=false", "name=my run"])
+    assert data["train"] == {"batch_size": 128} and data["devices"] == "0,1"
+    assert data["data"] == {"pin_memory": False} and data["name"] == "my run"
+    with pytest.raises(ConfigError):
+        c.apply_overrides({}, ["novalue"])
+
+
+def test_scientific_notation_is_a_number():
+    """PyYAML reads `1e-3` (no dot) as a string; users write it that way all the time."""
+    assert c.loads("optimizer:\n  lr: 1e-3\n").optimizer.lr == pytest.approx(0.001)
+    data = c.apply_overrides({}, ["optimizer.lr=5E-4", "optimizer.weight_decay=1e-2"])
+    cfg = c.from_dict(data)
+    assert cfg.optimizer.lr == pytest.approx(5e-4) and cfg.optimizer.weight_decay == pytest.approx(0.01)
+    fields, _ = problems({"optimizer": {"lr": "1e-3x"}})
+    assert "number" in fields["optimizer.lr"]
