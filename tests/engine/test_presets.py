@@ -1,0 +1,134 @@
+"""Shipped presets load; user presets save, load back equal and delete; shipped ones stay untouched."""
+import hashlib
+
+import pytest
+
+from engine import config as c
+from engine import presets
+from engine.config import ConfigError, Hardware
+from engine.rundir import shipped_presets_dir
+
+GPU8 = Hardware(gpu_count=8, mpi_available=True)
+NO_GPU = Hardware(gpu_count=0, mpi_available=False)
+OWN = ["quickstart", "cpu", "gpu", "ddp-cpu", "ddp-gpu"]
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHDECK_PRESETS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "torchdeck" / "presets"
+
+
+def _shipped_digest():
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in shipped_presets_dir().iterdir()}
+
+
+def _needs_cuda(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text()).get("accelerator") == "cuda"
+
+
+@pytest.mark.parametrize("info", [i for i in presets.list_presets() if i.source == "shipped"], ids=lambda i: i.name)
+def test_every_shipped_preset_is_valid(info):
+    cfg = c.load(info.path, hw=GPU8)
+    assert cfg.name == info.name, "the name inside a preset matches its file name"
+    assert info.description and cfg.description == info.description
+    assert info.strategy == cfg.strategy
+    assert cfg.world_size >= 1 and cfg.global_batch >= cfg.train.batch_size
+    assert c.loads(c.dumps(cfg), hw=GPU8) == cfg
+    if _needs_cuda(info.path):
+        with pytest.raises(ConfigError) as err:
+            c.load(info.path, hw=NO_GPU)
+        assert "accelerator" in err.value.by_field()
+        assert "NVIDIA GPU" in str(err.value)
+    else:
+        assert c.load(info.path, hw=NO_GPU) == cfg
+
+
+def test_own_presets_are_shipped_with_what_issue_2_asks():
+    names = {i.name for i in presets.list_presets() if i.source == "shipped"}
+    assert set(OWN) <= names
+    q = c.load(presets.resolve(presets.DEFAULT_PRESET), hw=NO_GPU)
+    assert (q.strategy, q.accelerator, q.devices, q.resolved_backend, q.data.dataset) == ("ddp", "cpu", 2, "gloo", "synthetic")
+    assert q.world_size == 2
+    ddp_gpu = c.load(presets.resolve("ddp-gpu"), hw=Hardware(gpu_count=4))
+    assert ddp_gpu.devices == [0, 1, 2, 3] and ddp_gpu.resolved_backend == "nccl"
+    gpu = c.load(presets.resolve("gpu"), hw=GPU8)
+    assert gpu.train.precision == "bf16-mixed" and gpu.model.name == "resnet18" and gpu.world_size == 1
+    assert presets.list_presets()[0].name == presets.DEFAULT_PRESET
+
+
+def test_resolve_names_paths_and_unknowns(user_dir, tmp_path):
+    assert presets.resolve("quickstart") == shipped_presets_dir() / "quickstart.yaml"
+    f = tmp_path / "mine.yaml"
+    f.write_text("strategy: cpu\n")
+    assert presets.resolve(str(f)) == f
+    with pytest.raises(ConfigError) as err:
+        presets.resolve("quikstart")
+    assert "did you mean 'quickstart'" in str(err.value) and "ddp-cpu" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        presets.resolve(str(tmp_path / "missing.yaml"))
+    assert "no such preset file" in str(err.value)
+
+
+def test_save_load_delete_user_preset(user_dir):
+    before = _shipped_digest()
+    cfg = c.load(presets.resolve("quickstart"))
+    cfg.train.batch_size = 32
+    cfg.description = "mine"
+    path = presets.save_user_preset(cfg, "my-ddp")
+    assert path.parent == user_dir and path.is_file()
+
+    info = {i.name: i for i in presets.list_presets()}["my-ddp"]
+    assert (info.source, info.strategy, info.description) == ("user", "ddp", "mine")
+    back = c.load(presets.resolve("my-ddp"))
+    assert back.name == "my-ddp"
+    cfg.name = "my-ddp"
+    assert back == cfg
+
+    with pytest.raises(presets.PresetExists):
+        presets.save_user_preset(cfg, "my-ddp")
+    cfg.train.batch_size = 16
+    presets.save_user_preset(cfg, "my-ddp", overwrite=True)
+    assert c.load(presets.resolve("my-ddp")).train.batch_size == 16
+
+    presets.delete_user_preset("my-ddp")
+    assert not path.exists()
+    with pytest.raises(ConfigError):
+        presets.resolve("my-ddp")
+    with pytest.raises(ConfigError):
+        presets.delete_user_preset("my-ddp")
+    assert _shipped_digest() == before
+
+
+def test_shipped_presets_are_never_overwritten_or_deleted(user_dir):
+    before = _shipped_digest()
+    cfg = c.load(presets.resolve("cpu"))
+    for name in ("quickstart", "cpu"):
+        with pytest.raises(ConfigError) as err:
+            presets.save_user_preset(cfg, name, overwrite=True)
+        assert "shipped" in str(err.value)
+        with pytest.raises(ConfigError):
+            presets.delete_user_preset(name)
+    for bad in ("", "../evil", "a/b", ".hidden", "sp ace"):
+        with pytest.raises(ConfigError) as err:
+            presets.save_user_preset(cfg, bad)
+        assert "name" in err.value.by_field()
+    assert _shipped_digest() == before
+    assert not any(user_dir.parent.parent.rglob("*.yaml"))
+
+
+def test_user_file_with_a_shipped_name_is_listed_separately(user_dir):
+    user_dir.mkdir(parents=True)
+    (user_dir / "cpu.yaml").write_text("name: cpu\ndescription: my cpu\nstrategy: cpu\n")
+    (user_dir / "broken.yaml").write_text("strategy: [cpu\n")
+    listed = [(i.name, i.source) for i in presets.list_presets()]
+    assert ("cpu", "shipped") in listed and ("cpu", "user") in listed
+    assert ("broken", "user") in listed  # listed, not hidden, so the user can find and fix it
+    assert presets.resolve("cpu") == shipped_presets_dir() / "cpu.yaml"
+    assert presets.resolve("user:cpu") == user_dir / "cpu.yaml"
+    with pytest.raises(ConfigError) as err:
+        c.load(presets.resolve("broken"))
+    assert "broken YAML at line 2, column 1" in str(err.value)
