@@ -1,0 +1,197 @@
+"""`torchdeck` headless commands, run as a user runs them (real subprocesses, real runs)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from engine.events import read_all
+
+TORCHDECK = Path(sys.executable).with_name("torchdeck")
+TINY = """\
+name: tiny
+description: a run small enough for a test
+strategy: cpu
+model: {name: mlp, hidden: 32}
+data: {dataset: synthetic, train_size: 256, val_size: 64, image_size: 16}
+train: {batch_size: 32, epochs: 1, log_every_n_steps: 1}
+"""
+
+
+def torchdeck(*args, cwd, env=None, timeout=180):
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "engine.cli"]
+    full_env = dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs"), **(env or {}))
+    return subprocess.run(cmd + list(args), cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def run_dirs(root):
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    p = tmp_path / "tiny.yaml"
+    p.write_text(TINY)
+    return p
+
+
+@pytest.mark.slow
+def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
+    r = torchdeck("run", str(tiny), "--set", "train.max_steps=5", "--set", "name=tiny-set", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run,) = run_dirs(tmp_path / "runs")
+    assert run.name.endswith("tiny-set")
+    assert f"run directory: {run}" in r.stdout
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    evs = read_all(run / "events.jsonl")
+    steps = [e for e in evs if e["kind"] == "step"]
+    assert steps and max(e["step"] for e in steps) == 5  # --set train.max_steps=5 took effect
+    assert "max_steps: 5" in (run / "config.yaml").read_text()
+    assert "run finished" in r.stdout
+    assert "rank   0 cpu" in r.stdout  # the per-rank line of the final display
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_failing_run_exits_1_with_root_cause(tmp_path, tiny):
+    (tmp_path / "badmodel.py").write_text(textwrap.dedent("""\
+        def build(info, **kw):
+            raise RuntimeError("boom from the user model")
+    """))
+    r = torchdeck("run", str(tiny), "--set", "model.name=badmodel:build", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "run failed" in out
+    assert "root cause" in out and "boom from the user model" in out
+    assert "rank 0" in out
+    (run,) = run_dirs(tmp_path / "runs")
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+
+
+def test_bad_preset_exits_2_names_field_and_starts_nothing(tmp_path, tiny):
+    tiny.write_text(TINY.replace("batch_size: 32", "batch_size: -4") + "optimizer: {lr: -1}\n")
+    r = torchdeck("run", str(tiny), cwd=tmp_path)
+    assert r.returncode == 2
+    assert f"{tiny}: train.batch_size: must be at least 1, got -4" in r.stderr
+    assert f"{tiny}: optimizer.lr: must be positive" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert run_dirs(tmp_path / "runs") == []
+
+
+def test_unknown_key_did_you_mean(tmp_path, tiny, capsys):
+    tiny.write_text(TINY.replace("epochs: 1", "epochs: 1, epoch: 2"))
+    assert cli.main(["run", str(tiny), "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "train.epoch: unknown key (did you mean 'train.epochs'?)" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_set_override_is_validated_too(tmp_path, tiny, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
+    assert cli.main(["run", str(tiny), "--set", "backend=nccl", "--set", "strategy=ddp", "--set", "devices=2"]) == 2
+    err = capsys.readouterr().err
+    assert "backend: nccl needs CUDA GPUs" in err
+    assert cli.main(["validate", str(tiny), "--set", "strategy=ddp", "--set", "devices=3",
+                     "--set", "train.grad_accum=2"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 3" in out and "32 per process x 3 x accumulation 2 = 192" in out
+    assert "rank 2: cpu" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("override,field,words", [
+    ("data.dataset=imagefolder", "data.root", "no such folder"),
+    ("checkpoint.resume=/nonexistent/ckpt-1.pt", "checkpoint.resume", "no such checkpoint file"),
+    ("model.name=no_such_pkg_xyz.models:net", "model.name", "no_such_pkg_xyz"),
+    ("data.dataset=no_such_pkg_xyz:data", "data.dataset", "no_such_pkg_xyz"),
+])
+def test_preflight_checks(tmp_path, tiny, capsys, monkeypatch, override, field, words):
+    monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
+    extra = ["--set", f"data.root={tmp_path / 'nope'}"] if "imagefolder" in override else []
+    assert cli.main(["run", str(tiny), "--set", override, *extra]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: " in err and words in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_preset_name(tmp_path, capsys):
+    assert cli.main(["run", "quikstart", "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "no preset of that name" in err and "did you mean 'quickstart'" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unwritable_runs_dir(tmp_path, tiny, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cli.main(["run", str(tiny), "--runs-dir", str(blocker / "runs")]) == 2
+    assert "cannot create the run directory" in capsys.readouterr().err
+
+
+def test_presets_command_lists_shipped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("TORCHDECK_PRESETS", raising=False)
+    assert cli.main(["presets"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "SOURCE", "STRATEGY", "DESCRIPTION"]
+    assert lines[1].startswith("quickstart (default)") and "shipped" in lines[1] and "ddp" in lines[1]
+    for name in ("cpu", "gpu", "ddp-cpu", "ddp-gpu"):
+        assert any(ln.startswith(name + " ") for ln in lines), name
+    assert str(tmp_path / "torchdeck" / "presets") in out
+
+
+def test_validate_gpu_preset_without_gpu_says_why(capsys):
+    assert cli.main(["validate", "gpu"]) == 2  # this machine has no NVIDIA driver
+    err = capsys.readouterr().err
+    assert "accelerator: cuda needs an NVIDIA GPU" in err
+
+
+def test_env_report(tmp_path):
+    r = torchdeck("env", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for key in ("- torchdeck: 0.1.0", "- python: ", "- torch: ", "- textual: ", "- CUDA available: ",
+                "nccl", "mpi", "- GPUs (NVML): ", "- CPUs: "):
+        assert key in r.stdout, key
+
+
+def test_help_is_fast_and_lists_commands(tmp_path):
+    r = torchdeck("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for c in ("run", "attach", "runs", "stop", "presets", "validate", "eval", "env", "export"):
+        assert c in r.stdout
+    code = ("import sys, engine.cli; engine.cli.build_parser(); "
+            "assert 'torch' not in sys.modules and 'textual' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
+    """attach replays a finished run from its events alone; runs lists it."""
+    from engine import config as c
+    from engine import events
+    from engine.rundir import RunDir
+
+    run = RunDir.create(c.from_dict({"name": "old"}), tmp_path)
+    evs = [events.make("run_started", strategy="cpu", world_size=1, total_steps=2, global_batch=64, devices=["cpu"]),
+           events.make("rank_ready", rank=0, local_rank=0, device="cpu", pid=1, host="h", threads=1),
+           events.make("step", rank=0, epoch=0, step=2, total_steps=2, loss=0.5, samples_per_s=100.0,
+                       data_wait_s=0.1, compute_s=0.9, lr=0.1, accuracy=None),
+           events.make("epoch_end", rank=0, epoch=0, step=2, train_loss=0.5, train_acc=0.8, val_loss=0.4, val_acc=0.93),
+           events.make("run_finished", status="finished", exit_codes=[0], root_cause=None, elapsed_s=3.0)]
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
+    run.write_status({"status": "finished", "exit_codes": [0], "root_cause": None})
+    assert cli.main(["attach", "latest", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "val loss 0.4000 acc 93.0%" in out and "run finished" in out and "val accuracy 93.0%" in out
+    assert cli.main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert run.name in out and "finished" in out
+    assert cli.main(["stop", run.name, "--runs-dir", str(tmp_path)]) == 1
+    assert "not running" in capsys.readouterr().out
+    assert cli.main(["attach", "nope", "--runs-dir", str(tmp_path)]) == 2
