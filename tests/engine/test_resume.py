@@ -1,0 +1,150 @@
+"""Resume equals an uninterrupted run: mid-epoch position, LR schedule, optimizer and RNG."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from engine import checkpoint as ckpt
+from engine import events
+from tests.engine.test_equivalence import (ROOT, assert_same_weights, final_model, run_in_process,
+                                           run_supervised, small_cfg)
+
+
+def test_resume_from_mid_epoch_checkpoint_equals_uninterrupted(tmp_path):
+    # 256 samples / batch 32 = 8 steps per epoch; 12 steps cross an epoch boundary; cosine LR.
+    cfg = small_cfg(**{"train.max_steps": 12, "checkpoint.every_n_steps": 3, "scheduler.name": "cosine",
+                       "scheduler.warmup_steps": 2, "scheduler.min_lr": 0.001})
+    full = tmp_path / "full"
+    ev = run_in_process(full, cfg)
+    saved = [e["step"] for e in ev if e["kind"] == "checkpoint"]
+    assert saved == [3, 6, 9, 12]
+    ref = final_model(full)
+    for step in (3, 9):  # mid first epoch; mid second epoch
+        path = full / "checkpoints" / ckpt.file_name(step)
+        state = ckpt.load(path)
+        assert (state["epoch"], state["batches_done"]) == divmod(step, 8)
+        resumed = tmp_path / f"from{step}"
+        ev = run_in_process(resumed, {**cfg, "checkpoint": {**cfg["checkpoint"], "resume": str(path)}})
+        assert any(e["kind"] == "log" and "resumed from" in e["message"] for e in ev)
+        first = next(e for e in ev if e["kind"] == "step")
+        assert first["step"] > step  # the steps before the checkpoint were not redone
+        out = final_model(resumed)
+        assert out["step"] == 12
+        assert_same_weights(out["model"], ref["model"], atol=1e-6)
+        assert out["scheduler"]["_last_lr"] == pytest.approx(ref["scheduler"]["_last_lr"])
+
+
+def test_stop_after_max_steps_then_resume_with_more_steps(tmp_path):
+    base = small_cfg(**{"scheduler.name": "step", "scheduler.gamma": 0.5, "train.epochs": 3})
+    straight = {**base, "train": {**base["train"], "max_steps": 14}}
+    run_in_process(tmp_path / "straight", straight)
+    first = {**base, "train": {**base["train"], "max_steps": 5}}
+    run_in_process(tmp_path / "first", first)
+    part = final_model(tmp_path / "first")
+    assert part["step"] == 5
+    more = {**straight, "checkpoint": {**base["checkpoint"], "resume": "latest",
+                                       "dir": str(tmp_path / "first" / "checkpoints")}}
+    run_in_process(tmp_path / "more", more)
+    a, b = final_model(tmp_path / "first"), final_model(tmp_path / "straight")  # "more" wrote into first's dir
+    assert a["step"] == b["step"] == 14
+    assert_same_weights(a["model"], b["model"], atol=1e-6)
+    assert not torch.allclose(part["model"]["1.weight"], b["model"]["1.weight"])
+
+
+def test_latest_skips_damaged_and_partial_files(tmp_path):
+    d = tmp_path / "ck"
+    for step in (1, 2):
+        ckpt.save({"model": {"w": torch.full((2,), float(step))}, "step": step}, d, step, keep_last=5)
+    (d / ckpt.file_name(3)).write_bytes(b"not a checkpoint: killed mid-write by a non-atomic writer")
+    (d / f".{ckpt.file_name(4)}.tmp-123").write_bytes(b"partial")
+    path, state = ckpt.latest(d)
+    assert path.name == ckpt.file_name(2) and state["step"] == 2
+    for step in range(5, 9):
+        ckpt.save({"model": {}, "step": step}, d, step, keep_last=2)
+    assert [s for s, _ in ckpt.listing(d)] == [7, 8]
+
+
+def test_checkpoint_loads_weights_only_and_restores_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    state = {"model": {}, "step": 0, "rng": ckpt.rng_state()}
+    ckpt.save(state, tmp_path, 0, keep_last=1)
+    expect = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    loaded = torch.load(tmp_path / ckpt.file_name(0), weights_only=True)
+    ckpt.set_rng_state(loaded["rng"])
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expect
+
+
+@pytest.mark.slow
+def test_graceful_stop_then_resume_latest_equals_uninterrupted_ddp(tmp_path, monkeypatch):
+    """Stop a 2-rank run through its stop file at whatever step it is, resume it, and compare with
+    an uninterrupted run (one process, batch 2B: equal to DDP, see test_equivalence)."""
+    (tmp_path / "slowmlp.py").write_text(SLOW_MODEL)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cfg = small_cfg(strategy="ddp", devices=2, **{"train.batch_size": 8, "train.max_steps": 0,
+                                                  "train.epochs": 3, "nodes.master_port": 0,
+                                                  "checkpoint.every_epoch": True,
+                                                  "model.name": "slowmlp:build"})
+    run = tmp_path / "stopped"
+    run.mkdir()
+    from engine import config as cfgmod
+
+    cfgmod.save(cfgmod.from_dict(cfg), run / "config.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT,
+                            env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(e["kind"] == "step" for e in events.read_all(run / "events.jsonl")):
+            break
+        time.sleep(0.05)
+    (run / "stop").touch()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert json_status(run)["status"] == "stopped"
+    stopped_at = final_model(run)["step"]
+    assert 0 < stopped_at < 48, "stopped too late to test a resume; the stop file was not honoured"
+
+    (run / "stop").unlink()
+    cfg["checkpoint"]["resume"] = "latest"
+    shutil.move(run / "events.jsonl", run / "events.first.jsonl")
+    proc = run_supervised(run, cfg, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    resumed = final_model(run)
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    straight = small_cfg(**{"train.batch_size": 16, "train.max_steps": 0, "train.epochs": 3,
+                            "model.name": "slowmlp:build"})
+    run_in_process(tmp_path / "straight", straight)
+    ref = final_model(tmp_path / "straight")
+    assert resumed["step"] == ref["step"] == 48
+    assert_same_weights(resumed["model"], ref["model"])
+
+
+SLOW_MODEL = """
+import time
+from engine.models import mlp
+
+
+def build(info):
+    net = mlp(info, 32)
+    net.register_forward_pre_hook(lambda mod, args: time.sleep(0.04) if mod.training else None)
+    return net
+"""
+
+
+def json_status(run):
+    import json
+
+    return json.loads((run / "status.json").read_text())
