@@ -69,12 +69,22 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Every rank passes the full dict; each keeps its own shard."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        set_model_state_dict(model, state, options=self._options())
+        set_model_state_dict(model, _containers_copied(state), options=self._options())
 
     def load_optim_state(self, optimizer, model, state: dict, ctx) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, state, options=self._options())
+        set_optimizer_state_dict(model, optimizer, _containers_copied(state), options=self._options())
+
+
+def _containers_copied(obj):
+    """The set_*_state_dict helpers replace entries with DTensor shards in place; copy the dicts
+    and lists (not the tensors) so the caller's checkpoint stays a plain, full state dict."""
+    if isinstance(obj, dict):
+        return {k: _containers_copied(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_containers_copied(v) for v in obj]
+    return obj
 
 
 STRATEGY = FSDPStrategy()

@@ -25,8 +25,9 @@ class ZeroStrategy(DDPStrategy):
         return optimizer.state_dict() if ctx.rank == 0 else {}
 
     def load_optim_state(self, optimizer, model, state: dict, ctx) -> None:
-        # The consolidated dict holds every shard; each rank keeps its own part.
-        optimizer.load_state_dict(state)
+        # The consolidated dict holds every shard; each rank keeps its own part. load_state_dict
+        # blanks other ranks' entries in the dict it is given, so give it a copy.
+        optimizer.load_state_dict({**state, "state": dict(state["state"])})
 
 
 def _optimizer_recipe(params_fn, model):

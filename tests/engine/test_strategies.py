@@ -184,3 +184,185 @@ def test_zero_rebuilds_the_loops_optimizer_from_a_plain_factory():
         return torch.optim.SGD(ps, lr=0.3)
     fn.optimizer_class, fn.optimizer_kwargs = torch.optim.SGD, {"lr": 0.3, "momentum": 0.5}
     assert _optimizer_recipe(fn, model) == (torch.optim.SGD, {"lr": 0.3, "momentum": 0.5})
+
+
+# ----------------------------------------------------------------------------- 2 gloo ranks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_ctx(strategy: str, rank: int):
+    cfg = from_dict({"strategy": strategy, "devices": WORLD, "backend": "gloo",
+                     "train": {"batch_size": B, "grad_accum": ACCUM}})
+    return get_strategy(strategy), RankContext(rank, rank, WORLD, WORLD, 0, torch.device("cpu"), cfg)
+
+
+def train_steps(strategy, model, opt, rank: int, data, hook_calls: list | None = None):
+    """The loop's contract: no_sync on the first k-1 micro-steps, loss / k, one optimizer step."""
+    import contextlib
+
+    for x, y in data:
+        xs, ys = x.chunk(WORLD * ACCUM), y.chunk(WORLD * ACCUM)
+        for j in range(ACCUM):
+            mine = rank * ACCUM + j  # this rank's j-th micro-batch of the global batch
+            before = len(hook_calls) if hook_calls is not None else 0
+            sync = strategy.no_sync(model) if j < ACCUM - 1 else contextlib.nullcontext()
+            with sync:
+                (F.cross_entropy(model(xs[mine]), ys[mine]) / ACCUM).backward()
+            if hook_calls is not None:
+                hook_calls.append(("micro", j, len(hook_calls) - before))
+        opt.step()
+        opt.zero_grad()
+
+
+def build(name: str, rank: int, make_opt):
+    strategy, ctx = rank_ctx(name, rank)
+    torch.manual_seed(0)
+    model = strategy.wrap(cnn(INFO), ctx)
+    return strategy, ctx, model, strategy.make_optimizer(make_opt, model)
+
+
+def scenario(name: str, opt_name: str, rank: int, out: Path):
+    """Train STEPS, checkpoint through the strategy, restore into a fresh wrapped model, train one
+    more step on both: rank 0 records the weights after STEPS, and after STEPS+1 both ways."""
+    import torch.distributed as dist
+
+    make_opt = {"sgd": sgd, "adam": adam}[opt_name]
+    data = batches(STEPS + 1, WORLD * ACCUM * B)
+    strategy, ctx, model, opt = build(name, rank, make_opt)
+    calls: list = []
+    if name == "ddp":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting(state, bucket):
+            calls.append("allreduce")
+            return allreduce_hook(state, bucket)
+        model.register_comm_hook(None, counting)
+    train_steps(strategy, model, opt, rank, data[:STEPS], calls if name == "ddp" else None)
+    model_state = strategy.model_state(model, ctx)
+    optim_state = strategy.optim_state(opt, model, ctx)
+    ckpt = out / f"{name}-{opt_name}.pt"
+    if rank == 0:
+        torch.save({"model": model_state, "optimizer": optim_state}, ckpt)
+    dist.barrier()
+    saved = torch.load(ckpt, weights_only=True)  # every rank loads the file, as a resume does
+
+    _, _, model2, opt2 = build(name, rank, make_opt)
+    strategy.load_model_state(model2, saved["model"], ctx)
+    strategy.load_optim_state(opt2, model2, saved["optimizer"], ctx)
+    train_steps(strategy, model, opt, rank, data[STEPS:])
+    train_steps(strategy, model2, opt2, rank, data[STEPS:])
+    cont, resumed = strategy.model_state(model, ctx), strategy.model_state(model2, ctx)
+    local_optim = sum(t.numel() for s in opt.optim.state_dict()["state"].values()
+                      for t in s.values() if torch.is_tensor(t) and t.dim() > 0) if name == "zero" else None
+    if rank == 0:
+        torch.save({"after": saved["model"], "continued": cont, "resumed": resumed,
+                    "optimizer": saved["optimizer"], "hook_calls": calls, "local_optim": local_optim},
+                   ckpt)
+
+
+SCENARIOS = [("ddp", "sgd"), ("zero", "sgd"), ("zero", "adam"), ("fsdp", "sgd"), ("fsdp", "adam")]
+
+
+def rank_entry(rank: int, init_method: str, out: str, scenarios):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
+    try:
+        for name, opt_name in scenarios:
+            scenario(name, opt_name, rank, Path(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(init_method: str, out: Path, scenarios):
+    import torch.multiprocessing as mp
+
+    mp.spawn(rank_entry, args=(init_method, str(out), scenarios), nprocs=WORLD, join=True)
+    return {f"{n}-{o}": torch.load(out / f"{n}-{o}.pt", weights_only=True) for n, o in scenarios}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every scenario in one spawn of 2 gloo ranks meeting over tcp://."""
+    out = tmp_path_factory.mktemp("ranks")
+    return spawn(f"tcp://127.0.0.1:{free_port()}", out, SCENARIOS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opt_name", SCENARIOS)
+def test_two_ranks_equal_one_process_with_the_whole_batch(two_ranks, name, opt_name):
+    """DDP, ZeRO and FSDP (2 ranks x B, accumulating 2 micro-steps) end where one process with the
+    4B batch does; so ZeRO and FSDP equal DDP. The checkpoint is a plain state_dict."""
+    r = two_ranks[f"{name}-{opt_name}"]
+    make_opt = {"sgd": sgd, "adam": adam}[opt_name]
+    assert_same(r["after"], reference(make_opt, STEPS))
+    assert_same(r["continued"], reference(make_opt, STEPS + 1))
+    torch.manual_seed(0)
+    init = cnn(INFO).state_dict()  # guard against vacuous equality: the weights really moved
+    assert max((r["after"][k] - init[k]).abs().max() for k in init) > 1e-3
+    plain = cnn(INFO)
+    plain.load_state_dict(r["after"])  # loads without the strategy, same keys
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opt_name", SCENARIOS)
+def test_resume_from_strategy_checkpoint_equals_continuing(two_ranks, name, opt_name):
+    r = two_ranks[f"{name}-{opt_name}"]
+    assert_same(r["resumed"], r["continued"], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ddp_accumulation_micro_steps_do_not_communicate(two_ranks):
+    calls = [c for c in two_ranks["ddp-sgd"]["hook_calls"] if isinstance(c, tuple)]
+    assert len(calls) == STEPS * ACCUM
+    for _, j, n in calls:
+        if j < ACCUM - 1:
+            assert n == 0, f"micro-step {j} all-reduced {n} bucket(s) inside no_sync"
+        else:
+            assert n >= 1, "the last micro-step must all-reduce"
+
+
+@pytest.mark.slow
+def test_zero_shards_optimizer_state_and_consolidates_it(two_ranks):
+    """Rank 0 holds Adam state for only part of the parameters, yet saves all of it."""
+    r = two_ranks["zero-adam"]
+    total = sum(p.numel() for p in cnn(INFO).parameters())
+    saved = r["optimizer"]["state"]
+    assert len(saved) == len(list(cnn(INFO).parameters()))
+    assert sum(s["exp_avg"].numel() for s in saved.values()) == total
+    assert 0 < r["local_optim"] < 2 * total  # exp_avg + exp_avg_sq for a shard, not for all
+
+
+@pytest.mark.slow
+def test_fsdp_optimizer_state_is_full_and_named(two_ranks):
+    saved = two_ranks["fsdp-adam"]["optimizer"]["state"]
+    plain = dict(cnn(INFO).named_parameters())
+    assert set(saved) == set(plain)
+    for k, s in saved.items():
+        assert s["exp_avg"].shape == plain[k].shape
+
+
+@pytest.mark.slow
+def test_file_init_method_trains_ddp(tmp_path):
+    """init_method file:// (no MASTER_ADDR/PORT at all) brings 2 gloo ranks together."""
+    rendezvous = tmp_path / "rendezvous"
+    r = spawn(f"file://{rendezvous}", tmp_path, [("ddp", "sgd")])["ddp-sgd"]
+    assert_same(r["after"], reference(sgd, STEPS))
+
+
+@pytest.mark.skipif(not torch.distributed.is_mpi_available(), reason="this PyTorch build has no MPI backend")
+def test_mpi_backend_is_available_when_torch_says_so():
+    cfg = from_dict({"strategy": "ddp", "devices": 2, "backend": "mpi"}, hw=Hardware(mpi_available=True))
+    assert cfg.backend == "mpi"
+
+
+def test_mpi_backend_refused_where_torch_has_none():
+    with pytest.raises(ConfigError) as e:
+        from_dict({"strategy": "ddp", "devices": 2, "backend": "mpi"}, hw=Hardware(mpi_available=False))
+    assert "MPI" in e.value.by_field()["backend"]
