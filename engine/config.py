@@ -477,7 +477,7 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc)
     if mark is not None:
         return f"broken YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    return f"broken YAML: {problem}"
+    return "broken YAML: " + " ".join(str(problem).split())  # one line (a ReaderError spans two)
 
 
 def loads(text: str, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
