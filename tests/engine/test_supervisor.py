@@ -1,0 +1,253 @@
+"""The supervisor under trouble: a rank raises, a rank is SIGKILLed, stop requests, busy ports.
+Each test asserts the outcome, its time bound, and that no process of the run is left."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine import config as cfgmod
+from engine import events
+from engine.supervisor import choose_port, port_in_use, supervise
+from tests.engine.test_equivalence import ROOT, final_model, small_cfg
+
+USER_MODELS = '''
+import os, time
+from engine.models import mlp
+
+
+def failing(info, at=3, rank="1"):
+    """Raises in the forward of its `at`-th training step on one rank."""
+    net = mlp(info, 32)
+    calls = [0]
+
+    def hook(mod, args):
+        if mod.training:
+            calls[0] += 1
+            if calls[0] == at and os.environ.get("RANK") == rank:
+                raise RuntimeError(f"boom at step {at}")
+    net.register_forward_pre_hook(hook)
+    return net
+
+
+def slow(info, sleep=0.05):
+    net = mlp(info, 32)
+    net.register_forward_pre_hook(lambda mod, args: time.sleep(sleep) if mod.training else None)
+    return net
+'''
+
+
+class Run:
+    """A supervisor started as a user would: its own process, its own session."""
+
+    def __init__(self, tmp_path: Path, cfg: dict, name="run"):
+        (tmp_path / "usermodels.py").write_text(USER_MODELS)
+        self.dir = tmp_path / name
+        self.dir.mkdir()
+        cfgmod.save(cfgmod.from_dict(cfg), self.dir / "config.yaml")
+        env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(self.dir)], cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.seen_pids: set[int] = set()
+
+    def events(self) -> list[dict]:
+        return events.read_all(self.dir / "events.jsonl")
+
+    def wait_for(self, pred, timeout=120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.note_children()
+            for e in self.events():
+                if pred(e):
+                    return e
+            assert self.proc.poll() is None, f"supervisor exited early: {self.output()}"
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting; events: {self.events()[-5:]}")
+
+    def note_children(self) -> None:
+        try:
+            self.seen_pids.update(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, timeout) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return "(running)"
+        return self.proc.stdout.read()
+
+    def status(self) -> dict:
+        return json.loads((self.dir / "status.json").read_text())
+
+    def assert_nothing_left(self, within=5.0) -> None:
+        pids = self.seen_pids | {e["pid"] for e in self.events() if e["kind"] == "rank_ready"}
+        assert pids, "never saw a rank process"
+        deadline = time.monotonic() + within
+        alive = pids
+        while time.monotonic() < deadline:
+            alive = {p for p in pids if _alive(p)}
+            if not alive:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"processes of the run still alive: {alive}")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def runs():
+    started: list[Run] = []
+    yield started
+    for r in started:
+        r.kill()
+
+
+def ddp_cfg(**over):
+    base = {"strategy": "ddp", "devices": 2, "nodes.master_port": 0, "train.batch_size": 8,
+            "train.log_every_n_steps": 1}
+    base.update(over)
+    return small_cfg(**base)
+
+
+@pytest.mark.slow
+def test_rank_exception_fails_run_with_root_cause_and_no_leftovers(tmp_path, runs):
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:failing", "train.max_steps": 40}))
+    runs.append(r)
+    err = r.wait_for(lambda e: e["kind"] == "error")
+    rc = r.wait(timeout=60)
+    ended = time.time()
+    assert rc != 0
+    assert ended - err["t"] < 10, "the run did not stop within 10 s of the error"
+    assert err["rank"] == 1 and err["exception"] == "RuntimeError" and "boom at step 3" in err["message"]
+    assert "Traceback" in err["traceback"] and "boom at step 3" in err["traceback"]
+    assert err["pid"] > 0 and err["host"]
+    st = r.status()
+    assert st["status"] == "failed"
+    assert st["root_cause"].startswith("rank 1") and "boom at step 3" in st["root_cause"]
+    assert st["exit_codes"][1] == 1
+    evs = r.events()
+    fin = [e for e in evs if e["kind"] == "run_finished"]
+    assert len(fin) == 1 and fin[0]["status"] == "failed" and evs[-1] == fin[0]
+    assert {e["rank"] for e in evs if e["kind"] == "rank_exited"} == {0, 1}
+    assert "boom at step 3" in (r.dir / "rank1.log").read_text()  # the traceback lands in the rank's log
+    r.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_rank_killed_by_signal_stops_the_rest(tmp_path, runs):
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:slow", "train.max_steps": 0, "train.epochs": 50}))
+    runs.append(r)
+    r.wait_for(lambda e: e["kind"] == "step" and e["step"] >= 2)
+    victim = next(e["pid"] for e in r.events() if e["kind"] == "rank_ready" and e["rank"] == 1)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = r.wait(timeout=60)
+    assert time.monotonic() - t0 < 15
+    assert rc == 1
+    st = r.status()
+    assert st["status"] == "failed"
+    assert st["root_cause"].startswith("rank 1 killed by signal 9"), st
+    assert st["exit_codes"][1] == -9
+    ex = {e["rank"]: e for e in r.events() if e["kind"] == "rank_exited"}
+    assert ex[1]["signal"] == "SIGKILL"
+    r.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_gracefully_and_sighup_is_ignored(tmp_path, runs):
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:slow", "train.max_steps": 0, "train.epochs": 50,
+                                 "checkpoint.every_epoch": False}))
+    runs.append(r)
+    r.wait_for(lambda e: e["kind"] == "step" and e["step"] >= 2)
+    os.kill(r.proc.pid, signal.SIGHUP)  # a closed terminal: the run goes on
+    r.wait_for(lambda e: e["kind"] == "step" and e["step"] >= 4)
+    assert r.proc.poll() is None
+    os.kill(r.proc.pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    rc = r.wait(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert rc == 0, r.output()
+    st = r.status()
+    assert st["status"] == "stopped" and st["exit_codes"] == [0, 0]
+    cks = [e for e in r.events() if e["kind"] == "checkpoint"]
+    assert len(cks) == 1 and cks[0]["rank"] == 0  # written on stop, by rank 0 only
+    saved = final_model(r.dir)
+    assert 4 <= saved["step"] < 50 * 16
+    assert Path(cks[0]["path"]).name == f"ckpt-{saved['step']:08d}.pt"
+    r.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_second_stop_request_kills(tmp_path, runs):
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:slow", "model.kwargs": {"sleep": 3.0},
+                                 "train.max_steps": 0, "train.epochs": 50}))
+    runs.append(r)
+    r.wait_for(lambda e: e["kind"] == "rank_ready" and e["rank"] == 1)
+    r.wait_for(lambda e: e["kind"] == "log" and e["rank"] == 0)  # training has begun
+    (r.dir / "stop").touch()
+    r.wait_for(lambda e: e["kind"] == "log" and e["rank"] is None and "stop requested" in e["message"])
+    os.kill(r.proc.pid, signal.SIGINT)  # Ctrl-C as the second request
+    t0 = time.monotonic()
+    r.wait(timeout=60)
+    assert time.monotonic() - t0 < 10
+    st = r.status()
+    assert st["status"] == "stopped" and "second stop" in st["root_cause"]
+    r.assert_nothing_left()
+
+
+def test_multi_node_busy_port_fails_naming_it(tmp_path):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = small_cfg(strategy="ddp", devices=1, **{"nodes.num_nodes": 2, "nodes.master_port": port})
+        run = tmp_path / "mn"
+        run.mkdir()
+        cfgmod.save(cfgmod.from_dict(cfg), run / "config.yaml")
+        assert supervise(run) == 1
+    st = json.loads((run / "status.json").read_text())
+    assert st["status"] == "failed" and str(port) in st["root_cause"] and "in use" in st["root_cause"]
+    assert not any(e["kind"] == "rank_ready" for e in events.read_all(run / "events.jsonl"))
+
+
+def test_single_node_busy_port_picks_another():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        assert port_in_use(busy)
+        cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": busy}))
+        port, msg = choose_port(cfg)
+        assert port != busy and not port_in_use(port)
+        assert msg == f"port {busy} in use; using {port}"
+    cfg.nodes.master_port = 0
+    port, msg = choose_port(cfg)
+    assert port > 0 and str(port) in msg
+
+
+def test_device_for_uses_the_listed_gpu_indices():
+    """gpu_ids 6,7 must train on cuda:6 and cuda:7, never silently on 0,1."""
+    cfg = cfgmod.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": "6,7"})
+    assert [cfg.device_for(i) for i in (0, 1)] == ["cuda:6", "cuda:7"]
+    assert cfg.nproc_per_node == 2
