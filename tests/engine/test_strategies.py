@@ -6,9 +6,7 @@ One spawn runs every DDP/ZeRO/FSDP scenario (spawning costs far more than the fe
 from __future__ import annotations
 
 import copy
-import os
 import socket
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -226,7 +224,7 @@ def build(name: str, rank: int, make_opt):
     return strategy, ctx, model, strategy.make_optimizer(make_opt, model)
 
 
-def scenario(name: str, opt_name: str, rank: int, out: Path):
+def scenario(name: str, opt_name: str, rank: int, out: Path, tag: str):
     """Train STEPS, checkpoint through the strategy, restore into a fresh wrapped model, train one
     more step on both: rank 0 records the weights after STEPS, and after STEPS+1 both ways."""
     import torch.distributed as dist
@@ -245,7 +243,7 @@ def scenario(name: str, opt_name: str, rank: int, out: Path):
     train_steps(strategy, model, opt, rank, data[:STEPS], calls if name == "ddp" else None)
     model_state = strategy.model_state(model, ctx)
     optim_state = strategy.optim_state(opt, model, ctx)
-    ckpt = out / f"{name}-{opt_name}.pt"
+    ckpt = out / f"{tag}{name}-{opt_name}.pt"
     if rank == 0:
         torch.save({"model": model_state, "optimizer": optim_state}, ckpt)
     dist.barrier()
@@ -268,30 +266,32 @@ def scenario(name: str, opt_name: str, rank: int, out: Path):
 SCENARIOS = [("ddp", "sgd"), ("zero", "sgd"), ("zero", "adam"), ("fsdp", "sgd"), ("fsdp", "adam")]
 
 
-def rank_entry(rank: int, init_method: str, out: str, scenarios):
+def rank_entry(rank: int, phases, out: str):
+    """Each phase: a fresh process group over its init method, then its scenarios."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
-    try:
-        for name, opt_name in scenarios:
-            scenario(name, opt_name, rank, Path(out))
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(init_method: str, out: Path, scenarios):
-    import torch.multiprocessing as mp
-
-    mp.spawn(rank_entry, args=(init_method, str(out), scenarios), nprocs=WORLD, join=True)
-    return {f"{n}-{o}": torch.load(out / f"{n}-{o}.pt", weights_only=True) for n, o in scenarios}
+    for tag, init_method, scenarios in phases:
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
+        try:
+            for name, opt_name in scenarios:
+                scenario(name, opt_name, rank, Path(out), tag)
+        finally:
+            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """Every scenario in one spawn of 2 gloo ranks meeting over tcp://."""
+    """Every scenario in one spawn of 2 gloo ranks (spawning costs far more than the steps):
+    first meeting over tcp://, then again over file:// (no MASTER_ADDR/PORT at all)."""
+    import torch.multiprocessing as mp
+
     out = tmp_path_factory.mktemp("ranks")
-    return spawn(f"tcp://127.0.0.1:{free_port()}", out, SCENARIOS)
+    phases = [("", f"tcp://127.0.0.1:{free_port()}", SCENARIOS),
+              ("file-", f"file://{out / 'rendezvous'}", [("ddp", "sgd")])]
+    mp.spawn(rank_entry, args=(phases, str(out)), nprocs=WORLD, join=True)
+    return {f"{tag}{n}-{o}": torch.load(out / f"{tag}{n}-{o}.pt", weights_only=True)
+            for tag, _, scenarios in phases for n, o in scenarios}
 
 
 @pytest.mark.slow
@@ -349,11 +349,9 @@ def test_fsdp_optimizer_state_is_full_and_named(two_ranks):
 
 
 @pytest.mark.slow
-def test_file_init_method_trains_ddp(tmp_path):
-    """init_method file:// (no MASTER_ADDR/PORT at all) brings 2 gloo ranks together."""
-    rendezvous = tmp_path / "rendezvous"
-    r = spawn(f"file://{rendezvous}", tmp_path, [("ddp", "sgd")])["ddp-sgd"]
-    assert_same(r["after"], reference(sgd, STEPS))
+def test_file_init_method_trains_ddp(two_ranks):
+    """init_method file:// brings the 2 gloo ranks together as tcp:// did, with the same result."""
+    assert_same(two_ranks["file-ddp-sgd"]["after"], reference(sgd, STEPS))
 
 
 @pytest.mark.skipif(not torch.distributed.is_mpi_available(), reason="this PyTorch build has no MPI backend")
