@@ -119,7 +119,7 @@ def _torchvision_set(name: str, root: str, download: bool):
     except DataError:
         raise
     except Exception as exc:  # torchvision raises RuntimeError, URLError, OSError, ...
-        reason = f" (download failed: {exc})" if download else ""
+        reason = f" (download failed: {' '.join(str(exc).split())})" if download else ""
         raise DataError(hint + reason) from None
     return train, val, DataInfo(channels, classes, size, name)
 
