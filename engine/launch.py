@@ -92,16 +92,19 @@ def kill(run) -> list[int]:
     sid = run.supervisor_pid()
     killed = []
     if sid is not None:
+        procs = run_processes(run)  # before the group kill: after it they are gone or zombies
         try:
             os.killpg(sid, signal.SIGKILL)
         except OSError:
             pass
-        for p in run_processes(run):
+        for p in procs:
             try:
                 p.kill()
-                killed.append(p.pid)
-            except psutil.Error:
+            except psutil.NoSuchProcess:
                 pass
+            except psutil.Error:
+                continue
+            killed.append(p.pid)
     if run.final_status() is None:
         cause = "killed by the user (SIGKILL to every process of the run)"
         with open(run.events_path, "a") as fh:

@@ -1,0 +1,204 @@
+"""A run survives what goes wrong (issue 5): stop, Ctrl-C, a lost terminal, a killed rank, a busy port.
+
+Each test drives the real `torchdeck` command with a real 2-rank gloo run and asserts the
+outcome within a bound and that no process of the run is left (psutil, by the run's session).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import launch
+from engine.events import read_all
+from engine.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+
+LONG = """\
+name: {name}
+strategy: ddp
+accelerator: cpu
+devices: 2
+backend: gloo
+model: {{name: mlp, hidden: 32}}
+data: {{dataset: synthetic, train_size: 4096, val_size: 256, image_size: 16}}
+train: {{batch_size: 16, epochs: {epochs}, max_steps: {max_steps}, log_every_n_steps: 1}}
+nodes: {{master_port: {port}}}
+"""
+
+
+def preset(tmp_path, name="life", epochs=100, max_steps=0, port=0):
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(LONG.format(name=name, epochs=epochs, max_steps=max_steps, port=port))
+    return p
+
+
+def cli_cmd():
+    exe = Path(sys.executable).with_name("torchdeck")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
+
+
+def env_for(tmp_path):
+    return dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
+
+
+def start_cli(tmp_path, *args, log="cli.log"):
+    out = open(tmp_path / log, "w")
+    proc = subprocess.Popen(cli_cmd() + list(args), cwd=tmp_path, env=env_for(tmp_path),
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return proc, tmp_path / log
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def the_run(tmp_path) -> RunDir:
+    def find():
+        root = tmp_path / "runs"
+        dirs = [p for p in root.iterdir() if (p / "config.yaml").is_file()] if root.exists() else []
+        return dirs[0] if dirs else None
+    return RunDir(wait_for(find, 30, "the run directory"))
+
+
+def steps_seen(run: RunDir, n=3):
+    return sum(1 for e in read_all(run.events_path) if e["kind"] == "step") >= n
+
+
+def rank_pids(run: RunDir):
+    return {e["rank"]: e["pid"] for e in read_all(run.events_path) if e["kind"] == "rank_ready"}
+
+
+def port_of(run: RunDir) -> int:
+    return next(e["master_port"] for e in read_all(run.events_path) if e["kind"] == "run_started")
+
+
+def assert_nothing_left(run: RunDir, pids, within):
+    wait_for(lambda: not launch.run_processes(run), within, f"every process of {run.name} to exit")
+    import psutil
+
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"rank processes still alive: {alive}"
+
+
+def port_free(port: int) -> bool:
+    """Bindable as the next run's store binds it (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_graceful_stop_with_torchdeck_stop(tmp_path):
+    r = subprocess.run(cli_cmd() + ["run", str(preset(tmp_path)), "--detach"], cwd=tmp_path,
+                       env=env_for(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "torchdeck attach" in r.stdout
+    run = the_run(tmp_path)
+    wait_for(lambda: steps_seen(run), 120, "training steps")
+    pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
+    port = port_of(run)
+
+    t0 = time.monotonic()
+    r = subprocess.run(cli_cmd() + ["stop", run.name, "--wait", "60"], cwd=tmp_path, env=env_for(tmp_path),
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stop requested" in r.stdout and "run stopped" in r.stdout
+    assert json.loads(run.status_path.read_text())["status"] == "stopped"
+    assert_nothing_left(run, pids, within=max(1.0, 30 - (time.monotonic() - t0)))
+    ckpts = [e for e in read_all(run.events_path) if e["kind"] == "checkpoint"]
+    assert ckpts and Path(ckpts[-1]["path"]).is_file(), "the stop wrote a checkpoint"
+    assert port_free(port), "the master port is free again"
+
+
+def test_ctrl_c_in_torchdeck_run_stops_gracefully(tmp_path):
+    proc, log = start_cli(tmp_path, "run", str(preset(tmp_path)))
+    run = the_run(tmp_path)
+    wait_for(lambda: steps_seen(run), 120, "training steps")
+    pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+    code = proc.wait(timeout=60)
+    out = log.read_text()
+    assert code == 0, out
+    assert "stopping: finishing the step and checkpointing; Ctrl-C again to kill" in out
+    assert "run stopped" in out
+    assert "Traceback" not in out
+    assert run.final_status()["status"] == "stopped"
+    assert any(e["kind"] == "checkpoint" for e in read_all(run.events_path))
+    assert_nothing_left(run, pids, within=max(1.0, 30 - (time.monotonic() - t0)))
+
+
+def test_lost_terminal_run_goes_on_and_attach_shows_it_and_busy_port_is_replaced(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, log = start_cli(tmp_path, "run", str(preset(tmp_path, epochs=1, max_steps=40, port=port)))
+        run = the_run(tmp_path)
+        wait_for(lambda: run.supervisor_pid() and "run directory:" in log.read_text(), 30, "the launch")
+        proc.send_signal(signal.SIGHUP)  # the SSH connection drops
+        assert proc.wait(timeout=10) == -signal.SIGHUP
+        assert run.status() in ("running", "starting")
+
+        r = subprocess.run(cli_cmd() + ["attach", "latest"], cwd=tmp_path, env=env_for(tmp_path),
+                           capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"attached to {run.path}" in r.stdout
+    assert f"port {port} in use; using" in r.stdout, "the run says which port it picked instead"
+    assert port_of(run) != port
+    assert "run finished" in r.stdout
+    assert run.final_status()["status"] == "finished"
+    steps = [e["step"] for e in read_all(run.events_path) if e["kind"] == "step"]
+    assert max(steps) == 40
+    assert_nothing_left(run, rank_pids(run).values(), within=15)
+
+
+def test_sigkill_of_a_rank_fails_the_run_and_leaves_nothing(tmp_path):
+    proc, log = start_cli(tmp_path, "run", str(preset(tmp_path)))
+    run = the_run(tmp_path)
+    wait_for(lambda: steps_seen(run) and len(rank_pids(run)) == 2, 120, "training steps")
+    pids = rank_pids(run)
+    t0 = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)  # as the OOM killer does
+    code = proc.wait(timeout=60)
+    out = log.read_text()
+    assert code == 1, out
+    assert "rank 1 killed by signal 9" in out
+    assert run.final_status()["status"] == "failed"
+    assert "rank 1 killed by signal 9" in run.final_status()["root_cause"]
+    assert_nothing_left(run, list(pids.values()) + [run.supervisor_pid()],
+                        within=max(1.0, 15 - (time.monotonic() - t0)))
+
+
+def test_second_ctrl_c_kills(tmp_path):
+    proc, log = start_cli(tmp_path, "run", str(preset(tmp_path)))
+    run = the_run(tmp_path)
+    wait_for(lambda: steps_seen(run), 120, "training steps")
+    pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
+    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "Ctrl-C again to kill" in log.read_text(), 10, "the stop message")
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    out = log.read_text()
+    final = run.final_status()
+    # the ranks may have finished the graceful stop before the second Ctrl-C landed: then "stopped"
+    assert (code, final["status"]) in ((1, "failed"), (0, "stopped")), out
+    if final["status"] == "failed":
+        assert "killed by the user" in final["root_cause"] and "killed 0 process" not in out
+    assert_nothing_left(run, pids, within=15)
