@@ -364,3 +364,53 @@ def test_mpi_backend_refused_where_torch_has_none():
     with pytest.raises(ConfigError) as e:
         from_dict({"strategy": "ddp", "devices": 2, "backend": "mpi"}, hw=Hardware(mpi_available=False))
     assert "MPI" in e.value.by_field()["backend"]
+
+
+# ----------------------------------------------------------------------------- shipped presets, headless
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small and identical work for each preset: 4 SGD steps of 32 samples in all (2 ranks x 16, or one
+# process x 32), so the three runs must end on the same weights.
+SMALL = ["data.train_size=256", "data.val_size=64", "train.epochs=1", "train.max_steps=4",
+         "optimizer.name=sgd", "optimizer.lr=0.05", "optimizer.momentum=0.9", "optimizer.weight_decay=0.0",
+         "train.log_every_n_steps=2", "train.threads_per_rank=1", "nodes.master_port=0"]
+
+
+def cli_run(preset: str, runs: Path, extra: list[str], timeout=240):
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "engine.cli", "run", preset, "--runs-dir", str(runs)]
+    for item in extra:
+        args += ["--set", item]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_shipped_presets_run_headless_and_agree(tmp_path):
+    """model-parallel (2 CPU stages, 4 micro-batches), fsdp and zero (2 gloo ranks each) run to the
+    end through `torchdeck run`, and their checkpoints load into the plain model with equal weights."""
+    from engine import checkpoint as ckpt
+
+    weights = {}
+    for preset, batch in [("model-parallel", 32), ("fsdp", 16), ("zero", 16)]:
+        runs = tmp_path / preset
+        proc = cli_run(preset, runs, SMALL + [f"train.batch_size={batch}"])
+        assert proc.returncode == 0, f"{preset}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        (run_dir,) = list(runs.iterdir())
+        _, state = ckpt.latest(run_dir / "checkpoints")
+        assert state["step"] == 4 and state["config"]["strategy"] == preset
+        plain = cnn(DataInfo(3, 10, 32, "synthetic"))
+        plain.load_state_dict(state["model"])  # full, plain keys: loads without the strategy
+        weights[preset] = state["model"]
+    assert_same(weights["fsdp"], weights["model-parallel"])
+    assert_same(weights["zero"], weights["model-parallel"])
+
+
+def test_dp_preset_refuses_here_naming_the_missing_gpu(tmp_path):
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this host has 2 GPUs: dp would run")
+    proc = cli_run("dp", tmp_path / "runs", [], timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "GPU" in proc.stderr and "accelerator" in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
