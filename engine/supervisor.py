@@ -6,6 +6,7 @@ events.jsonl, turns stop requests into a graceful stop, and stops every rank whe
 """
 from __future__ import annotations
 
+import json
 import os
 import queue as queue_mod
 import signal
@@ -46,6 +47,14 @@ class EventWriter(threading.Thread):
             self.fh.write(events.dumps(ev) + "\n")
             self.fh.flush()
 
+    def _note_error(self, line: str) -> None:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            return
+        if ev.get("kind") == "error":
+            self.errors.append(ev)
+
     def run(self) -> None:
         last_flush = time.monotonic()
         pending = 0
@@ -58,11 +67,13 @@ class EventWriter(threading.Thread):
                 break
             if ev == "__end__":
                 break
-            if isinstance(ev, dict):
-                if ev.get("kind") == "error":
-                    self.errors.append(ev)
+            if ev is not None:
+                # Ranks send events already serialized: the one writer thread only writes lines.
+                line = ev if isinstance(ev, str) else events.dumps(ev)
+                if '"kind":"error"' in line:
+                    self._note_error(line)
                 with self.lock:
-                    self.fh.write(events.dumps(ev) + "\n")
+                    self.fh.write(line + "\n")
                 pending += 1
                 self.count += 1
             now = time.monotonic()

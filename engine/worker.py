@@ -60,7 +60,7 @@ class QueueReporter:
 
     def __call__(self, kind: str, **fields) -> None:
         fields.setdefault("rank", self.rank)
-        self.queue.put(events.make(kind, **fields))
+        self.queue.put(events.dumps(events.make(kind, **fields)))  # the writer thread only writes lines
 
 
 class FileReporter:

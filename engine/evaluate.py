@@ -1,0 +1,57 @@
+"""`torchdeck eval CHECKPOINT`: accuracy of a saved model on its run's validation set.
+
+Everything needed is in the checkpoint (the config it trained with and the full, unwrapped
+weights), so evaluation needs no strategy, process group or GPU.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EvalError(Exception):
+    """A checkpoint that cannot be evaluated, with what to do about it."""
+
+
+def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | None = None,
+             device: str = "cpu") -> dict:
+    import torch
+
+    from engine import checkpoint as ckpt
+    from engine.config import ConfigError, from_dict
+    from engine.data import build_datasets
+    from engine.models import build_model
+    from engine.strategies.base import RankContext
+    from engine.train import evaluate_model
+
+    path = Path(checkpoint_path).expanduser()
+    if not path.is_file():
+        raise EvalError(f"no checkpoint file at {path}")
+    try:
+        state = ckpt.load(path)
+    except Exception as exc:
+        raise EvalError(f"{path} is not a loadable torchdeck checkpoint: {exc}") from None
+    data = dict(state.get("config") or {})
+    if not data:
+        raise EvalError(f"{path} holds no config; it was not written by torchdeck")
+    # Evaluate on one CPU process whatever the run used.
+    data.update(strategy="cpu", accelerator="cpu", devices=1, backend="auto")
+    data["data"] = dict(data.get("data", {}), pin_memory=False, on_device=False)
+    data["train"] = dict(data.get("train", {}), precision="32-true")
+    data["checkpoint"] = dict(data.get("checkpoint", {}), resume="")
+    if data_root:
+        data["data"]["root"] = data_root
+    try:
+        cfg = from_dict(data, source=str(path))
+    except ConfigError as exc:
+        raise EvalError(f"the config stored in {path} no longer validates: {exc}") from None
+    _, val_ds, info = build_datasets(cfg)
+    if val_ds is None or len(val_ds) == 0:
+        raise EvalError(f"{info.name} has no validation split to evaluate on")
+    model = build_model(cfg, info)
+    model.load_state_dict(state["model"])
+    dev = torch.device(device)
+    model.to(dev)
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=dev, cfg=cfg)
+    out = evaluate_model(model, val_ds, ctx, batch_size or max(cfg.train.batch_size, 256))
+    out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]))
+    return out
