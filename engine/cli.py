@@ -379,8 +379,15 @@ def cmd_eval(args) -> int:
         raise UsageError([f"--data-root: no such folder {args.data_root!r}"])
     from engine.evaluate import evaluate
 
-    res = evaluate(str(ckpt), data_root=args.data_root)
-    print(f"checkpoint {ckpt}")
+    try:
+        res = evaluate(str(ckpt), data_root=args.data_root)
+    except Exception as exc:
+        # EvalError, DataError, ModelError: messages written for users; anything else is a bug
+        if type(exc).__name__ in ("EvalError", "DataError", "ModelError") and not args.debug:
+            raise UsageError([str(exc)]) from None
+        raise
+    where = f" (epoch {res['epoch']}, step {res['step']})" if "step" in res else ""
+    print(f"checkpoint {ckpt}{where}")
     print(f"  dataset {res.get('dataset')}: {res.get('samples')} samples, loss {res.get('loss'):.4f}, "
           f"accuracy {100 * res.get('accuracy', 0):.2f}%")
     return EXIT_OK

@@ -57,6 +57,17 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     assert "rank   0 cpu" in r.stdout  # the per-rank line of the final display
     assert "Traceback" not in r.stdout + r.stderr
 
+    ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    r = torchdeck("eval", str(ckpt), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(epoch 0, step 5)" in r.stdout and "dataset synthetic: 64 samples" in r.stdout
+    acc = float(r.stdout.split("accuracy ")[1].split("%")[0])
+    val_acc = [e["val_acc"] for e in evs if e["kind"] == "epoch_end"][-1]
+    assert acc == pytest.approx(100 * val_acc, abs=0.01)  # same model, same val set as the run saw
+    r = torchdeck("eval", str(run / "config.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "not a loadable torchdeck checkpoint" in r.stderr
+    assert "Traceback" not in r.stderr
+
 
 @pytest.mark.slow
 def test_failing_run_exits_1_with_root_cause(tmp_path, tiny):
