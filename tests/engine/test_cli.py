@@ -206,3 +206,81 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     assert cli.main(["stop", run.name, "--runs-dir", str(tmp_path)]) == 1
     assert "not running" in capsys.readouterr().out
     assert cli.main(["attach", "nope", "--runs-dir", str(tmp_path)]) == 2
+
+
+# ----------------------------------------------------------------------------- progress display
+
+def _step(rank, step, sps, wait=0.1, total=100):
+    from engine import events
+
+    return events.make("step", rank=rank, epoch=0, step=step, total_steps=total, loss=1.0 / (rank + 1),
+                       samples_per_s=sps, data_wait_s=wait, compute_s=1.0 - wait, lr=0.1, accuracy=None)
+
+
+def test_progress_one_line_per_rank_then_compact_beyond_8():
+    import io
+
+    from engine import events
+    from engine.progress import Display
+
+    def shown(n):
+        buf = io.StringIO()
+        d = Display(buf, tty=False, interval=0)
+        d.feed([events.make("run_started", strategy="ddp", world_size=n, total_steps=100, global_batch=8 * n,
+                            devices=["cpu"] * n)])
+        d.feed([_step(r, 10 + r, 100.0 + r, wait=0.5 if r == 3 else 0.1) for r in range(n)])
+        d.finish()
+        return buf.getvalue()
+
+    out = shown(4)
+    assert sum(ln.startswith("rank ") for ln in out.splitlines()) == 4
+    assert "rank   3" in out and "data wait 50.0%" in out and "13/100" in out
+    assert "world 4" in out and f"{sum(100 + r for r in range(4)):,} samples/s" in out
+
+    out = shown(16)
+    assert not any(ln.startswith("rank ") for ln in out.splitlines())
+    assert "16 ranks  steps 10-25/100" in out
+    assert "min 100  median 108  max 115  slowest rank 0" in out
+
+
+def test_progress_redraws_in_place_on_a_tty_at_most_4_hz():
+    import io
+
+    from engine import events
+    from engine.progress import Display
+
+    buf = io.StringIO()
+    d = Display(buf, tty=True)
+    d.feed([events.make("run_started", strategy="ddp", world_size=2, total_steps=100, global_batch=16,
+                        devices=["cpu", "cpu"])])
+    for i in range(50):  # a burst of events: far more than 4 frames' worth
+        d.feed([_step(0, i, 10.0), _step(1, i, 10.0)])
+    import re
+
+    redraw = re.compile(r"\x1b\[(\d+)F\x1b\[J")  # cursor up over the old block, clear to the end
+    frames = redraw.findall(buf.getvalue())
+    assert len(frames) <= 2
+    d.tick(force=True)
+    assert redraw.findall(buf.getvalue())[-1] == str(len(d.view.rank_lines()) + 1 if frames else 1)
+    assert len(redraw.findall(buf.getvalue())) == len(frames) + 1
+    assert buf.getvalue().rstrip().splitlines()[-1].startswith("rank   1")
+
+
+def test_progress_failure_summary_names_the_root_cause():
+    import io
+
+    from engine import events
+    from engine.progress import Display
+
+    buf = io.StringIO()
+    d = Display(buf, tty=False)
+    d.feed([events.make("run_started", strategy="ddp", world_size=2, total_steps=10, global_batch=8, devices=[]),
+            events.make("error", rank=1, host="node7", pid=42, exception="ValueError", message="bad batch",
+                        traceback="Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad batch"),
+            events.make("rank_exited", rank=1, exitcode=1, signal=None),
+            events.make("run_finished", status="failed", exit_codes=[0, 1], root_cause="rank 1 (node7): ValueError: bad batch")])
+    d.finish()
+    out = buf.getvalue()
+    assert "[error] rank 1 on node7 (pid 42): ValueError: bad batch" in out
+    assert "run failed" in out and "root cause: rank 1 (node7): ValueError: bad batch" in out
+    assert '    File "x.py", line 1' in out
