@@ -263,6 +263,22 @@ def scenario(name: str, opt_name: str, rank: int, out: Path, tag: str):
                    ckpt)
 
 
+def reshard_check(rank: int, out: Path, tag: str):
+    """Between forward and backward, a block's parameters are sharded DTensors again only when
+    fsdp.reshard_after_forward is on (off: they stay gathered, trading memory for a second all-gather)."""
+    kinds = {}
+    for reshard in (True, False):
+        cfg = from_dict({"strategy": "fsdp", "devices": WORLD, "fsdp": {"reshard_after_forward": reshard}})
+        ctx = RankContext(rank, rank, WORLD, WORLD, 0, torch.device("cpu"), cfg)
+        torch.manual_seed(0)
+        model = get_strategy("fsdp").wrap(cnn(INFO), ctx)
+        out_ = model(torch.randn(2, 3, 16, 16))
+        kinds[reshard] = [type(p).__name__ for p in model[7].parameters()]
+        out_.sum().backward()
+    if rank == 0:
+        torch.save(kinds, out / f"{tag}reshard-check.pt")
+
+
 SCENARIOS = [("ddp", "sgd"), ("zero", "sgd"), ("zero", "adam"), ("fsdp", "sgd"), ("fsdp", "adam")]
 
 
@@ -275,7 +291,10 @@ def rank_entry(rank: int, phases, out: str):
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
         try:
             for name, opt_name in scenarios:
-                scenario(name, opt_name, rank, Path(out), tag)
+                if name == "reshard":
+                    reshard_check(rank, Path(out), tag)
+                else:
+                    scenario(name, opt_name, rank, Path(out), tag)
         finally:
             dist.destroy_process_group()
 
@@ -287,7 +306,7 @@ def two_ranks(tmp_path_factory):
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("ranks")
-    phases = [("", f"tcp://127.0.0.1:{free_port()}", SCENARIOS),
+    phases = [("", f"tcp://127.0.0.1:{free_port()}", SCENARIOS + [("reshard", "check")]),
               ("file-", f"file://{out / 'rendezvous'}", [("ddp", "sgd")])]
     mp.spawn(rank_entry, args=(phases, str(out)), nprocs=WORLD, join=True)
     return {f"{tag}{n}-{o}": torch.load(out / f"{tag}{n}-{o}.pt", weights_only=True)
@@ -346,6 +365,13 @@ def test_fsdp_optimizer_state_is_full_and_named(two_ranks):
     assert set(saved) == set(plain)
     for k, s in saved.items():
         assert s["exp_avg"].shape == plain[k].shape
+
+
+@pytest.mark.slow
+def test_fsdp_reshard_after_forward_is_honoured(two_ranks):
+    kinds = two_ranks["reshard-check"]
+    assert kinds[True] == ["DTensor", "DTensor"]
+    assert kinds[False] == ["Parameter", "Parameter"]
 
 
 @pytest.mark.slow
