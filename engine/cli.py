@@ -459,12 +459,26 @@ def cmd_env(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from engine import config as cfgmod
+    from engine import export
+    from engine.presets import resolve
+
     cfg = _config_or_usage(args)
-    try:
-        from engine import export
-    except ImportError:
-        raise UsageError(["export is not available in this build"]) from None
-    print(export.sbatch(cfg, args.preset) if args.sbatch else export.torchrun(cfg, args.preset), end="")
+    if args.sbatch:
+        print(export.sbatch(cfg), end="")
+        return EXIT_OK
+    if args.write_config:
+        config_path = Path(args.write_config).expanduser().resolve()
+        try:
+            cfgmod.save(cfg, config_path)
+        except OSError as exc:
+            raise UsageError([f"--write-config: cannot write {config_path}: {exc.strerror or exc}"]) from None
+    elif args.set or args.node_rank is not None:
+        raise UsageError(["--torchrun with --set: add --write-config FILE so every node reads the same, "
+                          "overridden config"])
+    else:
+        config_path = resolve(args.preset).resolve()
+    print(export.torchrun(cfg, str(config_path), args.run_root), end="")
     return EXIT_OK
 
 
@@ -548,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--torchrun", action="store_true", help="torchrun command line per node")
     g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (srun + torchrun)")
+    s.add_argument("--write-config", metavar="FILE", help="save the resolved config here and point torchrun at it")
+    s.add_argument("--run-root", default="runs", metavar="DIR", help="where each node's run directory goes")
+    s.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_export)
     return p
 

@@ -1,0 +1,104 @@
+"""Export a preset as the standard PyTorch launch: torchrun command lines and a SLURM sbatch script.
+
+Users outgrow one box and their clusters speak torchrun and SLURM. The worker entry
+(`python -m engine.worker CONFIG --run-dir DIR`) reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* from
+the environment, so these commands run the same training the app would. No torch here.
+"""
+from __future__ import annotations
+
+import shlex
+
+from engine import config as cfgmod
+
+SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
+
+
+def _env(cfg) -> dict:
+    env = {}
+    if cfg.nodes.ifname:
+        env["GLOO_SOCKET_IFNAME"] = cfg.nodes.ifname
+        if cfg.accelerator == "cuda":
+            env["NCCL_SOCKET_IFNAME"] = cfg.nodes.ifname
+    return env
+
+
+def torchrun_argv(cfg, config_path: str, run_dir: str, node_rank: int | None = None) -> list[str]:
+    """argv for one node. One node: `--standalone` (torchrun picks a free port)."""
+    nproc = cfg.nproc_per_node
+    argv = ["torchrun"]
+    if cfg.nodes.num_nodes == 1:
+        argv += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+    else:
+        k = cfg.nodes.node_rank if node_rank is None else node_rank
+        argv += ["--nnodes", str(cfg.nodes.num_nodes), "--nproc-per-node", str(nproc),
+                 "--node-rank", str(k), "--master-addr", cfg.nodes.master_addr,
+                 "--master-port", str(cfg.nodes.master_port)]
+    return argv + ["-m", "engine.worker", str(config_path), "--run-dir", str(run_dir)]
+
+
+def torchrun_commands(cfg, config_path: str, run_root: str = "runs") -> list[tuple[int, dict, list[str]]]:
+    """(node rank, extra environment, argv) for every node; each node writes its own run directory."""
+    out = []
+    for k in range(cfg.nodes.num_nodes):
+        run_dir = f"{run_root}/{cfg.name}-node{k}"
+        out.append((k, _env(cfg), torchrun_argv(cfg, config_path, run_dir, k)))
+    return out
+
+
+def torchrun(cfg, config_path: str, run_root: str = "runs") -> str:
+    """Shell text: one command per node, to run from the project directory on that node."""
+    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
+             f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
+             f"# every node needs the same config at {config_path} and torchdeck installed"]
+    for k, env, argv in torchrun_commands(cfg, config_path, run_root):
+        if cfg.nodes.num_nodes > 1:
+            host = f" (master: {cfg.nodes.master_addr})" if k == 0 else ""
+            lines.append(f"# node {k}{host}")
+        prefix = "".join(f"{key}={shlex.quote(v)} " for key, v in env.items())
+        lines.append(prefix + shlex.join(argv))
+    return "\n".join(lines) + "\n"
+
+
+def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
+    """A SLURM script: srun starts one torchrun per node, which meet through c10d rendezvous.
+
+    The resolved config is embedded, so the job runs exactly what was validated here.
+    """
+    name = job_name or cfg.name
+    nproc = cfg.nproc_per_node
+    port = cfg.nodes.master_port or 29500
+    gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
+    env_lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _env(cfg).items())
+    yaml_text = cfgmod.dumps(cfg)
+    if SLURM_CONFIG_MARK in yaml_text:  # would end the heredoc early
+        raise ValueError("the config contains the heredoc marker; rename it")
+    return f"""#!/bin/bash
+# torchdeck export: {cfg.name} ({cfg.strategy}), {cfg.nodes.num_nodes} node(s) x {nproc} process(es)
+# = world size {cfg.world_size}, global batch {cfg.global_batch}. Submit with: sbatch THIS_FILE
+#SBATCH --job-name={shlex.quote(name)}
+#SBATCH --nodes={cfg.nodes.num_nodes}
+#SBATCH --ntasks-per-node=1
+{gpu_lines}#SBATCH --time={time_limit}
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+
+# Use the environment torchdeck is installed in (override with TORCHDECK_VENV).
+VENV="${{TORCHDECK_VENV:-$SLURM_SUBMIT_DIR/.venv}}"
+if [ -f "$VENV/bin/activate" ]; then source "$VENV/bin/activate"; fi
+
+# The config, as validated by `torchdeck export` (on the shared file system, read by every node).
+export TD_CONFIG="$SLURM_SUBMIT_DIR/torchdeck-$SLURM_JOB_ID.yaml"
+cat > "$TD_CONFIG" <<'{SLURM_CONFIG_MARK}'
+{yaml_text}{SLURM_CONFIG_MARK}
+
+export TD_RUN_ROOT="$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID-{cfg.name}"
+export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export TD_PORT={port}
+export TD_NPROC={nproc}
+{env_lines}mkdir -p "$TD_RUN_ROOT"
+
+# One torchrun per node; c10d rendezvous on the first node. Each node writes its own run directory.
+srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
+    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
+    -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID"'
+"""
