@@ -359,3 +359,33 @@ def test_exported_two_node_torchrun_commands_run_and_match_the_supervisor(tmp_pa
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- hardware probe
+
+def test_hardware_probe_never_raises_and_explains_a_missing_gpu(monkeypatch):
+    from engine import hardware
+
+    ok, why = hardware.nvml_status()
+    hw = hardware.detect_hardware()
+    gpus = hardware.list_gpus()
+    assert hw.gpu_count == len(gpus) and hw.mpi_available is None and hw.cpu_count >= 1
+    if ok:
+        assert why == "" and all(g.name and g.memory_total_mb > 0 for g in gpus)
+        assert [g.index for g in gpus] == list(range(len(gpus)))
+    else:
+        assert gpus == [] and hw.gpu_count == 0
+        assert "NVIDIA" in why or "NVML" in why or "nvidia-ml-py" in why
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert hardware.visible_devices_warning() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    assert "physical GPUs 6 and 7" in hardware.visible_devices_warning()
+
+
+def test_hardware_probe_without_nvidia_ml_py():
+    code = ("import sys; sys.modules['pynvml'] = None\n"
+            "from engine import hardware\n"
+            "print(hardware.nvml_status(), hardware.detect_hardware().gpu_count, hardware.list_gpus())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(False, 'nvidia-ml-py is not installed') 0 []"
