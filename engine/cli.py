@@ -92,6 +92,12 @@ def preflight(cfg, source: str) -> list[str]:
         if not root.is_dir():
             problems.append(f"{source}: data.root: no such folder {str(root)!r} (imagefolder needs a "
                             f"folder with one sub-folder per class)")
+    if cfg.data.dataset in ("cifar10", "mnist", "fashionmnist") and not cfg.data.download:
+        root = Path(cfg.data.root).expanduser()
+        if not root.is_dir():
+            problems.append(f"{source}: data.root: no such folder {str(root)!r}, and data.download is false; "
+                            f"set data.download: true to fetch {cfg.data.dataset} (needs network) or put "
+                            f"its files there")
     resume = cfg.checkpoint.resume
     if resume and resume != "latest" and not Path(resume).expanduser().is_file():
         problems.append(f"{source}: checkpoint.resume: no such checkpoint file {resume!r} "
@@ -208,6 +214,12 @@ def cmd_run(args) -> int:
     from engine.progress import Display
 
     cfg = _config_or_usage(args)
+    if cfg.accelerator == "cuda":
+        from engine.hardware import visible_devices_warning
+
+        warn = visible_devices_warning()
+        if warn:
+            _err("warning: " + warn)
     try:
         run = launch.start(cfg, root=args.runs_dir)
     except OSError as exc:

@@ -120,10 +120,12 @@ def test_set_override_is_validated_too(tmp_path, tiny, capsys, monkeypatch):
     ("checkpoint.resume=/nonexistent/ckpt-1.pt", "checkpoint.resume", "no such checkpoint file"),
     ("model.name=no_such_pkg_xyz.models:net", "model.name", "no_such_pkg_xyz"),
     ("data.dataset=no_such_pkg_xyz:data", "data.dataset", "no_such_pkg_xyz"),
+    ("data.dataset=cifar10", "data.root", "data.download is false"),
 ])
 def test_preflight_checks(tmp_path, tiny, capsys, monkeypatch, override, field, words):
     monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
-    extra = ["--set", f"data.root={tmp_path / 'nope'}"] if "imagefolder" in override else []
+    extra = ["--set", f"data.root={tmp_path / 'nope'}"] if "imagefolder" in override or "cifar" in override else []
+    extra += ["--set", "data.download=false"] if "cifar" in override else []
     assert cli.main(["run", str(tiny), "--set", override, *extra]) == 2
     err = capsys.readouterr().err
     assert f"{field}: " in err and words in err
