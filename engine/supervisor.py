@@ -235,7 +235,13 @@ class Supervisor:
 
         pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
                                   nprocs=nproc, join=False, start_method="spawn")
-        failed_index, reported = self._join(pctx, stop_event, writer)
+        try:
+            failed_index, reported = self._join(pctx, stop_event, writer)
+        finally:  # even when the supervisor itself fails, no rank outlives it
+            for p in pctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
         codes = [p.exitcode for p in pctx.processes]
         base = cfg.nodes.node_rank * nproc
         writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
@@ -308,7 +314,22 @@ class Supervisor:
 
 
 def supervise(run_dir) -> int:
-    return Supervisor(run_dir).run()
+    """Run to the end; whatever goes wrong in the supervisor itself still ends in a status."""
+    sup = Supervisor(run_dir)
+    try:
+        return sup.run()
+    except Exception as exc:  # unwritable run dir, disk full, a broken install...
+        import traceback
+
+        traceback.print_exc()
+        cause = f"supervisor: {type(exc).__name__}: {exc}"
+        print(f"run failed: {cause}", file=sys.stderr, flush=True)
+        try:
+            sup.rd.write_status({"status": "failed", "exit_codes": [], "root_cause": cause,
+                                 "elapsed_s": round(time.time() - sup.started, 3)})
+        except OSError:
+            pass
+        return 1
 
 
 def main(argv=None) -> int:

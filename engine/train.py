@@ -21,6 +21,10 @@ from engine.events import EVENT_VERSION
 from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_flags
 
 
+STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
+MAX_STOP_INTERVAL = 50  # steps
+
+
 class TrainError(Exception):
     """A config that cannot train on this data (e.g. batch larger than the data set)."""
 
@@ -211,19 +215,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ stop agreement
     def _should_stop(self) -> bool:
-        flag = self.stop_requested()
-        if not _distributed():
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        """All ranks agree on stopping at the same step: one tiny all-reduce (MAX) of the local stop
+        flag and the step time, every `stop_interval` steps. The interval adapts to about
+        STOP_CHECK_S of training, from the all-reduced (so identical) step time: cheap for fast
+        steps (a gloo all-reduce is ~0.1-1 ms), prompt for slow ones."""
+        now = time.perf_counter()
+        per_step = (now - self._check_t) / max(1, self.pos.step - self._check_step)
+        self._check_t, self._check_step = now, self.pos.step
+        flag = 1.0 if self.stop_requested() else 0.0
+        if _distributed():
+            t = torch.tensor([flag, per_step], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag, per_step = t.tolist()
+        self.stop_interval = int(min(MAX_STOP_INTERVAL, max(1, STOP_CHECK_S / max(per_step, 1e-6))))
+        return flag > 0
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> Position:
         cfg, t = self.cfg, self.cfg.train
         model, opt, sched, prec = self.forward_model, self.optimizer, self.scheduler, self.precision
         k, dev = t.grad_accum, self.device
-        stop_every = 1 if dev.type == "cpu" else max(1, min(t.log_every_n_steps, 20))
+        self._check_t, self._check_step, self.stop_interval = time.perf_counter(), self.pos.step, 1
+        next_check = self.pos.step + 1
         every_n = cfg.checkpoint.every_n_steps
         has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
         model.train()
@@ -281,10 +294,11 @@ class Trainer:
                               compute_s=max(0.0, wall - data_wait), lr=float(sched.get_last_lr()[0]))
                     log_sums.zero_()
                     last_log_t, data_wait, log_samples = now, 0.0, 0
-                if step % stop_every == 0 or last:
+                if step >= next_check or last:
                     if self._should_stop():
                         self.stopped = True
                         break
+                    next_check = step + self.stop_interval
                 epoch_done = micro + k > self.steps_per_epoch * k
                 if (every_n and step % every_n == 0 and step < self.total_steps
                         and not (epoch_done and cfg.checkpoint.every_epoch)):

@@ -48,8 +48,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def threads_for(cfg) -> int:
-    return cfg.train.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, cfg.nproc_per_node))
+def threads_for(cfg, local_world_size: int | None = None) -> int:
+    """Cores / local processes (as torchrun's OMP_NUM_THREADS), unless train.threads_per_rank says."""
+    local = local_world_size or cfg.nproc_per_node
+    return cfg.train.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, local))
 
 
 class QueueReporter:
@@ -81,7 +83,8 @@ def error_event(emit, rank: int, exc: BaseException) -> None:
 
 
 def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, emit,
-               stop_requested=lambda: False) -> None:
+               stop_requested=lambda: False, local_world_size: int | None = None,
+               node_rank: int | None = None) -> None:
     """Everything a rank does once its environment (MASTER_ADDR etc.) is set."""
     import torch
     import torch.distributed as dist
@@ -91,7 +94,8 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     from engine.train import Trainer
 
     strategy = get_strategy(cfg.strategy)
-    threads = threads_for(cfg)
+    local_world_size = local_world_size or cfg.nproc_per_node
+    threads = threads_for(cfg, local_world_size)
     torch.set_num_threads(threads)
     device = torch.device(cfg.device_for(local_rank))
     if device.type == "cuda":
@@ -104,7 +108,8 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
              host=socket.gethostname(), threads=threads)
         seed_everything(cfg.train.seed)
         ctx = RankContext(rank=rank, local_rank=local_rank, world_size=world_size,
-                          local_world_size=cfg.nproc_per_node, node_rank=cfg.nodes.node_rank,
+                          local_world_size=local_world_size,
+                          node_rank=cfg.nodes.node_rank if node_rank is None else node_rank,
                           device=device, cfg=cfg)
         trainer = Trainer(cfg, strategy, ctx, run_dir, emit, stop_requested)
         trainer.resume()
@@ -168,7 +173,8 @@ def main(argv=None) -> int:
     emit = FileReporter(run_dir / f"events.rank{rank}.jsonl", rank)
     stop_file = run_dir / "stop"
     try:
-        train_rank(cfg, run_dir, rank, local_rank, world, emit, stop_file.exists)
+        train_rank(cfg, run_dir, rank, local_rank, world, emit, stop_file.exists,
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)), node_rank=int(env.get("GROUP_RANK", 0)))
     except BaseException as exc:
         error_event(emit, rank, exc)
         raise

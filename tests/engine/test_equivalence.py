@@ -2,6 +2,7 @@
 process with 2B; accumulation of k x B equals one kB batch. No batch norm or dropout (mlp)."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -136,3 +137,41 @@ def test_single_process_sampler_is_distributed_sampler_order():
     e0, e1 = default_sampler(data, 7), default_sampler(data, 7)
     e1.set_epoch(1)
     assert list(e0) != list(e1)  # set_epoch reshuffles
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_gpu_run_mixed_precision_on_the_listed_gpu(tmp_path, precision):
+    """On the LAST GPU (not cuda:0): fp16 with GradScaler and clipping, or bf16; channels_last cnn."""
+    idx = torch.cuda.device_count() - 1
+    cfg = small_cfg(strategy="gpu", accelerator="cuda", devices=[idx], **{
+        "model.name": "cnn", "data.image_size": 32, "train.precision": precision, "train.grad_clip": 1.0,
+        "train.channels_last": True, "train.max_steps": 8, "train.eval_every_epoch": True})
+    proc = run_supervised(tmp_path / "gpu", cfg)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "gpu" / "rank0.log").read_text()
+    evs = events.read_all(tmp_path / "gpu" / "events.jsonl")
+    ready = next(e for e in evs if e["kind"] == "rank_ready")
+    assert ready["device"] == f"cuda:{idx}"
+    steps = [e for e in evs if e["kind"] == "step"]
+    assert steps[-1]["step"] == 8 and all(math.isfinite(e["loss"]) for e in steps)
+    state = final_model(tmp_path / "gpu")
+    assert (state["scaler"] is not None) == (precision == "16-mixed")
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ddp_nccl_two_gpus_equal_one_gpu_double_batch(tmp_path):
+    ddp = small_cfg(strategy="ddp", accelerator="cuda", devices=[0, 1],
+                    **{"train.batch_size": 16, "nodes.master_port": 0})
+    one = small_cfg(strategy="gpu", accelerator="cuda", devices=[0], **{"train.batch_size": 32})
+    for name, cfg in (("ddp", ddp), ("one", one)):
+        proc = run_supervised(tmp_path / name, cfg)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_weights(final_model(tmp_path / "ddp")["model"], final_model(tmp_path / "one")["model"], atol=1e-4)
