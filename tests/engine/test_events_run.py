@@ -126,3 +126,29 @@ def test_event_writer_keeps_up_with_many_ranks(tmp_path):
     # Generous on a loaded 2-core CI box; the target (>= 10,000 events/s, seen ~14,000 here with
     # the machine loaded) is measured in bench/.
     assert 4 * n / elapsed > 2000, f"{4 * n / elapsed:.0f} events/s"
+
+
+@pytest.mark.slow
+def test_worker_runs_under_torchrun(tmp_path):
+    """`torchrun --standalone --nproc-per-node 2 -m engine.worker CONFIG --run-dir DIR`: events per
+    rank in the run dir, and the same weights as one process with the doubled batch."""
+    import os
+    import subprocess
+    import sys
+
+    from engine import config as cfgmod
+    from tests.engine.test_equivalence import ROOT, assert_same_weights, final_model, run_in_process, small_cfg
+
+    cfg = small_cfg(strategy="ddp", devices=2, **{"train.batch_size": 16})
+    cfgmod.save(cfgmod.from_dict(cfg), tmp_path / "c.yaml")
+    run = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", "2", "-m", "engine.worker", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
+    proc = subprocess.run(torchrun, cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        evs = events.read_all(run / f"events.rank{rank}.jsonl")
+        assert {e["kind"] for e in evs} >= {"rank_ready", "step"} and all(e["rank"] == rank for e in evs)
+    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32}))
+    assert_same_weights(final_model(run)["model"], final_model(tmp_path / "one")["model"])
