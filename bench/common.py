@@ -1,0 +1,163 @@
+"""Shared pieces: configs, running the engine for real, reading throughput from events, tables.
+
+Timings come from timestamps taken inside the training processes (step events for torchdeck,
+marks at the same steps for the baselines), so process start-up and imports stay out of
+throughput numbers and are reported separately.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def engine_config(**over) -> dict:
+    """A cpu run of the tutorial CNN on the synthetic set, without eval or epoch checkpoints, so
+    the steps measured are training steps only; `over` is a nested dict merged on top."""
+    cfg = {
+        "name": "bench", "strategy": "cpu", "accelerator": "cpu", "devices": 1,
+        "model": {"name": "cnn"},
+        "data": {"dataset": "synthetic", "train_size": 8192, "val_size": 2048},
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "train": {"batch_size": 64, "epochs": 1000, "max_steps": 200, "eval_every_epoch": False,
+                  "log_every_n_steps": 10},
+        "checkpoint": {"every_epoch": False, "keep_last": 1},
+        "nodes": {"master_port": 0},
+    }
+    return merge(cfg, over)
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_engine(cfg_dict: dict, root: Path, timeout: float = 600, on_poll=None) -> dict:
+    """Launch a real run (supervisor process, spawned ranks) and wait for it; on_poll(run) is
+    called every 50 ms while it runs (e.g. to sample memory)."""
+    from engine import events, launch
+    from engine.config import from_dict
+
+    cfg = from_dict(cfg_dict)
+    t_launch = time.time()
+    run = launch.start(cfg, root)
+    deadline = time.monotonic() + timeout
+    final = None
+    while time.monotonic() < deadline:
+        final = run.final_status()
+        if final is not None:
+            break
+        if on_poll is not None:
+            on_poll(run)
+        time.sleep(0.05)
+    if final is None:
+        launch.kill(run)
+        raise RuntimeError(f"run {run.path} did not finish in {timeout:.0f} s")
+    evs = events.read_all(run.events_path)
+    if final.get("status") != "finished":
+        raise RuntimeError(f"run {run.path} {final.get('status')}: {final.get('root_cause')}")
+    return {"run": run, "events": evs, "t_launch": t_launch}
+
+
+def step_marks(evs: list[dict], rank: int = 0) -> list[tuple[int, float]]:
+    return sorted((e["step"], e["t"]) for e in evs if e.get("kind") == "step" and e.get("rank") == rank)
+
+
+def throughput(marks, samples_per_step: int, warm_steps: int) -> float | None:
+    """Samples/s between the first mark at or after warm_steps and the last mark."""
+    marks = sorted(marks)
+    use = [m for m in marks if m[0] >= warm_steps]
+    if len(use) < 2:
+        return None
+    (s0, t0), (s1, t1) = use[0], use[-1]
+    return (s1 - s0) * samples_per_step / max(t1 - t0, 1e-9)
+
+
+def engine_result(res: dict, samples_per_step: int, warm_steps: int) -> dict:
+    evs = res["events"]
+    ready = [e["t"] for e in evs if e.get("kind") == "rank_ready"]
+    marks = step_marks(evs)
+    return {
+        "samples_per_s": throughput(marks, samples_per_step, warm_steps),
+        "startup_s": (max(ready) - res["t_launch"]) if ready else None,
+        "first_step_s": (marks[0][1] - res["t_launch"]) if marks else None,
+    }
+
+
+def run_script(module: str, args: list[str], timeout: float = 600, env: dict | None = None) -> dict:
+    """Run `python -m module args` and parse the JSON object it prints last."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    e.update(env or {})
+    t_launch = time.time()
+    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                       timeout=timeout, env=e, cwd=str(ROOT))
+    if p.returncode != 0:
+        raise RuntimeError(f"{module} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["t_launch"] = t_launch
+    return out
+
+
+def script_result(out: dict, samples_per_step: int, warm_steps: int) -> dict:
+    marks = [tuple(m) for m in out["marks"]]
+    return {
+        "samples_per_s": throughput(marks, samples_per_step, warm_steps),
+        "startup_s": out["t_ready"] - out["t_launch"],
+        "first_step_s": (marks[0][1] - out["t_launch"]) if marks else None,
+    }
+
+
+def alternate(reps: int, a, b):
+    """Run a() and b() reps times each, alternating which goes first, to cancel drift."""
+    ra, rb = [], []
+    for i in range(reps):
+        if i % 2 == 0:
+            ra.append(a())
+            rb.append(b())
+        else:
+            rb.append(b())
+            ra.append(a())
+    return ra, rb
+
+
+def tmpdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"torchdeck-bench-{prefix}-"))
+
+
+def fmt(v, spec=".3g") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[fmt(c) for c in r] for r in rows]
+    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    out = [f"\n### {title}\n", line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def verdict(value, target, higher_is_better=True) -> str:
+    if value is None:
+        return "not measured"
+    ok = value >= target if higher_is_better else value <= target
+    return "met" if ok else "MISSED"

@@ -1,0 +1,66 @@
+"""2. torchdeck ddp (2 ranks, gloo, CPU) against a hand-written mp.spawn DDP script with threads
+per rank = cores / ranks, and a naive one where every rank uses every core.
+Targets: >= 0.99 of the plain script, faster than the naive one."""
+from __future__ import annotations
+
+from bench import common as C
+
+NAME = "ddp_vs_plain"
+TARGET = 0.99
+RANKS = 2
+
+
+def sizes(quick: bool) -> dict:
+    return dict(steps=30, warm=10, batch=32, train=4096) if quick else \
+        dict(steps=150, warm=30, batch=64, train=16384)
+
+
+def run(quick: bool = False, reps: int = 5) -> dict:
+    s = sizes(quick)
+    root = C.tmpdir(NAME)
+    per_step = s["batch"] * RANKS
+    cfg = C.engine_config(strategy="ddp", devices=RANKS, backend="gloo",
+                          data={"train_size": s["train"]},
+                          train={"batch_size": s["batch"], "max_steps": s["steps"]})
+
+    def engine():
+        return C.engine_result(C.run_engine(cfg, root), per_step, s["warm"])
+
+    def script(threads):
+        def go():
+            out = C.run_script("bench.baselines.plain_ddp",
+                               ["--ranks", str(RANKS), "--steps", str(s["steps"]), "--batch-size",
+                                str(s["batch"]), "--train-size", str(s["train"]), "--threads", threads])
+            r = C.script_result(out, per_step, s["warm"])
+            r["threads"] = out.get("threads")
+            return r
+        return go
+
+    plain_fn, naive_fn = script("per-rank"), script("all")
+    eng, pl, nv = [], [], []
+    for i in range(reps):  # rotate the order so no variant always runs first
+        order = [(eng, engine), (pl, plain_fn), (nv, naive_fn)]
+        order = order[i % 3:] + order[:i % 3]
+        for acc, fn in order:
+            acc.append(fn())
+    e_tp, p_tp, n_tp = (C.median([r["samples_per_s"] for r in x]) for x in (eng, pl, nv))
+    vs_plain = e_tp / p_tp if e_tp and p_tp else None
+    vs_naive = e_tp / n_tp if e_tp and n_tp else None
+    med = lambda xs, k: C.median([r[k] for r in xs])
+    rows = [
+        ["plain DDP (threads = cores/ranks)", p_tp, med(pl, "startup_s"), 1.0],
+        ["naive DDP (every rank all cores)", n_tp, med(nv, "startup_s"), n_tp / p_tp if n_tp and p_tp else None],
+        ["torchdeck ddp", e_tp, med(eng, "startup_s"), vs_plain],
+    ]
+    text = C.table(f"ddp_vs_plain: {RANKS} ranks gloo, cnn, batch {s['batch']}/rank, steps "
+                   f"{s['warm']}..{s['steps']} timed, median of {reps}",
+                   ["script", "samples/s (global)", "start-up s", "vs plain"], rows)
+    text += (f"\ntorchdeck/plain {C.fmt(vs_plain)} (target >= {TARGET}: {C.verdict(vs_plain, TARGET)}); "
+             f"torchdeck/naive {C.fmt(vs_naive)} (target > 1: {C.verdict(vs_naive, 1.0)})")
+    return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "plain": pl, "naive": nv,
+            "ratio_plain": vs_plain, "ratio_naive": vs_naive,
+            "targets": [
+                {"what": "ddp engine/plain throughput", "value": vs_plain, "target": f">= {TARGET}",
+                 "verdict": C.verdict(vs_plain, TARGET)},
+                {"what": "ddp engine/naive throughput", "value": vs_naive, "target": "> 1",
+                 "verdict": C.verdict(vs_naive, 1.0)}]}
