@@ -175,3 +175,44 @@ def test_ddp_nccl_two_gpus_equal_one_gpu_double_batch(tmp_path):
         proc = run_supervised(tmp_path / name, cfg)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_same_weights(final_model(tmp_path / "ddp")["model"], final_model(tmp_path / "one")["model"], atol=1e-4)
+
+
+def _lrs(sched_cfg: dict, total=20, per_epoch=5, opt="sgd"):
+    from engine.optim import build_scheduler
+
+    cfg = cfgmod.from_dict(small_cfg(**{f"scheduler.{k}": v for k, v in sched_cfg.items()},
+                                     **{"optimizer.lr": 0.1, "optimizer.name": opt}))
+    p = torch.nn.Parameter(torch.zeros(1))
+    o = torch.optim.SGD([p], lr=0.1, momentum=0.9) if opt == "sgd" else torch.optim.AdamW([p], lr=0.1)
+    s = build_scheduler(cfg, o, total, per_epoch)
+    out = []
+    for _ in range(total):
+        out.append(o.param_groups[0]["lr"])  # the LR this optimizer step uses
+        o.step()
+        s.step()
+    return out
+
+
+def test_lr_schedules_follow_their_definition():
+    assert _lrs({"name": "none"}) == [0.1] * 20
+    warm = _lrs({"name": "warmup", "warmup_steps": 4})
+    assert warm[:5] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1]) and warm[-1] == pytest.approx(0.1)
+    step = _lrs({"name": "step", "step_size": 2, "gamma": 0.5})  # decay every 2 epochs of 5 steps
+    assert step[9] == pytest.approx(0.1) and step[10] == pytest.approx(0.05) and step[19] == pytest.approx(0.05)
+    cos = _lrs({"name": "cosine", "warmup_steps": 2, "min_lr": 0.01}, total=22)
+    assert cos[:2] == pytest.approx([0.05, 0.1]) and cos[2] == pytest.approx(0.1)
+    assert cos[12] == pytest.approx(0.055) and cos[-1] > 0.01 and all(a >= b for a, b in zip(cos[2:], cos[3:]))
+    one = _lrs({"name": "onecycle", "warmup_steps": 5}, opt="adamw")
+    assert max(one) == pytest.approx(0.1) and one.index(max(one)) in (4, 5) and one[0] < 0.01 and one[-1] < 1e-3
+
+
+def test_bf16_autocast_and_channels_last_train_on_cpu(tmp_path):
+    cfg = small_cfg(**{"model.name": "cnn", "data.image_size": 16, "train.precision": "bf16-mixed",
+                       "train.channels_last": True, "train.max_steps": 3, "train.log_every_n_steps": 1,
+                       "train.eval_every_epoch": True})
+    ev = run_in_process(tmp_path, cfg)
+    steps = [e for e in ev if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2, 3] and all(math.isfinite(e["loss"]) for e in steps)
+    end = next(e for e in ev if e["kind"] == "epoch_end")
+    assert end.get("partial") is True and 0 <= end["val_acc"] <= 1  # max_steps ended it mid-epoch
+    assert final_model(tmp_path)["model"]["0.weight"].dtype == torch.float32  # weights stay fp32

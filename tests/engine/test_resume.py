@@ -16,10 +16,13 @@ from tests.engine.test_equivalence import (ROOT, assert_same_weights, final_mode
                                            run_supervised, small_cfg)
 
 
-def test_resume_from_mid_epoch_checkpoint_equals_uninterrupted(tmp_path):
-    # 256 samples / batch 32 = 8 steps per epoch; 12 steps cross an epoch boundary; cosine LR.
-    cfg = small_cfg(**{"train.max_steps": 12, "checkpoint.every_n_steps": 3, "scheduler.name": "cosine",
-                       "scheduler.warmup_steps": 2, "scheduler.min_lr": 0.001})
+@pytest.mark.parametrize("opt,sched,precision", [("sgd", "cosine", "32-true"), ("adamw", "onecycle", "32-true"),
+                                                ("adam", "step", "bf16-mixed")])
+def test_resume_from_mid_epoch_checkpoint_equals_uninterrupted(tmp_path, opt, sched, precision):
+    # 256 samples / batch 32 = 8 steps per epoch; 12 steps cross an epoch boundary.
+    cfg = small_cfg(**{"train.max_steps": 12, "checkpoint.every_n_steps": 3, "scheduler.name": sched,
+                       "scheduler.warmup_steps": 2, "scheduler.min_lr": 0.001, "optimizer.name": opt,
+                       "optimizer.lr": 0.01, "train.precision": precision, "train.grad_clip": 1.0})
     full = tmp_path / "full"
     ev = run_in_process(full, cfg)
     saved = [e["step"] for e in ev if e["kind"] == "checkpoint"]
