@@ -110,7 +110,10 @@ def test_fp16_with_grad_scaler_trains_a_few_steps():
     opt = strategy.make_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), model)
     prec = Precision(cfg, dev)
     assert prec.scaler is not None
-    x, y = batches(1, 64)[0]
+    g = torch.Generator().manual_seed(3)  # a learnable batch: one noisy template per class
+    templates = torch.randn(10, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (64,), generator=g)
+    x = templates[y] + 0.5 * torch.randn(64, 3, 32, 32, generator=g)
     x, y = x.to(dev), y.to(dev)
     before = copy.deepcopy(model.state_dict())
     losses = []
@@ -124,6 +127,6 @@ def test_fp16_with_grad_scaler_trains_a_few_steps():
         opt.zero_grad()
         losses.append(loss.item())
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    assert losses[-1] < losses[0] * 0.7, losses
+    assert losses[-1] < losses[0] * 0.5, losses  # fp32 on the CPU: 2.31 -> 0.02
     assert any((before[k] != v).any() for k, v in model.state_dict().items())
     assert prec.state_dict()["scale"] > 0
