@@ -62,7 +62,7 @@ def _samples(templates: torch.Tensor, n: int, size: int, pad: int, noise: float,
 
 
 def synthetic(train_size: int, val_size: int, num_classes: int, image_size: int,
-              channels: int = 3, noise: float = 5.0, pad: int = 3,
+              channels: int = 3, noise: float = 4.5, pad: int = 3,
               grid: int = 8, colour_scale: float = 0.2) -> tuple[TensorDataset, TensorDataset | None]:
     """Shifted, scaled, noisy class templates; train and val use separate streams of the same seed."""
     size = image_size
