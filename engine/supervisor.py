@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 from engine import events
@@ -233,10 +234,12 @@ class Supervisor:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
                                      message=port_msg))
 
+        print(f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
+              f"port {port}, {threads} thread(s) per rank", flush=True)
         pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
                                   nprocs=nproc, join=False, start_method="spawn")
         try:
-            failed_index, reported = self._join(pctx, stop_event, writer)
+            died_first, reported = self._join(pctx, stop_event, writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
             for p in pctx.processes:
                 if p.is_alive():
@@ -248,16 +251,19 @@ class Supervisor:
         self.writer_errors = writer.errors
         for i, code in enumerate(codes):
             writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
-        status, cause = self._outcome(codes, failed_index, base, reported)
+        status, cause = self._outcome(codes, died_first, base, reported)
         try:
             return self._finish(writer, status, codes, cause)
         finally:
             writer.close()
 
     def _join(self, pctx, stop_event, writer):
-        """Wait for the ranks; pass on stop requests; on the first failure stop the rest."""
-        failed_index = None
+        """Wait for the ranks; pass on stop requests; on the first failure stop the rest.
+
+        A ctx.join(timeout) loop in spirit, polling the sentinels itself so that it knows which
+        ranks died on their own before it terminated the others (the root cause is among them)."""
         reported = None
+        sentinels = {p.sentinel: i for i, p in enumerate(pctx.processes)}
         while True:
             if self.rd.stop_path.exists() and self.stop_requests == 0:
                 self.stop_requests = 1
@@ -276,37 +282,67 @@ class Supervisor:
                         p.kill()
                 for p in pctx.processes:
                     p.join(5)
-                return failed_index, reported
-            try:
-                if pctx.join(timeout=POLL_S, grace_period=FAIL_GRACE_S):
-                    return failed_index, reported
-            except Exception as exc:  # ProcessRaisedException / ProcessExitedException
-                failed_index = getattr(exc, "error_index", None)
-                for p in pctx.processes:  # join already terminated them; make sure they are gone
+                return [], reported
+            failed = self._wait_step(pctx, sentinels)
+            if failed:
+                # Which ranks died on their own, before we terminate the rest: the root cause is among them.
+                failed += [i for i, p in enumerate(pctx.processes)
+                           if i not in failed and p.exitcode not in (0, None)]
+                self._terminate(pctx)
+                return failed, reported
+            if not sentinels:
+                return [], reported
+
+    @staticmethod
+    def _wait_step(pctx, sentinels) -> list[int]:
+        """One poll (what ctx.join(timeout) does, but without its cleanup, so we see who died first)."""
+        ready = mp_connection.wait(list(sentinels), timeout=POLL_S)
+        failed = []
+        for sentinel in ready:
+            i = sentinels.pop(sentinel)
+            pctx.processes[i].join()
+            if pctx.processes[i].exitcode != 0:
+                failed.append(i)
+        return failed
+
+    @staticmethod
+    def _terminate(pctx) -> None:
+        """Let the others fail on their own briefly, then SIGTERM, then SIGKILL."""
+        procs = pctx.processes
+        for step in ("wait", "terminate", "kill"):
+            if step == "terminate":
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+            elif step == "kill":
+                for p in procs:
                     if p.is_alive():
                         p.kill()
-                    p.join(5)
-                return failed_index, reported
+            deadline = time.monotonic() + FAIL_GRACE_S
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+            if not any(p.is_alive() for p in procs):
+                return
 
-    def _outcome(self, codes, failed_index, base, reported):
+    def _outcome(self, codes, died_first, base, reported):
         ok = all(c == 0 for c in codes)
         stopping = self.first_stop_t is not None
         if ok:
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:
             return "stopped", reported
-        # Root cause: a rank killed by a signal without reporting (OOM killer), else the first error.
+        # Root cause: a rank that died by a signal on its own without reporting (the OOM killer),
+        # else the earliest error event (later ones are usually peers losing their connection).
         errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))
-        if failed_index is not None:
-            code = codes[failed_index]
-            rank = base + failed_index
-            own = [e for e in errors if e.get("rank") == rank]
-            if code is not None and code < 0 and not own:
-                return "failed", f"rank {rank} killed by signal {-code} ({_signal_text(code)})"
+        reporting = {e.get("rank") for e in errors}
+        for i in died_first:
+            code = codes[i]
+            if code is not None and code < 0 and base + i not in reporting:
+                return "failed", f"rank {base + i} killed by signal {-code} ({_signal_text(code)})"
         if errors:
             e = errors[0]
             return "failed", f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
-        bad = next(i for i, c in enumerate(codes) if c != 0)
+        bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
         code = codes[bad]
         if code is not None and code < 0:
             return "failed", f"rank {base + bad} killed by signal {-code} ({_signal_text(code)})"
