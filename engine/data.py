@@ -36,7 +36,7 @@ class DataInfo:
 
 
 def _templates(num_classes: int, channels: int, size: int, gen: torch.Generator,
-               grid: int = 4, colour_scale: float = 0.5) -> torch.Tensor:
+               grid: int, colour_scale: float) -> torch.Tensor:
     """One smooth pattern plus a colour per class: learnable, but not from one pixel."""
     coarse = torch.randn(num_classes, channels, grid, grid, generator=gen)
     pattern = F.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=False)
@@ -64,7 +64,12 @@ def _samples(templates: torch.Tensor, n: int, size: int, pad: int, noise: float,
 def synthetic(train_size: int, val_size: int, num_classes: int, image_size: int,
               channels: int = 3, noise: float = 4.5, pad: int = 3,
               grid: int = 8, colour_scale: float = 0.2) -> tuple[TensorDataset, TensorDataset | None]:
-    """Shifted, scaled, noisy class templates; train and val use separate streams of the same seed."""
+    """Shifted, scaled, noisy class templates; train and val use separate streams of the same seed.
+
+    The noise is tuned: an untrained model is at chance, the tutorial CNN (SGD lr 0.05, momentum
+    0.9) passes 90 % validation accuracy within 1-2 epochs at batch 64 to 128. With much less
+    noise the smooth, correlated inputs make that learning rate diverge.
+    """
     size = image_size
     tgen = torch.Generator().manual_seed(SYNTHETIC_SEED)
     templates = _templates(num_classes, channels, size + 2 * pad, tgen, grid, colour_scale)

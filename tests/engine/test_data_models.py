@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import subprocess
 import sys
@@ -28,13 +29,6 @@ def _cfg(**data) -> RunConfig:
 
 def _small() -> RunConfig:
     return _cfg(train_size=512, val_size=128)
-
-
-def _digest(ds) -> str:
-    h = hashlib.sha256()
-    for t in ds.tensors:
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -65,7 +59,8 @@ def test_synthetic_is_the_same_in_another_process():
             h.update(t.numpy().tobytes())
         print(h.hexdigest())
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # another thread count must not change a bit
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     tr, va, _ = build_datasets(_small())
     h = hashlib.sha256()
