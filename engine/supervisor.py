@@ -41,12 +41,24 @@ class EventWriter(threading.Thread):
         self.errors: list[dict] = []
         self.done = threading.Event()
         self.count = 0
+        self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
+
+    def _guarded(self, fn, *args) -> None:
+        with self.lock:
+            if self.write_error is not None:
+                return
+            try:
+                fn(*args)
+            except OSError as exc:
+                self.write_error = exc
 
     def write(self, ev: dict) -> None:
         """Supervisor's own events go straight to the file (under the same lock)."""
-        with self.lock:
-            self.fh.write(events.dumps(ev) + "\n")
-            self.fh.flush()
+        self._guarded(self._write_flush, events.dumps(ev) + "\n")
+
+    def _write_flush(self, text: str) -> None:
+        self.fh.write(text)
+        self.fh.flush()
 
     def _note_error(self, line: str) -> None:
         try:
@@ -73,17 +85,14 @@ class EventWriter(threading.Thread):
                 line = ev if isinstance(ev, str) else events.dumps(ev)
                 if '"kind":"error"' in line:
                     self._note_error(line)
-                with self.lock:
-                    self.fh.write(line + "\n")
+                self._guarded(self.fh.write, line + "\n")
                 pending += 1
                 self.count += 1
             now = time.monotonic()
             if pending and (now - last_flush >= FLUSH_EVERY_S or ev is None):
-                with self.lock:
-                    self.fh.flush()
+                self._guarded(self.fh.flush)
                 pending, last_flush = 0, now
-        with self.lock:
-            self.fh.flush()
+        self._guarded(self.fh.flush)
         self.done.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -95,9 +104,11 @@ class EventWriter(threading.Thread):
         self.join(timeout)
 
     def close(self) -> None:
-        with self.lock:
-            self.fh.flush()
+        self._guarded(self.fh.flush)
+        try:
             self.fh.close()
+        except OSError:
+            pass
 
 
 # ----------------------------------------------------------------------------- ports
@@ -159,6 +170,7 @@ class Supervisor:
         self.first_stop_t: float | None = None
         self.started = time.time()
         self.writer_errors: list[dict] = []
+        self.write_failure: str | None = None
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -175,13 +187,16 @@ class Supervisor:
         elapsed = round(time.time() - self.started, 3)
         final = {"status": status, "exit_codes": exit_codes, "root_cause": root_cause, "elapsed_s": elapsed}
         ev = events.make("run_finished", **final)
-        if writer is not None:
-            writer.write(ev)
-        else:
-            with open(self.rd.events_path, "a") as fh:
-                fh.write(events.dumps(ev) + "\n")
-        self.rd.write_status(final)
+        try:
+            if writer is not None:
+                writer.write(ev)
+            else:
+                with open(self.rd.events_path, "a") as fh:
+                    fh.write(events.dumps(ev) + "\n")
+        except OSError:
+            pass  # the status file below still says how it ended
         print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
+        self.rd.write_status(final)
         return 0 if status in ("finished", "stopped") else 1
 
     def run(self) -> int:
@@ -212,11 +227,7 @@ class Supervisor:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", cfg.nodes.ifname)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.nodes.ifname)
 
-        ctx_mp = mp.get_context("spawn")
-        q = ctx_mp.Queue()
-        stop_event = ctx_mp.Event()
-        writer = EventWriter(rd.events_path, q)
-        writer.start()
+        writer = EventWriter(rd.events_path, None)
         strategy = get_strategy(cfg.strategy)
         total = None
         if cfg.data.dataset == "synthetic":
@@ -234,6 +245,13 @@ class Supervisor:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
                                      message=port_msg))
 
+        if writer.write_error is not None:  # unwritable run directory: start nothing
+            writer.close()
+            return self._finish(None, "failed", [], f"cannot write {rd.events_path}: {writer.write_error}")
+        ctx_mp = mp.get_context("spawn")
+        q = writer.q = ctx_mp.Queue()
+        stop_event = ctx_mp.Event()
+        writer.start()
         print(f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
               f"port {port}, {threads} thread(s) per rank", flush=True)
         pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
@@ -267,6 +285,10 @@ class Supervisor:
         while True:
             if self.rd.stop_path.exists() and self.stop_requests == 0:
                 self.stop_requests = 1
+            if writer.write_error is not None and self.write_failure is None:
+                self.write_failure = f"cannot write {self.rd.events_path}: {writer.write_error}"
+                print(f"{self.write_failure}; stopping the run", file=sys.stderr, flush=True)
+                self.stop_requests = max(self.stop_requests, 1)
             if self.stop_requests and self.first_stop_t is None:
                 self.first_stop_t = time.monotonic()
                 stop_event.set()
@@ -327,6 +349,8 @@ class Supervisor:
     def _outcome(self, codes, died_first, base, reported):
         ok = all(c == 0 for c in codes)
         stopping = self.first_stop_t is not None
+        if self.write_failure:
+            return "failed", self.write_failure
         if ok:
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:

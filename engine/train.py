@@ -47,6 +47,29 @@ class SkipSampler(torch.utils.data.Sampler):
         return max(0, len(self.inner) - self.skip)
 
 
+class DeviceTensors(torch.utils.data.Dataset):
+    """A small TensorDataset copied to the device once (data.on_device): each batch is one gather
+    there, with no host-to-device copy per step."""
+
+    def __init__(self, dataset, device):
+        self.tensors = [t.to(device) for t in dataset.tensors]
+
+    def __len__(self):
+        return self.tensors[0].shape[0]
+
+    def __getitem__(self, i):
+        return tuple(t[i] for t in self.tensors)
+
+    def __getitems__(self, indices):  # DataLoader fetches a whole batch with this when present
+        ix = torch.as_tensor(indices, device=self.tensors[0].device)
+        return tuple(t[ix] for t in self.tensors)
+
+
+def keep_batch(batch):
+    """collate_fn for DeviceTensors: the batch is already stacked."""
+    return batch
+
+
 def default_sampler(dataset, seed: int):
     """One process: exactly the order DistributedSampler gives one replica, so 1 x 2B == 2 ranks x B."""
     return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
@@ -148,10 +171,17 @@ class Trainer:
             inner = default_sampler(self.train_ds, t.seed)
         self.sampler = SkipSampler(inner)
         d = cfg.data
-        self.loader = DataLoader(
-            self.train_ds, batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
-            num_workers=d.num_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
-            persistent_workers=d.persistent_workers and d.num_workers > 0)
+        if d.on_device and isinstance(self.train_ds, torch.utils.data.TensorDataset):
+            self.loader = DataLoader(DeviceTensors(self.train_ds, self.device), batch_size=t.batch_size,
+                                     sampler=self.sampler, drop_last=True, collate_fn=keep_batch)
+        else:
+            if d.on_device and ctx.rank == 0:
+                emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
+                                                     "tensor data set; loading batches as usual")
+            self.loader = DataLoader(
+                self.train_ds, batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
+                num_workers=d.num_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
+                persistent_workers=d.persistent_workers and d.num_workers > 0)
         self.micro_per_epoch = len(inner) // t.batch_size
         self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
         if self.steps_per_epoch == 0:

@@ -147,11 +147,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @needs_cuda
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_gpu_run_mixed_precision_on_the_listed_gpu(tmp_path, precision):
-    """On the LAST GPU (not cuda:0): fp16 with GradScaler and clipping, or bf16; channels_last cnn."""
+    """On the LAST GPU (not cuda:0): fp16 with GradScaler and clipping (data kept on the GPU), or bf16;
+    channels_last cnn."""
     idx = torch.cuda.device_count() - 1
     cfg = small_cfg(strategy="gpu", accelerator="cuda", devices=[idx], **{
         "model.name": "cnn", "data.image_size": 32, "train.precision": precision, "train.grad_clip": 1.0,
-        "train.channels_last": True, "train.max_steps": 8, "train.eval_every_epoch": True})
+        "train.channels_last": True, "train.max_steps": 8, "train.eval_every_epoch": True,
+        "data.on_device": precision == "16-mixed"})
     proc = run_supervised(tmp_path / "gpu", cfg)
     assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "gpu" / "rank0.log").read_text()
     evs = events.read_all(tmp_path / "gpu" / "events.jsonl")
@@ -216,3 +218,21 @@ def test_bf16_autocast_and_channels_last_train_on_cpu(tmp_path):
     end = next(e for e in ev if e["kind"] == "epoch_end")
     assert end.get("partial") is True and 0 <= end["val_acc"] <= 1  # max_steps ended it mid-epoch
     assert final_model(tmp_path)["model"]["0.weight"].dtype == torch.float32  # weights stay fp32
+
+
+def test_on_device_loader_gives_the_same_batches():
+    """data.on_device gathers whole batches from tensors already on the device: same batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from engine.train import DeviceTensors, keep_batch
+
+    ds = TensorDataset(torch.randn(50, 3), torch.arange(50))
+    sampler = list(torch.randperm(50, generator=torch.Generator().manual_seed(0)))
+    plain = DataLoader(ds, batch_size=8, sampler=sampler, drop_last=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fast = DataLoader(DeviceTensors(ds, torch.device(dev)), batch_size=8, sampler=sampler, drop_last=True,
+                      collate_fn=keep_batch)
+    pairs = list(zip(plain, fast))
+    assert len(pairs) == 6
+    for (x, y), (fx, fy) in pairs:
+        assert fx.device.type == dev and torch.equal(x, fx.cpu()) and torch.equal(y, fy.cpu())

@@ -251,3 +251,18 @@ def test_device_for_uses_the_listed_gpu_indices():
     cfg = cfgmod.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": "6,7"})
     assert [cfg.device_for(i) for i in (0, 1)] == ["cuda:6", "cuda:7"]
     assert cfg.nproc_per_node == 2
+
+
+def test_unwritable_events_file_fails_clearly_and_starts_nothing(tmp_path):
+    """Disk full: events.jsonl is /dev/full (every write fails with ENOSPC)."""
+    cfg = small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": 0})
+    run = tmp_path / "full"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(cfg), run / "config.yaml")
+    (run / "events.jsonl").symlink_to("/dev/full")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert supervise(run) == 1
+    st = json.loads((run / "status.json").read_text())
+    assert st["status"] == "failed" and "events.jsonl" in st["root_cause"] and "No space left" in st["root_cause"]
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+    assert not (run / "rank0.log").exists()
