@@ -125,6 +125,8 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
             out = model(x)
         if n == 0:
             continue
+        if out.device != sums.device:  # model-parallel: logits on the last stage
+            out = out.to(sums.device)
         out, y = out[:n].float(), y[:n]
         sums[0] += F.cross_entropy(out, y, reduction="sum").double()
         sums[1] += (out.argmax(1) == y).sum()
@@ -296,6 +298,8 @@ class Trainer:
                     with sync:
                         with prec.autocast():
                             out = model(x)
+                            if out.device != y.device:  # model-parallel: logits on the last stage
+                                y = y.to(out.device, non_blocking=True)
                             loss = F.cross_entropy(out, y)
                         prec.backward(loss / k if k > 1 else loss)
                     with torch.no_grad():
