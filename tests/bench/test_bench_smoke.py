@@ -1,0 +1,75 @@
+"""The benchmarks run: `python -m bench --quick` end to end, every piece, with real runs.
+
+No timing is asserted (a shared 2-core machine is too noisy); what is asserted is that each
+benchmark produced its numbers from real measurements, and the facts that do not depend on
+speed: no event lost in the drain, the app does not import torch, the GPU part says why it
+did not run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_quick_runs_every_benchmark(tmp_path):
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=870)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "### Targets" in p.stdout
+    data = json.loads(out.read_text())
+    res = data["results"]
+    assert list(res) == ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app",
+                         "scaling", "gpu"]
+    assert not [n for n, r in res.items() if "error" in r]
+
+    evp = res["engine_vs_plain"]
+    assert _positive(evp["ratio"])
+    assert all(_positive(r["samples_per_s"]) and _positive(r["startup_s"]) for r in evp["engine"] + evp["plain"])
+
+    ddp = res["ddp_vs_plain"]
+    assert _positive(ddp["ratio_plain"]) and _positive(ddp["ratio_naive"])
+    assert ddp["plain"][0]["threads"] == max(1, os.cpu_count() // 2)  # the plain script pins threads per rank
+
+    mon = res["monitoring_cost"]
+    assert all(isinstance(c, float) for c in mon["costs"].values()) and len(mon["costs"]) == 3
+    assert mon["watcher"]["events"] > 0 and mon["watcher"]["samples"] > 0
+
+    ev = res["events_rate"]
+    assert all(r["written"] == r["events"] for shape in ev["runs"] for r in shape)
+    assert _positive(ev["events_per_s"])
+
+    sc = res["scaling"]
+    rows = [r for _, rs in sc["by_batch"] + sc["by_ranks"] for r in rs]
+    assert all(_positive(r["step_s"]) and _positive(r["peak_rss_mb_per_rank"]) for r in rows)
+    assert all(_positive(r["events_mb_per_hour"]) for _, rs in sc["by_ranks"] for r in rs)
+
+    app = res["app"]
+    if importlib.util.find_spec("app.main") is None:
+        assert "skipped" in app
+    else:
+        assert not any(r["torch_imported"] for r in app["import"])  # first frame must not pay for torch
+        assert _positive(app["first_screen"][0]["first_paint_s"])
+        assert app["live"]["events_timed"] > 0 and _positive(app["live"]["cpu_fraction_of_core"])
+
+    gpu = res["gpu"]
+    if not data["env"]["cuda"]:
+        assert "no CUDA" in gpu["skipped"] and "NOT RUN" in gpu["text"]
+    else:
+        assert all(_positive(r[1]) and _positive(r[2]) for r in gpu["rows"])
