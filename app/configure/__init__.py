@@ -1,0 +1,1 @@
+"""The Configure screen: a form for every RunConfig setting, presets, and Launch."""

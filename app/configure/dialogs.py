@@ -1,0 +1,115 @@
+"""Preset dialogs: load (shipped + user, with descriptions; delete user ones), save as, confirm."""
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+
+class ConfirmDialog(ModalScreen[bool]):
+    """Yes/no; y, n and escape work without the mouse."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, question: str):
+        super().__init__(classes="dialog-screen")
+        self.question = question
+
+    def compose(self):
+        with Vertical(classes="dialog"):
+            yield Static(self.question, id="question")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Yes (y)", variant="warning", id="yes")
+                yield Button("No (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class SavePresetDialog(ModalScreen["str | None"]):
+    """Ask for a user preset name; returns it, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, suggested: str):
+        super().__init__(classes="dialog-screen")
+        self.suggested = suggested
+
+    def compose(self):
+        with Vertical(classes="dialog"):
+            yield Label("Save the form as a user preset named:")
+            yield Input(self.suggested, id="preset-name", placeholder="letters, digits, . _ -")
+            yield Static("enter: save   escape: cancel", classes="field-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        name = event.value.strip()
+        self.dismiss(name or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class LoadPresetDialog(ModalScreen["object | None"]):
+    """Pick a preset; returns its PresetInfo, or None. Delete removes a user preset (after asking)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"),
+                Binding("delete,ctrl+d", "delete", "Delete user preset")]
+
+    def compose(self):
+        with Vertical(classes="dialog dialog-wide"):
+            yield Label("Load a preset (enter)   delete: remove a user preset   escape: cancel")
+            yield OptionList(id="preset-list")
+
+    def on_mount(self) -> None:
+        self.refresh_list()
+
+    def refresh_list(self) -> None:
+        from engine.presets import list_presets
+
+        self.presets = list_presets()
+        ol = self.query_one("#preset-list", OptionList)
+        ol.clear_options()
+        ol.add_options([Option(f"{p.name:<16} {p.source:<7} {p.strategy:<14} {p.description}", id=str(i))
+                        for i, p in enumerate(self.presets)])
+        if self.presets:
+            ol.highlighted = 0
+        ol.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.presets[int(event.option.id)])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_delete(self) -> None:
+        ol = self.query_one("#preset-list", OptionList)
+        if ol.highlighted is None:
+            return
+        info = self.presets[ol.highlighted]
+        if info.source != "user":
+            self.notify(f"{info.name} is a shipped preset; only user presets can be deleted", severity="warning")
+            return
+
+        def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            from engine.config import ConfigError
+            from engine.presets import delete_user_preset
+
+            try:
+                delete_user_preset(info.name)
+            except ConfigError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.notify(f"deleted user preset {info.name}")
+            self.refresh_list()
+
+        self.app.push_screen(ConfirmDialog(f"Delete user preset {info.name!r} ({info.path})?"), done)

@@ -1,0 +1,241 @@
+"""Which form field edits which RunConfig setting, how its text maps to a value, and when it shows.
+
+Derived from the RunConfig dataclasses, so a setting added to the schema gets a field without
+touching the form; the tables below only add labels, choices, groups and visibility rules.
+No textual here: the form widgets and the tests both use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, get_type_hints
+
+import yaml
+
+from engine import config as C
+
+CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
+DISTRIBUTED = ("ddp", "fsdp", "zero")
+
+GROUPS = ("Run", "Model & data", "Optimization", "Precision & speed", "Checkpoints",
+          "Strategy options")
+
+# path prefix (or exact path) -> group; first match wins
+_GROUP_OF = [
+    ("train.precision", "Precision & speed"), ("train.threads_per_rank", "Precision & speed"),
+    ("train.channels_last", "Precision & speed"), ("train.compile", "Precision & speed"),
+    ("train.cudnn_benchmark", "Precision & speed"), ("train.tf32", "Precision & speed"),
+    ("train.deterministic", "Precision & speed"),
+    ("model.", "Model & data"), ("data.", "Model & data"),
+    ("optimizer.", "Optimization"), ("scheduler.", "Optimization"), ("train.", "Optimization"),
+    ("checkpoint.", "Checkpoints"),
+    ("ddp.", "Strategy options"), ("model_parallel.", "Strategy options"), ("fsdp.", "Strategy options"),
+]
+
+CHOICES: dict[str, tuple] = {
+    "strategy": C.STRATEGIES, "accelerator": C.ACCELERATORS, "backend": C.BACKENDS,
+    "train.precision": C.PRECISIONS, "optimizer.name": C.OPTIMIZERS, "scheduler.name": C.SCHEDULERS,
+    "model.name": C.BUILTIN_MODELS + (CUSTOM,), "data.dataset": C.BUILTIN_DATASETS + (CUSTOM,),
+    "fsdp.state_dict": ("full", "sharded"),
+}
+
+LABELS = {
+    "init_method": "init method", "nodes.num_nodes": "nodes", "nodes.node_rank": "node rank",
+    "nodes.master_addr": "master address", "nodes.master_port": "master port (0: free)",
+    "nodes.timeout_s": "timeout (s)", "nodes.ifname": "network interface",
+    "train.batch_size": "batch size", "train.max_steps": "max steps (0: none)",
+    "train.grad_accum": "grad accumulation", "train.grad_clip": "grad clip (0: off)",
+    "train.log_every_n_steps": "log every n steps", "train.threads_per_rank": "threads/rank (0: auto)",
+    "checkpoint.dir": "checkpoint dir", "checkpoint.every_n_steps": "every n steps (0: off)",
+    "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
+    "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
+}
+
+HINTS = {
+    "model.name": "custom: package.module:callable",
+    "data.dataset": "custom: package.module:callable",
+    "model.kwargs": "YAML mapping passed to the callable, e.g. {depth: 4}",
+    "optimizer.betas": "two numbers, e.g. 0.9, 0.999",
+    "model_parallel.split": "layers per device, e.g. 3, 4 (empty: balance by parameters)",
+    "init_method": "env://, tcp://HOST:PORT or file:///PATH",
+}
+
+
+def _custom_model(v) -> bool:
+    return v("model.name") not in C.BUILTIN_MODELS
+
+
+def _custom_data(v) -> bool:
+    return v("data.dataset") not in C.BUILTIN_DATASETS
+
+
+# path -> predicate over a value getter; a field with an error shows whatever this says
+_SHOWN_WHEN: dict[str, Callable] = {
+    "backend": lambda v: v("strategy") in DISTRIBUTED,
+    "init_method": lambda v: v("strategy") in DISTRIBUTED,
+    "model.small_stem": lambda v: v("model.name") == "resnet18",
+    "model.hidden": lambda v: v("model.name") == "mlp",
+    "model.kwargs": _custom_model,
+    "data.root": lambda v: v("data.dataset") != "synthetic",
+    "data.download": lambda v: v("data.dataset") in ("cifar10", "mnist", "fashionmnist"),
+    "data.on_device": lambda v: v("accelerator") == "cuda",
+    "data.pin_memory": lambda v: v("accelerator") == "cuda",
+    "optimizer.momentum": lambda v: v("optimizer.name") == "sgd",
+    "optimizer.nesterov": lambda v: v("optimizer.name") == "sgd",
+    "optimizer.betas": lambda v: v("optimizer.name") in ("adam", "adamw"),
+    "scheduler.step_size": lambda v: v("scheduler.name") == "step",
+    "scheduler.gamma": lambda v: v("scheduler.name") == "step",
+    "scheduler.warmup_steps": lambda v: v("scheduler.name") in ("warmup", "cosine", "onecycle"),
+    "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
+}
+_PREFIX_SHOWN_WHEN = {
+    "nodes.": lambda v: v("strategy") in DISTRIBUTED,
+    "ddp.": lambda v: v("strategy") in ("ddp", "zero"),
+    "model_parallel.": lambda v: v("strategy") == "model-parallel",
+    "fsdp.": lambda v: v("strategy") == "fsdp",
+}
+for _name in ("train_size", "val_size", "num_classes", "image_size"):
+    _SHOWN_WHEN[f"data.{_name}"] = lambda v: v("data.dataset") == "synthetic"
+
+
+@dataclass(frozen=True)
+class Field:
+    path: str  # dotted RunConfig path
+    kind: str  # choice | int | float | str | bool | list | mapping | devices
+    group: str
+    label: str
+    choices: tuple = ()
+    hint: str = ""
+
+    @property
+    def wid(self) -> str:
+        """Widget id: dots are not allowed in ids."""
+        return "f-" + self.path.replace(".", "-")
+
+    def shown(self, value_of: Callable[[str], Any]) -> bool:
+        rule = _SHOWN_WHEN.get(self.path)
+        if rule is None:
+            rule = next((r for p, r in _PREFIX_SHOWN_WHEN.items() if self.path.startswith(p)), None)
+        return True if rule is None else bool(rule(value_of))
+
+
+def _group(path: str) -> str:
+    for prefix, group in _GROUP_OF:
+        if path == prefix or (prefix.endswith(".") and path.startswith(prefix)):
+            return group
+    return "Run"
+
+
+def _kind(path: str, tp) -> str:
+    if path == "devices":
+        return "devices"
+    if path in CHOICES:
+        return "choice"
+    return {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "mapping"}.get(tp, "str")
+
+
+def _walk(cls, prefix=""):
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        path = prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            yield from _walk(tp, path + ".")
+        else:
+            yield path, tp
+
+
+def all_fields() -> list[Field]:
+    """Every RunConfig leaf except schema_version, in group order then schema order."""
+    out = []
+    for path, tp in _walk(C.RunConfig):
+        if path == "schema_version":
+            continue
+        label = LABELS.get(path, path.rsplit(".", 1)[-1].replace("_", " "))
+        out.append(Field(path, _kind(path, tp), _group(path), label, CHOICES.get(path, ()), HINTS.get(path, "")))
+    order = {g: i for i, g in enumerate(GROUPS)}
+    return sorted(out, key=lambda f: order[f.group])  # stable: schema order inside a group
+
+
+FIELDS = all_fields()
+BY_PATH = {f.path: f for f in FIELDS}
+
+
+# ----------------------------------------------------------------------------- text <-> value
+
+
+def format_value(kind: str, value) -> str:
+    """What an Input shows for a config value."""
+    if kind == "list":
+        return ", ".join(str(x) for x in value) if isinstance(value, list) else str(value)
+    if kind == "mapping":
+        return "" if value in ({}, None) else yaml.safe_dump(value, default_flow_style=True).strip()
+    if kind == "devices":  # cuda indices typed by hand (no GPU list)
+        if isinstance(value, list):
+            return ",".join(str(i) for i in value)
+        return "all" if value == "all" else str(value)
+    return "" if value is None else str(value)
+
+
+def parse_text(kind: str, text: str):
+    """Text to a config value; text that does not parse is returned as is, so validation names it."""
+    t = text.strip()
+    try:
+        if kind == "int":
+            return int(t)
+        if kind == "float":
+            return float(t)
+        if kind == "list":
+            got = yaml.safe_load(f"[{t}]")
+            return got if isinstance(got, list) else text
+        if kind == "mapping":
+            got = yaml.safe_load(t) if t else {}
+            return got if got is not None else {}
+        if kind == "devices":
+            if t.lower() in ("all", "-1"):
+                return "all"
+            return [int(p) for p in t.replace(" ", "").split(",") if p != ""]
+    except (ValueError, yaml.YAMLError):
+        return text
+    return text
+
+
+def set_path(d: dict, path: str, value) -> None:
+    parts = path.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def get_path(d: dict, path: str, default=None):
+    for p in path.split("."):
+        if not isinstance(d, dict) or p not in d:
+            return default
+        d = d[p]
+    return d
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k not in ("kwargs",):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def override_text(value) -> str:
+    """A value as `--set key=VALUE` text that engine.config.apply_overrides reads back equal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        try:
+            same = yaml.safe_load(value) == value if value else False
+        except yaml.YAMLError:
+            same = False
+        return value if same else json.dumps(value)
+    return json.dumps(value)

@@ -1,0 +1,237 @@
+"""The Configure screen: the form, live validation and summary, presets, and Launch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from app.configure import summary
+from app.configure.dialogs import ConfirmDialog, LoadPresetDialog, SavePresetDialog
+from app.configure.fields import BY_PATH
+from app.configure.form import ConfigForm, row_id
+from engine import config as cfgmod
+from engine.config import ConfigError, Hardware
+
+
+def preset_label(path: Path) -> str:
+    """How the headless command names a preset: its name when it is a known one, else its path."""
+    from engine.rundir import shipped_presets_dir, user_presets_dir
+
+    path = Path(path).resolve()
+    for folder in (shipped_presets_dir(), user_presets_dir()):
+        try:
+            if path.parent == Path(folder).resolve():
+                return path.stem
+        except OSError:
+            pass
+    return str(path)
+
+
+class ConfigureScreen(Screen):
+    BINDINGS = [
+        Binding("f5,ctrl+r", "launch", "Launch"),
+        Binding("ctrl+o,f3", "load_preset", "Load preset"),
+        Binding("ctrl+s,f4", "save_preset", "Save preset"),
+        Binding("f2", "runs", "Runs"),
+    ]
+
+    def __init__(self, preset: str | Path | None = None):
+        super().__init__(id="configure")
+        self._preset_arg = preset
+        self.preset_path: Path | None = None
+        self.preset_name = ""
+        self.preset_source = ""
+        self.base: dict = {}  # the loaded preset, normalized
+        self.baseline: dict = {}  # what the form showed right after loading it
+        self.problems: dict[str, str] = {}
+        self.cfg: cfgmod.RunConfig | None = None  # the form as a valid config (with hardware), else None
+        self.hw = Hardware(gpu_count=None)
+        self.gpus_loaded = False
+
+    def compose(self):
+        yield Static("", id="preset-bar")
+        yield ConfigForm(id="form")
+        yield Static("", id="problems")
+        yield Static("", id="summary")
+        yield Static("", id="command")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        from engine.presets import DEFAULT_PRESET, resolve
+
+        try:
+            path = resolve(self._preset_arg or DEFAULT_PRESET)
+        except ConfigError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            self._show_config(cfgmod.RunConfig().to_dict(), None, "defaults", "")
+        else:
+            self.load_preset(path)
+        self.query_one(ConfigForm).focus()
+        self._probe_gpus()
+
+    @property
+    def form(self) -> ConfigForm:
+        return self.query_one(ConfigForm)
+
+    # ------------------------------------------------------------------ GPUs (thread: NVML may be slow)
+    @work(thread=True, exclusive=True, group="gpus")
+    def _probe_gpus(self) -> None:
+        src = self.app.gpu_source
+        try:
+            ok, reason = src.status()
+            samples = src.sample() if ok else []
+        except Exception as exc:  # a sampler bug must not take the form down
+            ok, reason, samples = False, f"GPU probe failed: {exc}", []
+        self.app.call_from_thread(self._gpus_arrived, samples, ok, reason)
+
+    def _gpus_arrived(self, samples, ok, reason) -> None:
+        self.hw = Hardware(gpu_count=len(samples) if ok else 0)
+        self.form.set_gpus(samples, ok, reason)
+        self.gpus_loaded = True
+        self.revalidate()
+
+    # ------------------------------------------------------------------ presets
+    def load_preset(self, path: Path) -> bool:
+        try:
+            cfg = cfgmod.load(path)
+        except ConfigError as exc:
+            self.notify(f"cannot load this preset:\n{exc}", severity="error", timeout=10)
+            return False
+        from engine.rundir import user_presets_dir
+
+        source = "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
+        if preset_label(path) == str(Path(path).resolve()):
+            source = "file"
+        self._show_config(cfg.to_dict(), Path(path), source, preset_label(path))
+        return True
+
+    def _show_config(self, data: dict, path: Path | None, source: str, name: str) -> None:
+        self.preset_path, self.preset_source, self.preset_name = path, source, name
+        self.base = data
+        self.form.load(data)
+        self.baseline = self.form.to_dict()
+        self.revalidate()
+
+    @property
+    def modified(self) -> bool:
+        return self.form.to_dict() != self.baseline
+
+    def action_load_preset(self) -> None:
+        def chosen(info) -> None:
+            if info is not None and self.load_preset(info.path):
+                self.notify(f"loaded {info.source} preset {info.name}")
+
+        self.app.push_screen(LoadPresetDialog(), chosen)
+
+    def action_save_preset(self) -> None:
+        try:
+            cfg = cfgmod.from_dict(self.form.to_dict())  # no hardware check: a GPU preset saves anywhere
+        except ConfigError as exc:
+            field, why = exc.problems[0]
+            self.notify(f"Cannot save: {field}: {why}" if field else f"Cannot save: {why}", severity="error")
+            return
+        suggested = self.preset_name if self.preset_source == "user" else cfg.name
+
+        def named(name: str | None) -> None:
+            if name:
+                self.save_as(cfg, name)
+
+        self.app.push_screen(SavePresetDialog(suggested), named)
+
+    def save_as(self, cfg: cfgmod.RunConfig, name: str, overwrite: bool = False) -> None:
+        from engine.presets import PresetExists, save_user_preset
+
+        try:
+            path = save_user_preset(cfg, name, overwrite=overwrite)
+        except PresetExists:
+            def answer(yes: bool | None) -> None:
+                if yes:
+                    self.save_as(cfg, name, overwrite=True)
+
+            self.app.push_screen(ConfirmDialog(f"User preset {name!r} exists. Overwrite it?"), answer)
+            return
+        except ConfigError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        except OSError as exc:
+            self.notify(f"cannot write the preset: {exc}", severity="error")
+            return
+        self.load_preset(path)
+        self.notify(f"saved user preset {name} ({path})")
+
+    # ------------------------------------------------------------------ validation and summary
+    def on_config_form_edited(self, event: ConfigForm.Edited) -> None:
+        self.revalidate()
+
+    def revalidate(self) -> None:
+        """Validate what the form says now; mark fields, refresh the summary and the command."""
+        data = self.form.to_dict()
+        problems: dict[str, str] = {}
+        self.cfg = None
+        try:
+            self.cfg = cfgmod.from_dict(data, hw=self.hw)
+        except ConfigError as exc:
+            problems = exc.by_field()
+        self.problems = problems
+        self.form.show_problems(problems)
+        stray = [f"{k or 'preset'}: {v}" for k, v in problems.items() if k not in BY_PATH]
+        box = self.query_one("#problems", Static)
+        box.update("\n".join(stray))
+        box.display = bool(stray)
+        self._update_bar()
+        s = self.query_one("#summary", Static)
+        if self.cfg is not None:
+            s.update(summary.describe(self.cfg))
+            s.remove_class("-invalid")
+        else:
+            first = next(iter(problems.items()))
+            n = len(problems)
+            s.update(f"{n} problem{'s' if n > 1 else ''}: {first[0]}: {first[1]}")
+            s.add_class("-invalid")
+        cmd = summary.headless_command(self.preset_name or "PRESET.yaml", data, self.base)
+        self.query_one("#command", Static).update("$ " + cmd)
+
+    def _update_bar(self) -> None:
+        mark = "  [b]● modified[/b]" if self.modified else ""
+        src = f" ({self.preset_source})" if self.preset_source else ""
+        self.query_one("#preset-bar", Static).update(
+            f"[b]torchdeck[/b] · Configure · preset [b]{self.preset_name or '-'}[/b]{src}{mark}")
+
+    # ------------------------------------------------------------------ launch and runs
+    def action_launch(self) -> None:
+        self.revalidate()
+        if self.cfg is None:
+            field, why = next(iter(self.problems.items()))
+            self.notify(f"Cannot launch: {field}: {why}" if field else f"Cannot launch: {why}",
+                        severity="error", timeout=8)
+            if field in BY_PATH:
+                self._focus_field(field)
+            return
+        from engine import launch
+
+        try:
+            run = launch.start(self.cfg, self.app.runs_root)
+        except (OSError, ConfigError) as exc:
+            self.notify(f"Cannot launch: {exc}", severity="error", timeout=10)
+            return
+        self.app.last_run = run.path
+        try:
+            from app.monitor.screen import MonitorScreen
+        except ImportError as exc:
+            self.notify(f"run started in {run.path} (monitor unavailable: {exc})")
+            return
+        self.app.push_screen(MonitorScreen(run.path))
+
+    def _focus_field(self, path: str) -> None:
+        row = self.form.query_one("#" + row_id(path))
+        for w in row.query("Input, Select, Switch, SelectionList"):
+            if w.display and w.focusable:
+                w.focus()
+                break
+        self.form.scroll_to_widget(row)
+
+    def action_runs(self) -> None:
+        self.app.action_runs()

@@ -1,0 +1,49 @@
+"""The live summary: what the run will be (processes, world, global batch, devices) and the
+headless command that launches the same thing. Plain functions so they are easy to test."""
+from __future__ import annotations
+
+import shlex
+
+from app.configure.fields import flatten, override_text
+from engine.config import RunConfig
+
+
+def rank_devices(cfg: RunConfig) -> list[list[str]]:
+    """Devices each local rank uses, as the strategy sees it."""
+    from engine.strategies import get_strategy
+
+    strat = get_strategy(cfg.strategy)
+    return [strat.local_devices(cfg, r) for r in range(cfg.nproc_per_node)]
+
+
+def describe(cfg: RunConfig) -> str:
+    """One line: processes, world size, global batch, devices per rank."""
+    per_rank = rank_devices(cfg)
+    if len(per_rank) <= 4:
+        devs = "  ".join(f"r{r}:{','.join(d)}" for r, d in enumerate(per_rank))
+    else:  # many ranks: say the pattern, not every rank
+        devs = f"r0:{','.join(per_rank[0])} … r{len(per_rank) - 1}:{','.join(per_rank[-1])}"
+    nodes = f" x {cfg.nodes.num_nodes} nodes" if cfg.nodes.num_nodes > 1 else ""
+    accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
+    n = cfg.nproc_per_node
+    return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {cfg.world_size} · "
+            f"global batch {cfg.global_batch}{accum} · {devs}")
+
+
+def overrides(current: dict, base: dict) -> list[str]:
+    """`key=value` for every setting that differs from the loaded preset."""
+    cur, ref = flatten(current), flatten(base)
+    out = []
+    for key, value in cur.items():
+        if key == "schema_version":
+            continue
+        if key not in ref or ref[key] != value:
+            out.append(f"{key}={override_text(value)}")
+    return out
+
+
+def headless_command(preset: str, current: dict, base: dict) -> str:
+    parts = ["torchdeck", "run", shlex.quote(preset)]
+    for item in overrides(current, base):
+        parts += ["--set", shlex.quote(item)]
+    return " ".join(parts)

@@ -1,0 +1,110 @@
+"""The torchdeck app: opens on the Configure screen; Monitor and Runs screens are pushed from it.
+
+Never imports torch (nor engine.worker/supervisor): the first frame must come well under 0.5 s.
+GPU and host samplers are created lazily, so tests can pass fakes and the real NVML reader is
+only started when something asks for it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from app.configure.screen import ConfigureScreen
+
+
+class _NoGPUSource:
+    """Stands in until app.sources exists: answers with the engine's NVML probe."""
+
+    def status(self):
+        from engine.hardware import nvml_status
+
+        return nvml_status()
+
+    def sample(self):
+        from engine.hardware import list_gpus
+
+        class S:  # the GPUSample shape the form reads
+            def __init__(self, g):
+                self.index, self.name = g.index, g.name
+                self.mem_used_mb, self.mem_total_mb = g.memory_used_mb, g.memory_total_mb
+                self.pids = [p for p, _ in g.processes]
+
+        return [S(g) for g in list_gpus()]
+
+
+class TorchdeckApp(App):
+    CSS_PATH = "main.tcss"
+    TITLE = "torchdeck"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+
+    def __init__(self, preset: str | Path | None = None, gpu_source=None, host_source=None,
+                 runs_root: str | Path | None = None):
+        super().__init__()
+        self._preset = preset
+        self._gpu_source = gpu_source
+        self._host_source = host_source
+        self.runs_root: Path | None = Path(runs_root) if runs_root else None
+        self.last_run: Path | None = None
+
+    # ------------------------------------------------------------------ samplers (lazy)
+    @property
+    def gpu_source(self):
+        if self._gpu_source is None:
+            try:
+                from app.sources.nvml import GPUSource
+            except ImportError:
+                self._gpu_source = _NoGPUSource()
+            else:
+                self._gpu_source = GPUSource()
+        return self._gpu_source
+
+    @property
+    def host_source(self):
+        if self._host_source is None:
+            try:
+                from app.sources.host import HostSource
+            except ImportError:
+                return None
+            self._host_source = HostSource()
+        return self._host_source
+
+    # ------------------------------------------------------------------ screens
+    def on_mount(self) -> None:
+        self.configure_screen = ConfigureScreen(self._preset)
+        self.push_screen(self.configure_screen)
+
+    def action_runs(self) -> None:
+        try:
+            from app.runs.screen import RunsScreen
+        except ImportError as exc:
+            self.notify(f"runs list unavailable: {exc}", severity="warning")
+            return
+        self.push_screen(RunsScreen())
+
+    def _on_configure(self, action: str):
+        """A palette command that acts on the Configure screen, returning to it first."""
+        def go() -> None:
+            while self.screen is not self.configure_screen and len(self.screen_stack) > 2:
+                self.pop_screen()
+            if self.screen is self.configure_screen:
+                getattr(self.configure_screen, f"action_{action}")()
+        return go
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield SystemCommand("Launch", "Validate the form and start the run (F5)", self._on_configure("launch"))
+        yield SystemCommand("Save preset", "Save the form as a user preset (Ctrl+S)", self._on_configure("save_preset"))
+        yield SystemCommand("Load preset", "Load a shipped or user preset (Ctrl+O)", self._on_configure("load_preset"))
+        yield SystemCommand("Runs list", "Past and live runs (F2)", self.action_runs)
+        yield from super().get_system_commands(screen)
+
+
+def run(preset_path: str | None = None) -> None:
+    TorchdeckApp(preset=preset_path).run()
+
+
+if __name__ == "__main__":
+    run()
