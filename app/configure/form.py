@@ -152,6 +152,8 @@ class ConfigForm(VerticalScroll):
         missing = [i for i in chosen if i not in known]
         sl.add_options([Selection(gpu_label(g), g.index, g.index in chosen) for g in self.gpus]
                        + [Selection(f"GPU {i}  not on this host", i, True) for i in missing])
+        if sl.option_count:
+            sl.highlighted = 0
         one = self.query_one("#f-devices-gpu", Select)
         one.set_options([(gpu_label(g), g.index) for g in self.gpus]
                         + [(f"GPU {i}  not on this host", i) for i in missing])

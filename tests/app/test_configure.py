@@ -1,0 +1,327 @@
+"""Pilot tests of the Configure screen: typing into the form, validation, presets, launch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.configure.fields import FIELDS, flatten
+from app.configure.form import row_id
+from app.main import TorchdeckApp
+from engine import config as cfgmod
+from engine.presets import resolve
+from textual.widgets import Input, Select, SelectionList
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE = (120, 40)
+
+
+class _Sample:
+    def __init__(self, index, name, used, total, pids):
+        self.index, self.name, self.mem_used_mb, self.mem_total_mb, self.pids = index, name, used, total, pids
+        self.util, self.temp_c, self.power_w, self.power_limit_w = 0.0, 40, 60.0, 300.0
+
+
+class _FakeGPUs:
+    def __init__(self, samples):
+        self.samples = samples
+
+    def status(self):
+        return (True, "") if self.samples else (False, "no NVIDIA driver library (libnvidia-ml) on this host")
+
+    def sample(self):
+        return list(self.samples)
+
+
+def two_fake_gpus():
+    """Two GPUs, the second busy; the helpers' FakeGPUSource when it exists."""
+    try:
+        from app.sources.nvml import FakeGPUSource, GPUSample
+
+        def s(i, name, used, total, pids):
+            return GPUSample(index=i, name=name, util=0.0, mem_used_mb=used, mem_total_mb=total,
+                             temp_c=40, power_w=60.0, power_limit_w=300.0, pids=pids)
+        return FakeGPUSource([s(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
+                              s(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
+    except (ImportError, TypeError):
+        return _FakeGPUs([_Sample(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
+                          _Sample(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
+
+
+@pytest.fixture
+def presets_dir(tmp_path, monkeypatch):
+    d = tmp_path / "presets"
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(d))
+    return d
+
+
+async def ready(pilot):
+    """Wait until the GPU probe is back and the form has settled."""
+    screen = pilot.app.screen
+    for _ in range(100):
+        if getattr(screen, "gpus_loaded", False):
+            break
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)
+    return screen
+
+
+async def type_into(pilot, wid: str, text: str) -> None:
+    """Focus an Input, erase it with backspace, and type `text` key by key, as a user would."""
+    w = pilot.app.screen.query_one("#" + wid, Input)
+    w.focus()
+    await pilot.pause()
+    await pilot.press("end", *["backspace"] * len(w.value))
+    await pilot.press(*[("full_stop" if c == "." else c) for c in text])
+    await pilot.pause(0.1)
+
+
+async def choose(pilot, wid: str, typed: str) -> None:
+    """Open a Select with enter, type to search, enter to pick."""
+    w = pilot.app.screen.query_one("#" + wid, Select)
+    w.focus()
+    await pilot.press("enter")
+    await pilot.pause(0.05)
+    await pilot.press(*typed, "enter")
+    await pilot.pause(0.1)
+
+
+def invalid(screen, path: str) -> str | None:
+    row = screen.query_one("#" + row_id(path))
+    return screen.problems.get(path) if row.has_class("-invalid") else None
+
+
+def make_app(tmp_path, gpus=None, preset=None):
+    return TorchdeckApp(preset=preset, gpu_source=gpus or _FakeGPUs([]), runs_root=tmp_path / "runs")
+
+
+# ----------------------------------------------------------------------------- the form
+
+
+async def test_form_shows_the_default_preset_and_every_setting(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        expected = cfgmod.load(resolve("quickstart")).to_dict()
+        assert screen.form.to_dict() == expected
+        assert screen.preset_name == "quickstart" and not screen.modified
+        leaves = set(flatten(expected)) - {"schema_version"}
+        assert leaves == {f.path for f in FIELDS}
+        assert str(screen.query_one("#summary").render()).startswith("2 processes · world 2 · global batch 128")
+        assert str(screen.query_one("#command").render()) == "$ torchdeck run quickstart"
+
+
+async def test_bad_value_is_marked_and_launch_refused_until_fixed(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-batch_size", "0")
+        assert "at least 1" in invalid(screen, "train.batch_size")
+        err = screen.query_one("#" + row_id("train.batch_size")).query_one(".field-error")
+        assert err.display and "at least 1" in str(err.render())
+        assert "modified" in str(screen.query_one("#preset-bar").render())
+        await pilot.press("f5")
+        await pilot.pause(0.2)
+        assert any("Cannot launch: train.batch_size" in n.message for n in app._notifications)
+        assert not (tmp_path / "runs").exists()
+        await type_into(pilot, "f-train-batch_size", "32")
+        assert invalid(screen, "train.batch_size") is None and screen.cfg is not None
+        assert "global batch 64" in str(screen.query_one("#summary").render())
+        assert "--set train.batch_size=32" in str(screen.query_one("#command").render())
+
+
+async def test_impossible_combinations_are_marked_with_the_reason(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-devices-procs", "1")
+        assert "one process" in invalid(screen, "devices")
+        await type_into(pilot, "f-devices-procs", "2")
+        assert screen.cfg is not None
+        await choose(pilot, "f-backend", "n")
+        assert screen.query_one("#f-backend", Select).value == "nccl"
+        assert "nccl needs CUDA" in invalid(screen, "backend")
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert any("Cannot launch: backend" in n.message for n in app._notifications)
+        await choose(pilot, "f-backend", "g")
+        assert screen.cfg is not None and invalid(screen, "backend") is None
+
+
+async def test_fields_follow_the_strategy(tmp_path, presets_dir):
+    app = make_app(tmp_path, gpus=two_fake_gpus())
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        row = lambda p: screen.query_one("#" + row_id(p))  # noqa: E731
+        assert row("backend").display and row("nodes.num_nodes").display
+        await choose(pilot, "f-strategy", "dp")
+        assert screen.query_one("#f-accelerator", Select).value == "cuda"
+        assert not row("backend").display and not row("nodes.num_nodes").display
+        gpus = screen.query_one("#f-devices-gpus", SelectionList)
+        assert gpus.display and gpus.option_count == 2
+        assert "busy" in str(gpus.get_option_at_index(1).prompt)
+        hint = row("train.batch_size").query_one(".field-hint")
+        assert "total across GPUs" in str(hint.render())
+        gpus.focus()
+        await pilot.press("space", "down", "space")
+        await pilot.pause(0.2)
+        assert screen.cfg is not None and screen.cfg.devices == [0, 1]
+        assert "r0:cuda:0,cuda:1" in str(screen.query_one("#summary").render())
+        await choose(pilot, "f-strategy", "gp")
+        assert screen.query_one("#f-devices-gpu", Select).display and not gpus.display
+        await choose(pilot, "f-strategy", "fs")
+        assert row("fsdp.state_dict").display and row("backend").display
+        assert screen.cfg is not None and screen.cfg.world_size == 2
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+async def test_save_load_overwrite_delete_round_trip(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "1")
+        await type_into(pilot, "f-optimizer-lr", "0.02")
+        await choose(pilot, "f-scheduler-name", "co")
+        want = cfgmod.from_dict(screen.form.to_dict())
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        name_in = app.screen.query_one("#preset-name", Input)
+        await pilot.press("end", *["backspace"] * len(name_in.value), *"mine", "enter")
+        await pilot.pause(0.3)
+        saved = presets_dir / "mine.yaml"
+        assert saved.is_file()
+        want.name = "mine"
+        assert cfgmod.load(saved).to_dict() == want.to_dict()
+        assert screen.preset_name == "mine" and screen.preset_source == "user" and not screen.modified
+
+        # change something, save under the same name: asked first, then overwritten
+        await type_into(pilot, "f-train-epochs", "2")
+        assert screen.modified
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        assert app.screen.query_one("#preset-name", Input).value == "mine"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert "Overwrite" in str(app.screen.query_one("#question").render())
+        await pilot.press("y")
+        await pilot.pause(0.3)
+        assert cfgmod.load(saved).train.epochs == 2
+
+        # load the shipped default, then the user preset back: identical to what was saved
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        await pilot.press("enter")  # the default is listed first
+        await pilot.pause(0.3)
+        assert screen.preset_name == "quickstart" and screen.form.to_dict()["train"]["epochs"] == 3
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        dialog = app.screen
+        idx = next(i for i, p in enumerate(dialog.presets) if p.name == "mine")
+        assert "user" in str(dialog.query_one("#preset-list").get_option_at_index(idx).prompt)
+        await pilot.press(*["down"] * idx, "enter")
+        await pilot.pause(0.3)
+        assert screen.form.to_dict() == cfgmod.load(saved).to_dict()
+        assert not screen.modified
+
+        # delete: shipped presets refuse, the user one goes after a yes
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        await pilot.press("delete")
+        await pilot.pause(0.2)
+        assert any("shipped preset" in n.message for n in app._notifications)
+        await pilot.press(*["down"] * idx, "delete")
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        await pilot.pause(0.3)
+        assert not saved.exists()
+        assert "mine" not in [p.name for p in app.screen.presets]
+
+
+async def test_headless_command_reproduces_the_form(tmp_path, presets_dir):
+    """The command line shown is exactly what `torchdeck run` needs to build the same config."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "1")
+        await type_into(pilot, "f-name", "my run")
+        await type_into(pilot, "f-optimizer-betas", "0.8, 0.99")
+        await choose(pilot, "f-model-name", "ml")
+        cmd = str(screen.query_one("#command").render())[2:]
+        import shlex
+
+        argv = shlex.split(cmd)
+        assert argv[:3] == ["torchdeck", "run", "quickstart"]
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        data = yaml.safe_load(resolve("quickstart").read_text())
+        got = cfgmod.from_dict(cfgmod.apply_overrides(data, sets))
+        assert got.to_dict() == screen.cfg.to_dict()
+        assert len(sets) == 4
+
+
+def test_app_imports_no_torch():
+    """The first frame must not wait for torch: importing and starting the app never imports it."""
+    code = (
+        "import sys, asyncio\n"
+        "from app.main import TorchdeckApp\n"
+        "async def main():\n"
+        "    app = TorchdeckApp()\n"
+        "    async with app.run_test() as pilot:\n"
+        "        await pilot.pause(0.3)\n"
+        "        assert type(app.screen).__name__ == 'ConfigureScreen'\n"
+        "asyncio.run(main())\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'engine.worker', 'engine.supervisor')))\n"
+        "print('BAD', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "BAD []" in out.stdout
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def _monitor_available() -> bool:
+    try:
+        import app.monitor.screen  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "1")
+        await type_into(pilot, "f-data-train_size", "1024")
+        await type_into(pilot, "f-data-val_size", "256")
+        await pilot.press("f5")
+        await pilot.pause(0.5)
+        assert app.last_run is not None and app.last_run.parent == tmp_path / "runs"
+        launched = cfgmod.load(app.last_run / "config.yaml")
+        assert launched.train.epochs == 1 and launched.data.train_size == 1024
+        if not _monitor_available():
+            from engine.launch import kill
+
+            kill(app.last_run)  # leave no run behind
+            pytest.xfail("app.monitor.screen (MonitorScreen) is not in this tree yet")
+        assert type(app.screen).__name__ == "MonitorScreen"
+        deadline = time.monotonic() + 150
+        seen = False
+        while time.monotonic() < deadline:
+            await pilot.pause(1.0)
+            if "finished" in app.export_screenshot():
+                seen = True
+                break
+        from engine.rundir import RunDir
+
+        assert seen, f"monitor never showed finished; run status {RunDir(app.last_run).status()}"
+        assert RunDir(app.last_run).status() == "finished"
