@@ -32,13 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: proves they run")
     ap.add_argument("--json", metavar="PATH", help="write every number to this JSON file")
     ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ORDER)}")
-    ap.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default 5; --quick 1)")
+    ap.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default 3; --quick 1)")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.only.split(",") if n.strip()] or ORDER
     unknown = [n for n in names if n not in ORDER]
     if unknown:
         ap.error(f"unknown benchmark(s) {unknown}; choose from {ORDER}")
-    reps = a.reps or (1 if a.quick else 5)
+    reps = a.reps or (1 if a.quick else 3)
     env = environment()
     print(f"torchdeck benchmarks: {'quick' if a.quick else 'full'}, reps {reps}, torch {env['torch']}, "
           f"{env['cores']} cores, CUDA {'yes: ' + ', '.join(env['gpus']) if env['cuda'] else 'no'}, "

@@ -159,7 +159,7 @@ def reflect_latencies(written: dict, seen: dict, ranks: int, warm_s: float, tail
     return lat, missing
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     if importlib.util.find_spec("app.main") is None:
         return {"name": NAME, "skipped": "app.main is not there yet", "targets": [],
                 "text": "\n### app\nNOT RUN: app.main is not importable in this checkout."}

@@ -10,10 +10,10 @@ TARGET = 0.99
 
 def sizes(quick: bool) -> dict:
     return dict(steps=30, warm=10, batch=32, train=2048) if quick else \
-        dict(steps=200, warm=50, batch=64, train=8192)
+        dict(steps=300, warm=50, batch=64, train=8192)
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     s = sizes(quick)
     root = C.tmpdir(NAME)
     cfg = C.engine_config(data={"train_size": s["train"]},

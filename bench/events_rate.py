@@ -59,7 +59,7 @@ def flood(ranks: int, per_rank: int, path) -> dict:
             "put_events_per_s_per_rank": C.median([per_rank / s for _, s in puts])}
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     root = C.tmpdir(NAME)
     shapes = [(2, 2000)] if quick else [(2, 25_000), (8, 6_250)]
     rows, raw = [], []

@@ -29,7 +29,7 @@ def _cfg(s, strategy="gpu", devices=(0,), batch=None, **train):
                            train={"batch_size": batch or s["batch"], "max_steps": s["steps"], **train})
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     import torch
 
     if not torch.cuda.is_available():

@@ -19,7 +19,7 @@ NEVER = 10 ** 9
 
 
 def sizes(quick: bool) -> dict:
-    return dict(train=512, batch=32, epochs=3) if quick else dict(train=2048, batch=64, epochs=7)
+    return dict(train=512, batch=32, epochs=3) if quick else dict(train=4096, batch=64, epochs=6)
 
 
 def _run(s: dict, root: Path, log_every: int, watcher: bool) -> dict:
@@ -45,7 +45,7 @@ def _run(s: dict, root: Path, log_every: int, watcher: bool) -> dict:
     return out
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     s = sizes(quick)
     root = C.tmpdir(NAME)
     variants = [("epoch-end events only, no watcher", NEVER, False),

@@ -69,7 +69,7 @@ def _t(line: bytes) -> float:
     return json.loads(line)["t"]
 
 
-def run(quick: bool = False, reps: int = 5) -> dict:
+def run(quick: bool = False, reps: int = 3) -> dict:
     root = C.tmpdir(NAME)
     reps = min(reps, 3)
     steps, warm = (30, 10) if quick else (120, 40)
