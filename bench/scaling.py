@@ -73,7 +73,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     root = C.tmpdir(NAME)
     reps = min(reps, 3)
     steps, warm = (30, 10) if quick else (120, 40)
-    batches = [16, 64] if quick else [16, 64, 256]
+    batches = [64] if quick else [16, 64, 256]
     by_batch, by_ranks = [], []
     for b in batches:
         cfg = C.engine_config(data={"train_size": 4096}, train={"batch_size": b, "max_steps": steps})
