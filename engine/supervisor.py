@@ -151,6 +151,30 @@ def choose_port(cfg) -> tuple[int, str | None]:
     return n.master_port, None
 
 
+def host_store(cfg, port: int, msg: str | None):
+    """Bind the rendezvous store in the supervisor (as torchrun's agent does) so the port is held
+    from the moment it is chosen: no other run can take it while the ranks import torch.
+    Returns (store, port, message); the ranks join it as clients (TORCHELASTIC_USE_AGENT_STORE)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    n = cfg.nodes
+
+    def bind(p):
+        return TCPStore(n.master_addr, p, world_size=cfg.world_size, is_master=True,
+                        wait_for_workers=False, timeout=timedelta(seconds=n.timeout_s))
+
+    try:
+        return bind(port), port, msg
+    except RuntimeError as exc:  # DistNetworkError: EADDRINUSE (taken since we looked)
+        if n.num_nodes > 1:
+            raise PortError(f"nodes.master_port {port} is in use on this host (node 0); free it "
+                            "(a leftover run?) or pick another port on every node") from exc
+    store = bind(0)
+    return store, store.port, f"port {port} in use; using {store.port}"
+
+
 # ----------------------------------------------------------------------------- supervisor
 
 
@@ -223,12 +247,19 @@ class Supervisor:
         nproc = cfg.nproc_per_node
         threads = threads_for(cfg)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+        strategy = get_strategy(cfg.strategy)
+        store = None  # held for the life of the run
+        if strategy.distributed and cfg.init_method == "env://" and cfg.nodes.node_rank == 0:
+            try:
+                store, port, port_msg = host_store(cfg, port, port_msg)
+            except PortError as exc:
+                return self._finish(None, "failed", [], str(exc))
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         if cfg.nodes.ifname:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", cfg.nodes.ifname)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.nodes.ifname)
 
         writer = EventWriter(rd.events_path, None)
-        strategy = get_strategy(cfg.strategy)
         total = None
         if cfg.data.dataset == "synthetic":
             per_rank = cfg.data.train_size // (cfg.world_size if strategy.distributed else 1)
@@ -270,6 +301,7 @@ class Supervisor:
         for i, code in enumerate(codes):
             writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
         status, cause = self._outcome(codes, died_first, base, reported)
+        del store
         try:
             return self._finish(writer, status, codes, cause)
         finally:

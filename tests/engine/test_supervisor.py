@@ -246,6 +246,28 @@ def test_single_node_busy_port_picks_another():
     assert port > 0 and str(port) in msg
 
 
+def test_rendezvous_store_is_held_by_the_supervisor_and_moves_off_a_taken_port():
+    """The port is bound from the moment it is chosen; one taken in the meantime is replaced
+    (single node) or named in the error (multi-node)."""
+    from engine.supervisor import PortError, host_store
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": busy}))
+        store, port, msg = host_store(cfg, busy, None)
+        assert port != busy and msg == f"port {busy} in use; using {port}"
+        assert port_in_use(port)  # held while the run lives
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        del store
+        multi = cfgmod.from_dict(small_cfg(strategy="ddp", devices=1,
+                                           **{"nodes.num_nodes": 2, "nodes.master_port": busy}))
+        with pytest.raises(PortError, match=f"master_port {busy} is in use"):
+            host_store(multi, busy, None)
+
+
 def test_device_for_uses_the_listed_gpu_indices():
     """gpu_ids 6,7 must train on cuda:6 and cuda:7, never silently on 0,1."""
     cfg = cfgmod.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": "6,7"})
