@@ -6,6 +6,7 @@ events.jsonl, turns stop requests into a graceful stop, and stops every rank whe
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue as queue_mod
@@ -178,6 +179,20 @@ def host_store(cfg, port: int, msg: str | None):
 # ----------------------------------------------------------------------------- supervisor
 
 
+@contextlib.contextmanager
+def _environ(values: dict):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _signal_text(exitcode: int | None) -> str | None:
     if exitcode is None or exitcode >= 0:
         return None
@@ -246,7 +261,7 @@ class Supervisor:
 
         nproc = cfg.nproc_per_node
         threads = threads_for(cfg)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        child_env = {"OMP_NUM_THREADS": str(threads)}
         strategy = get_strategy(cfg.strategy)
         store = None  # held for the life of the run
         if strategy.distributed and cfg.init_method == "env://" and cfg.nodes.node_rank == 0:
@@ -254,10 +269,10 @@ class Supervisor:
                 store, port, port_msg = host_store(cfg, port, port_msg)
             except PortError as exc:
                 return self._finish(None, "failed", [], str(exc))
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+            child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         if cfg.nodes.ifname:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", cfg.nodes.ifname)
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.nodes.ifname)
+            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                child_env[var] = os.environ.get(var, cfg.nodes.ifname)
 
         writer = EventWriter(rd.events_path, None)
         total = None
@@ -285,8 +300,9 @@ class Supervisor:
         writer.start()
         print(f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
               f"port {port}, {threads} thread(s) per rank", flush=True)
-        pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
-                                  nprocs=nproc, join=False, start_method="spawn")
+        with _environ(child_env):  # the children inherit it; this process (maybe a test) keeps its own
+            pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
+                                      nprocs=nproc, join=False, start_method="spawn")
         try:
             died_first, reported = self._join(pctx, stop_event, writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
