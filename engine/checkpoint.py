@@ -133,8 +133,37 @@ def resolve_resume(cfg, run_dir) -> tuple[Path, dict] | None:
     if not r:
         return None
     if r == "latest":
-        return latest(checkpoint_dir(cfg, run_dir))
+        found = latest(checkpoint_dir(cfg, run_dir))
+        if found is None and not cfg.checkpoint.dir:
+            found = latest_of_earlier_runs(cfg, run_dir)
+        return found
     p = Path(r).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint.resume: no checkpoint file at {p}")
     return p, load(p)
+
+
+def latest_of_earlier_runs(cfg, run_dir) -> tuple[Path, dict] | None:
+    """A relaunch gets a new run directory: `resume: latest` then continues the newest earlier
+    run of the same name next to it (runs/<time>-<name>/checkpoints)."""
+    import yaml
+
+    here = Path(run_dir).resolve()
+    candidates = []
+    for other in here.parent.iterdir() if here.parent.is_dir() else []:
+        if other == here or not (other / "checkpoints").is_dir():
+            continue
+        try:
+            name = (yaml.safe_load((other / "config.yaml").read_text()) or {}).get("name")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if name != cfg.name:
+            continue
+        for _, p in listing(other / "checkpoints"):
+            candidates.append((p.stat().st_mtime, p))
+    for _, p in sorted(candidates, reverse=True):
+        try:
+            return p, load(p)
+        except Exception:
+            continue
+    return None

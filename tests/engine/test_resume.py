@@ -151,3 +151,20 @@ def json_status(run):
     import json
 
     return json.loads((run / "status.json").read_text())
+
+
+def test_resume_latest_in_a_new_run_dir_continues_the_last_run_of_that_name(tmp_path):
+    """A relaunch gets a fresh run directory; `resume: latest` finds the earlier run's checkpoint."""
+    from engine import config as cfgmod
+
+    cfg = small_cfg(name="same", **{"train.max_steps": 4})
+    for name, c in (("1-same", cfg), ("2-other", small_cfg(name="other", **{"train.max_steps": 7}))):
+        (tmp_path / name).mkdir()
+        cfgmod.save(cfgmod.from_dict(c), tmp_path / name / "config.yaml")
+        run_in_process(tmp_path / name, c)
+    again = small_cfg(name="same", **{"train.max_steps": 6, "checkpoint.resume": "latest"})
+    (tmp_path / "3-same").mkdir()
+    ev = run_in_process(tmp_path / "3-same", again)
+    msg = next(e["message"] for e in ev if e["kind"] == "log" and "resumed" in e["message"])
+    assert "1-same" in msg and "step 4" in msg
+    assert [e["step"] for e in ev if e["kind"] == "step"] == [6]
