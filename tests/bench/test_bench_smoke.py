@@ -68,6 +68,8 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
         assert _positive(app["first_screen"][0]["first_paint_s"])
         if importlib.util.find_spec("app.monitor") is not None:
             assert app["live"]["events_timed"] > 0 and _positive(app["live"]["cpu_fraction_of_core"])
+        else:  # measured on `torchdeck attach` instead, and said so
+            assert "NOT RUN" in app["text"] and app["attach"]["events_timed"] > 0
 
     gpu = res["gpu"]
     if not data["env"]["cuda"]:
