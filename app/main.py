@@ -73,9 +73,19 @@ class TorchdeckApp(App):
         return self._host_source
 
     # ------------------------------------------------------------------ screens
-    def on_mount(self) -> None:
+    def get_default_screen(self) -> Screen:
+        """The Configure screen is the base screen: one screen styled on start, not two."""
         self.configure_screen = ConfigureScreen(self._preset)
-        self.push_screen(self.configure_screen)
+        return self.configure_screen
+
+    async def action_quit(self) -> None:
+        """Quit; while the form is still mounting its groups, quit right after (Textual dislikes
+        tearing down widgets that are half mounted)."""
+        form = self.configure_screen.query("#form")
+        if form and not form.first().complete:
+            form.first().quit_when_complete = True
+            return
+        self.exit()
 
     def action_runs(self) -> None:
         try:
@@ -88,7 +98,7 @@ class TorchdeckApp(App):
     def _on_configure(self, action: str):
         """A palette command that acts on the Configure screen, returning to it first."""
         def go() -> None:
-            while self.screen is not self.configure_screen and len(self.screen_stack) > 2:
+            while self.screen is not self.configure_screen and len(self.screen_stack) > 1:
                 self.pop_screen()
             if self.screen is self.configure_screen:
                 getattr(self.configure_screen, f"action_{action}")()

@@ -238,4 +238,4 @@ def override_text(value) -> str:
         except yaml.YAMLError:
             same = False
         return value if same else json.dumps(value)
-    return json.dumps(value)
+    return json.dumps(value, default=str)

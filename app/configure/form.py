@@ -1,25 +1,36 @@
-"""The configure form: one row per RunConfig setting, grouped, scrollable, keyboard-only.
+"""The configure form: every RunConfig setting, grouped, scrollable, keyboard-only.
 
 The form turns widgets into a config dict and back; it does not validate. The screen feeds it
-the problems engine.config finds, and the form marks those rows (`-invalid`) with the reason.
+the problems engine.config finds, and the form marks those fields (`-invalid`) with the reason.
+
+Speed: Textual mounts a few hundred widgets in about a second on a small machine, so the first
+frame gets only the Run group; the other groups are mounted one per refresh after it. Until a
+group is mounted its values come from the loaded dict, so reading the form is always complete.
+Each group is a two-column grid (label, control) so a field costs two widgets, not five.
 """
 from __future__ import annotations
 
-from textual.containers import Horizontal, Vertical, VerticalScroll
+import copy
+
+from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
 from textual.widgets.selection_list import Selection
 
-from app.configure.fields import (CUSTOM, FIELDS, GROUPS, Field, format_value, get_path, parse_text,
-                                  set_path)
-from engine.config import SCHEMA_VERSION
+from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
+                                  parse_text, set_path)
+from engine.config import SCHEMA_VERSION, RunConfig
 
 _INPUT_TYPE = {"int": "integer", "float": "number"}
 _GiB = 1024.0
 
 
-def row_id(path: str) -> str:
-    return "row-" + path.replace(".", "-")
+def _slug(path: str) -> str:
+    return path.replace(".", "-")
+
+
+def group_id(group: str) -> str:
+    return "grp-" + group.split()[0].lower()
 
 
 def gpu_label(g) -> str:
@@ -30,7 +41,9 @@ def gpu_label(g) -> str:
 
 
 class ConfigForm(VerticalScroll):
-    """All settings. Posts `Edited` (coalesced) whenever the user changes anything."""
+    """All settings. Posts `Edited` (coalesced) whenever anything changes."""
+
+    can_focus = False  # focus goes to the fields; the form scrolls to follow it
 
     class Edited(Message):
         pass
@@ -40,68 +53,128 @@ class ConfigForm(VerticalScroll):
         self.gpus: list = []  # GPU samples (index, name, mem_used_mb, mem_total_mb, pids)
         self.gpus_known = False
         self.gpu_reason = "looking for GPUs…"
+        self.data: dict = RunConfig().to_dict()  # values of fields not mounted yet
+        self.mounted_groups: set[str] = set()
+        self.problems: dict[str, str] = {}
         self._pending = False
         self._last_strategy: str | None = None
+        self._w: dict = {}
+        self.quit_when_complete = False
 
     # ------------------------------------------------------------------ building
     def compose(self):
-        for group in GROUPS:
-            yield Static(group, classes="group-title", id="group-" + group.split()[0].lower())
-            for f in FIELDS:
-                if f.group == group:
-                    yield self._row(f)
+        for i, group in enumerate(GROUPS):
+            title = Static(group, classes="group-title", id=group_id(group) + "-title")
+            first = [w for f in FIELDS if f.group == group for w in self._field_widgets(f)] if i == 0 else []
+            grid = Grid(*first, classes="group", id=group_id(group))
+            self._w[title.id], self._w[grid.id] = title, grid
+            yield title
+            yield grid
+        self.mounted_groups.add(GROUPS[0])
 
-    def _row(self, f: Field) -> Vertical:
-        line = [Label(f.label, classes="field-label")]
-        below = []
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._mount_next)
+
+    async def _mount_next(self) -> None:
+        rest = [g for g in GROUPS if g not in self.mounted_groups]
+        if rest:
+            await self._mount_group(rest[0])
+            self.call_after_refresh(self._mount_next)
+        elif self.quit_when_complete:
+            self.app.exit()
+
+    @property
+    def complete(self) -> bool:
+        """Every group mounted (tests and snapshots wait for this)."""
+        return len(self.mounted_groups) == len(GROUPS)
+
+    async def _mount_group(self, group: str) -> None:
+        widgets = [w for f in FIELDS if f.group == group for w in self._field_widgets(f)]
+        await self._w[group_id(group)].mount_all(widgets)
+        self.mounted_groups.add(group)
+        self._edited()  # the screen re-applies problems and visibility to the new fields
+
+    def _field_widgets(self, f: Field) -> list:
+        value = get_path(self.data, f.path)
+        label = Label(f.label, id="lbl-" + _slug(f.path), classes="field-label")
+        out = [label]
         if f.kind == "choice":
             opts = [(("custom…" if c == CUSTOM else c), c) for c in f.choices]
-            line.append(Select(opts, allow_blank=False, value=f.choices[0], id=f.wid, compact=True))
+            sel = Select(opts, allow_blank=False, value=value if value in f.choices else CUSTOM,
+                         id=f.wid, compact=True)
             if CUSTOM in f.choices:
-                line.append(Input(placeholder="package.module:callable", id=f.wid + "-custom", compact=True))
+                custom = Input("" if value in f.choices else str(value), placeholder="package.module:callable",
+                               id=f.wid + "-custom", compact=True)
+                out.append(Horizontal(sel, custom, id="ctl-" + _slug(f.path), classes="field-ctl"))
+            else:
+                out.append(sel)
         elif f.kind == "bool":
-            line.append(Switch(id=f.wid))
+            out.append(Switch(bool(value), id=f.wid))
         elif f.kind == "devices":
-            line.append(Input(type="integer", id="f-devices-procs", compact=True, tooltip="CPU processes"))
-            line.append(Select([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True))
-            line.append(Input(placeholder="GPU indices: 0,1 or all", id="f-devices-text", compact=True))
-            below.append(SelectionList(id="f-devices-gpus", compact=True))
-            below.append(Static("", id="gpu-note", classes="field-hint"))
+            cpu = self.data.get("accelerator") == "cpu"
+            out.append(Horizontal(
+                Input(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs", compact=True),
+                Select([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True),
+                Input("" if cpu else format_value("devices", value), placeholder="GPU indices: 0,1 or all",
+                      id="f-devices-text", compact=True),
+                id="ctl-devices", classes="field-ctl"))
+            out.append(SelectionList(id="f-devices-gpus", compact=True, classes="span2"))
+            out.append(Static("", id="gpu-note", classes="field-msg span2"))
         else:
-            line.append(Input(type=_INPUT_TYPE.get(f.kind, "text"), id=f.wid, compact=True))
-        return Vertical(Horizontal(*line, classes="field-line"), *below,
-                        Static("", classes="field-error"),
-                        Static(f.hint, classes="field-hint" + ("" if f.hint else " -empty")),
-                        id=row_id(f.path), classes="field")
+            out.append(Input(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
+                             id=f.wid, compact=True))
+        if f.hint or f.path == "train.batch_size":
+            out.append(Static(f.hint, id="msg-" + _slug(f.path), classes="field-msg span2"))
+        for w in out:  # ids looked up often: a query walks the whole DOM, a dict does not
+            for x in (w, *w._pending_children):
+                self._w[x.id] = x
+        return out
+
+    def w(self, wid: str):
+        """A field widget by id (mounted or about to be)."""
+        return self._w[wid]
+
+    def _mounted(self, f: Field) -> bool:
+        return f.group in self.mounted_groups
+
+    def _parts(self, f: Field) -> list:
+        """The widgets that make up one field on screen (label, control, message)."""
+        s = _slug(f.path)
+        ids = ["lbl-" + s, "ctl-" + s if (f.kind == "devices" or CUSTOM in f.choices) else f.wid, "msg-" + s]
+        if f.kind == "devices":
+            ids += ["f-devices-gpus", "gpu-note"]
+        return [self._w[i] for i in ids if i in self._w]
 
     # ------------------------------------------------------------------ reading
     def devices_mode(self) -> str:
         """procs (CPU count) | text (no GPU list) | one (single GPU) | many (GPU multi-select)."""
-        if self.query_one("#f-accelerator", Select).value != "cuda":
+        if self.value_of("accelerator") != "cuda":
             return "procs"
         if not self.gpus:
             return "text"
-        return "one" if self.query_one("#f-strategy", Select).value == "gpu" else "many"
+        return "one" if self.value_of("strategy") == "gpu" else "many"
 
     def _cuda_value(self, mode: str):
         if mode == "text":
-            return parse_text("devices", self.query_one("#f-devices-text", Input).value)
+            return parse_text("devices", self._w["f-devices-text"].value)
         if mode == "one":
-            v = self.query_one("#f-devices-gpu", Select).value
+            v = self._w["f-devices-gpu"].value
             return [v] if isinstance(v, int) else []
-        return sorted(self.query_one("#f-devices-gpus", SelectionList).selected)
+        return sorted(self._w["f-devices-gpus"].selected)
 
     def value_of(self, path: str):
-        f = next(x for x in FIELDS if x.path == path)
+        f = BY_PATH[path]
+        if not self._mounted(f):
+            return get_path(self.data, path)
         if f.kind == "devices":
             mode = self.devices_mode()
             if mode == "procs":
-                return parse_text("int", self.query_one("#f-devices-procs", Input).value)
+                return parse_text("int", self._w["f-devices-procs"].value)
             return self._cuda_value(mode)
-        w = self.query_one("#" + f.wid)
+        w = self._w[f.wid]
         if f.kind == "choice":
             if w.value == CUSTOM:
-                return self.query_one("#" + f.wid + "-custom", Input).value.strip()
+                return self._w[f.wid + "-custom"].value.strip()
             return w.value
         if f.kind == "bool":
             return bool(w.value)
@@ -118,43 +191,41 @@ class ConfigForm(VerticalScroll):
     # ------------------------------------------------------------------ writing
     def load(self, data: dict) -> None:
         """Show a normalized config dict (RunConfig.to_dict())."""
+        self.data = copy.deepcopy(data)
         for f in FIELDS:
+            if not self._mounted(f):
+                continue
             value = get_path(data, f.path)
             if f.kind == "devices":
-                self._load_devices(value, data.get("accelerator"))
-                continue
-            w = self.query_one("#" + f.wid)
-            if f.kind == "choice":
-                if value in f.choices:
-                    w.value = value
+                if data.get("accelerator") == "cpu":
+                    self._w["f-devices-procs"].value = format_value("int", value)
                 else:
-                    w.value = CUSTOM
-                    self.query_one("#" + f.wid + "-custom", Input).value = str(value)
+                    self._apply_cuda_devices(value)
+                continue
+            w = self._w[f.wid]
+            if f.kind == "choice":
+                w.value = value if value in f.choices else CUSTOM
+                if CUSTOM in f.choices:
+                    self._w[f.wid + "-custom"].value = "" if value in f.choices else str(value)
             elif f.kind == "bool":
                 w.value = bool(value)
             else:
                 w.value = format_value(f.kind, value)
         self._last_strategy = data.get("strategy")
 
-    def _load_devices(self, value, accelerator) -> None:
-        if accelerator == "cpu":
-            self.query_one("#f-devices-procs", Input).value = format_value("int", value)
-            return
-        self._apply_cuda_devices(value)
-
     def _apply_cuda_devices(self, value) -> None:
         """Put a cuda devices value into every cuda widget, so switching modes keeps it."""
-        self.query_one("#f-devices-text", Input).value = format_value("devices", value)
+        self._w["f-devices-text"].value = format_value("devices", value)
         known = [g.index for g in self.gpus]
         chosen = known if value == "all" else (value if isinstance(value, list) else [])
-        sl = self.query_one("#f-devices-gpus", SelectionList)
-        sl.clear_options()
         missing = [i for i in chosen if i not in known]
+        sl = self._w["f-devices-gpus"]
+        sl.clear_options()
         sl.add_options([Selection(gpu_label(g), g.index, g.index in chosen) for g in self.gpus]
                        + [Selection(f"GPU {i}  not on this host", i, True) for i in missing])
         if sl.option_count:
             sl.highlighted = 0
-        one = self.query_one("#f-devices-gpu", Select)
+        one = self._w["f-devices-gpu"]
         one.set_options([(gpu_label(g), g.index) for g in self.gpus]
                         + [(f"GPU {i}  not on this host", i) for i in missing])
         if chosen:
@@ -162,8 +233,7 @@ class ConfigForm(VerticalScroll):
 
     def set_gpus(self, samples: list, ok: bool, reason: str) -> None:
         """The GPU list arrived (from a thread); keep whatever devices the form already holds."""
-        was = "text" if not self.gpus else (
-            "one" if self.query_one("#f-strategy", Select).value == "gpu" else "many")
+        was = "text" if not self.gpus else ("one" if self.value_of("strategy") == "gpu" else "many")
         current = self._cuda_value(was)  # hidden widgets keep their state under accelerator cpu
         self.gpus = list(samples)
         self.gpus_known = True
@@ -173,41 +243,76 @@ class ConfigForm(VerticalScroll):
 
     def update_devices(self) -> None:
         mode = self.devices_mode()
-        self.query_one("#f-devices-procs").display = mode == "procs"
-        self.query_one("#f-devices-text").display = mode == "text"
-        self.query_one("#f-devices-gpu").display = mode == "one"
-        self.query_one("#f-devices-gpus").display = mode == "many"
-        note = self.query_one("#gpu-note", Static)
-        if mode == "procs":
+        self._w["f-devices-procs"].display = mode == "procs"
+        self._w["f-devices-text"].display = mode == "text"
+        self._w["f-devices-gpu"].display = mode == "one"
+        self._w["f-devices-gpus"].display = mode == "many"
+        note = self._w["gpu-note"]
+        if "devices" in self.problems:
+            text = self.problems["devices"]
+        elif mode == "procs":
             text = "number of CPU processes"
         elif mode == "text":
             text = f"no GPU list: {self.gpu_reason}" if self.gpus_known else "looking for GPUs…"
         else:
             text = "space: pick/unpick a GPU" if mode == "many" else ""
         note.update(text)
+        note.set_class("devices" in self.problems, "-error")
         note.display = bool(text)
 
     # ------------------------------------------------------------------ problems and visibility
+    def is_invalid(self, path: str) -> bool:
+        return self._w["lbl-" + _slug(path)].has_class("-invalid")
+
+    def is_shown(self, path: str) -> bool:
+        return self._w["lbl-" + _slug(path)].display
+
+    def message(self, path: str) -> str:
+        if path == "devices":
+            return str(self._w["gpu-note"].render())
+        found = self._w.get("msg-" + _slug(path))
+        return str(found.render()) if found and found.display else ""
+
+    def _message_widget(self, f: Field) -> Static:
+        found = self._w.get("msg-" + _slug(f.path))
+        if found:
+            return found
+        msg = Static("", id="msg-" + _slug(f.path), classes="field-msg span2")
+        parts = self._parts(f)
+        self._w[group_id(f.group)].mount(msg, after=parts[-1])
+        self._w[msg.id] = msg
+        return msg
+
     def show_problems(self, problems: dict[str, str]) -> None:
+        self.problems = problems
+        strategy = self.value_of("strategy")
         for f in FIELDS:
-            row = self.query_one("#" + row_id(f.path))
+            if not self._mounted(f):
+                continue
             why = problems.get(f.path)
-            row.set_class(why is not None, "-invalid")
-            err = row.query_one(".field-error", Static)
-            err.update(why or "")
-            err.display = why is not None
             shown = why is not None or f.shown(self.value_of)
-            row.display = shown
+            parts = self._parts(f)
+            for w in parts:
+                w.display = shown
+                w.set_class(why is not None, "-invalid")
+            if f.kind == "devices":
+                continue
+            hint = f.hint
+            if f.path == "train.batch_size":
+                hint = "batch size is the total across GPUs (dp splits each batch)" if strategy == "dp" else "per process"
+            if why is not None or hint:
+                msg = self._message_widget(f)
+                msg.update(why or hint)
+                msg.set_class(why is not None, "-error")
+                msg.display = shown
         for group in GROUPS:
-            title = self.query_one("#group-" + group.split()[0].lower())
-            title.display = any(self.query_one("#" + row_id(f.path)).display for f in FIELDS if f.group == group)
+            shown = any(why for f in FIELDS if f.group == group for why in [f.path in problems or f.shown(self.value_of)])
+            self._w[group_id(group) + "-title"].display = shown
+            self._w[group_id(group)].display = shown
         for path in ("model.name", "data.dataset"):
-            wid = "#f-" + path.replace(".", "-")
-            self.query_one(wid + "-custom").display = self.query_one(wid, Select).value == CUSTOM
-        dp = self.query_one("#f-strategy", Select).value == "dp"
-        hint = self.query_one("#" + row_id("train.batch_size")).query_one(".field-hint", Static)
-        hint.update("batch size is the total across GPUs (dp splits each batch)" if dp else "per process")
-        hint.remove_class("-empty")
+            if self._mounted(BY_PATH[path]):
+                wid = "f-" + _slug(path)
+                self._w[wid + "-custom"].display = self._w[wid].value == CUSTOM
         self.update_devices()
 
     # ------------------------------------------------------------------ edits
@@ -243,10 +348,9 @@ class ConfigForm(VerticalScroll):
         """Strategies that only make sense on one accelerator switch it for the user."""
         from engine.strategies import get_strategy
 
-        acc = self.query_one("#f-accelerator", Select)
-        strat = get_strategy(strategy)
-        if strat.needs_cuda and acc.value != "cuda":
+        acc = self._w["f-accelerator"]
+        if get_strategy(strategy).needs_cuda and acc.value != "cuda":
             acc.value = "cuda"
         elif strategy == "cpu" and acc.value != "cpu":
             acc.value = "cpu"
-            self.query_one("#f-devices-procs", Input).value = "1"
+            self._w["f-devices-procs"].value = "1"

@@ -6,12 +6,12 @@ from pathlib import Path
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Select, SelectionList, Static, Switch
 
 from app.configure import summary
 from app.configure.dialogs import ConfirmDialog, LoadPresetDialog, SavePresetDialog
 from app.configure.fields import BY_PATH
-from app.configure.form import ConfigForm, row_id
+from app.configure.form import ConfigForm
 from engine import config as cfgmod
 from engine.config import ConfigError, Hardware
 
@@ -31,6 +31,7 @@ def preset_label(path: Path) -> str:
 
 
 class ConfigureScreen(Screen):
+    AUTO_FOCUS = "#f-name"
     BINDINGS = [
         Binding("f5,ctrl+r", "launch", "Launch"),
         Binding("ctrl+o,f3", "load_preset", "Load preset"),
@@ -69,7 +70,6 @@ class ConfigureScreen(Screen):
             self._show_config(cfgmod.RunConfig().to_dict(), None, "defaults", "")
         else:
             self.load_preset(path)
-        self.query_one(ConfigForm).focus()
         self._probe_gpus()
 
     @property
@@ -226,12 +226,15 @@ class ConfigureScreen(Screen):
         self.app.push_screen(MonitorScreen(run.path))
 
     def _focus_field(self, path: str) -> None:
-        row = self.form.query_one("#" + row_id(path))
-        for w in row.query("Input, Select, Switch, SelectionList"):
-            if w.display and w.focusable:
-                w.focus()
-                break
-        self.form.scroll_to_widget(row)
+        f = BY_PATH[path]
+        if not self.form._mounted(f):
+            return
+        for part in self.form._parts(f):
+            for w in [part, *part.query("Input, Select, Switch, SelectionList")]:
+                if isinstance(w, (Input, Select, Switch, SelectionList)) and w.display and w.focusable:
+                    w.focus()
+                    self.form.scroll_to_widget(part)
+                    return
 
     def action_runs(self) -> None:
         self.app.action_runs()

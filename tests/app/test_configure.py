@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from app.configure.fields import FIELDS, flatten
-from app.configure.form import row_id
 from app.main import TorchdeckApp
 from engine import config as cfgmod
 from engine.presets import resolve
@@ -62,8 +61,8 @@ def presets_dir(tmp_path, monkeypatch):
 async def ready(pilot):
     """Wait until the GPU probe is back and the form has settled."""
     screen = pilot.app.screen
-    for _ in range(100):
-        if getattr(screen, "gpus_loaded", False):
+    for _ in range(200):
+        if getattr(screen, "gpus_loaded", False) and screen.form.complete:
             break
         await pilot.pause(0.05)
     await pilot.pause(0.1)
@@ -91,8 +90,12 @@ async def choose(pilot, wid: str, typed: str) -> None:
 
 
 def invalid(screen, path: str) -> str | None:
-    row = screen.query_one("#" + row_id(path))
-    return screen.problems.get(path) if row.has_class("-invalid") else None
+    """The reason shown under a field marked invalid, else None."""
+    if not screen.form.is_invalid(path):
+        return None
+    shown = screen.form.message(path)
+    assert shown == screen.problems[path]
+    return shown
 
 
 def make_app(tmp_path, gpus=None, preset=None):
@@ -121,8 +124,6 @@ async def test_bad_value_is_marked_and_launch_refused_until_fixed(tmp_path, pres
         screen = await ready(pilot)
         await type_into(pilot, "f-train-batch_size", "0")
         assert "at least 1" in invalid(screen, "train.batch_size")
-        err = screen.query_one("#" + row_id("train.batch_size")).query_one(".field-error")
-        assert err.display and "at least 1" in str(err.render())
         assert "modified" in str(screen.query_one("#preset-bar").render())
         await pilot.press("f5")
         await pilot.pause(0.2)
@@ -156,16 +157,15 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     app = make_app(tmp_path, gpus=two_fake_gpus())
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)
-        row = lambda p: screen.query_one("#" + row_id(p))  # noqa: E731
-        assert row("backend").display and row("nodes.num_nodes").display
+        shown = screen.form.is_shown
+        assert shown("backend") and shown("nodes.num_nodes")
         await choose(pilot, "f-strategy", "dp")
         assert screen.query_one("#f-accelerator", Select).value == "cuda"
-        assert not row("backend").display and not row("nodes.num_nodes").display
+        assert not shown("backend") and not shown("nodes.num_nodes")
         gpus = screen.query_one("#f-devices-gpus", SelectionList)
         assert gpus.display and gpus.option_count == 2
         assert "busy" in str(gpus.get_option_at_index(1).prompt)
-        hint = row("train.batch_size").query_one(".field-hint")
-        assert "total across GPUs" in str(hint.render())
+        assert "total across GPUs" in screen.form.message("train.batch_size")
         gpus.focus()
         await pilot.press("space", "down", "space")
         await pilot.pause(0.2)
@@ -174,7 +174,7 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         await choose(pilot, "f-strategy", "gp")
         assert screen.query_one("#f-devices-gpu", Select).display and not gpus.display
         await choose(pilot, "f-strategy", "fs")
-        assert row("fsdp.state_dict").display and row("backend").display
+        assert shown("fsdp.state_dict") and shown("backend")
         assert screen.cfg is not None and screen.cfg.world_size == 2
 
 
