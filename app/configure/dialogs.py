@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -65,7 +66,7 @@ class LoadPresetDialog(ModalScreen["object | None"]):
 
     def compose(self):
         with Vertical(classes="dialog dialog-wide"):
-            yield Label("Load a preset (enter)   delete: remove a user preset   escape: cancel")
+            yield Label("enter: load   delete: remove a user preset   escape: cancel")
             yield OptionList(id="preset-list")
 
     def on_mount(self) -> None:
@@ -77,7 +78,9 @@ class LoadPresetDialog(ModalScreen["object | None"]):
         self.presets = list_presets()
         ol = self.query_one("#preset-list", OptionList)
         ol.clear_options()
-        ol.add_options([Option(f"{p.name:<16} {p.source:<7} {p.strategy:<14} {p.description}", id=str(i))
+        ol.add_options([Option(Content.from_markup("[b]$name[/b]  [dim]$source · $strategy[/dim]\n  $desc",
+                                                   name=p.name, source=p.source, strategy=p.strategy,
+                                                   desc=p.description or "(no description)"), id=str(i))
                         for i, p in enumerate(self.presets)])
         if self.presets:
             ol.highlighted = 0

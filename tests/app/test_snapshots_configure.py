@@ -1,0 +1,91 @@
+"""Snapshots of the Configure screen at fixed sizes, with two fake GPUs instead of NVML.
+
+Regenerate after a deliberate UI change with:
+    .venv/bin/python -m pytest tests/app/test_snapshots_configure.py --snapshot-update
+"""
+from __future__ import annotations
+
+import pytest
+
+from app.main import TorchdeckApp
+
+
+class _Sample:
+    def __init__(self, index, name, used, total, pids):
+        self.index, self.name, self.mem_used_mb, self.mem_total_mb, self.pids = index, name, used, total, pids
+        self.util, self.temp_c, self.power_w, self.power_limit_w = 37.0, 45, 120.0, 400.0
+
+
+class _FakeGPUs:
+    def __init__(self, samples):
+        self.samples = samples
+
+    def status(self):
+        return True, ""
+
+    def sample(self):
+        return list(self.samples)
+
+
+def fake_gpus():
+    try:
+        from app.sources.nvml import FakeGPUSource, GPUSample
+
+        def s(i, used, pids):
+            return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=37.0, mem_used_mb=used,
+                             mem_total_mb=40960, temp_c=45, power_w=120.0, power_limit_w=400.0, pids=pids)
+        return FakeGPUSource([s(0, 512, []), s(1, 20480, [4242])])
+    except (ImportError, TypeError):
+        return _FakeGPUs([_Sample(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
+                          _Sample(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    return TorchdeckApp(gpu_source=fake_gpus(), runs_root=tmp_path / "runs")
+
+
+async def settle(pilot):
+    screen = pilot.app.screen
+    for _ in range(200):
+        if screen.gpus_loaded and screen.form.complete:
+            break
+        await pilot.pause(0.05)
+    for inp in screen.query("Input"):
+        inp.cursor_blink = False
+    await pilot.pause(0.2)
+
+
+async def pick_dp(pilot):
+    await settle(pilot)
+    screen = pilot.app.screen
+    screen.query_one("#f-strategy").focus()
+    await pilot.press("enter")
+    await pilot.pause(0.05)
+    await pilot.press("d", "p", "enter")
+    await pilot.pause(0.1)
+    screen.query_one("#f-devices-gpus").focus()
+    await pilot.press("space", "down", "space")
+    await settle(pilot)
+
+
+async def bad_batch(pilot):
+    await settle(pilot)
+    screen = pilot.app.screen
+    screen.query_one("#f-train-batch_size").focus()
+    await pilot.press("end", "backspace", "backspace", "0")
+    await settle(pilot)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)], ids=["80x24", "140x45"])
+def test_configure_default_preset(snap_compare, app, size):
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def test_configure_dp_gpu_picker(snap_compare, app):
+    assert snap_compare(app, terminal_size=(140, 45), run_before=pick_dp)
+
+
+def test_configure_invalid_batch_80x24(snap_compare, app):
+    assert snap_compare(app, terminal_size=(80, 24), run_before=bad_batch)
