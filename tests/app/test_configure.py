@@ -309,10 +309,12 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
         launched = cfgmod.load(app.last_run / "config.yaml")
         assert launched.train.epochs == 1 and launched.data.train_size == 1024
         if not _monitor_available():
-            from engine.launch import kill
+            from engine.launch import wait
 
-            kill(app.last_run)  # leave no run behind
-            pytest.xfail("app.monitor.screen (MonitorScreen) is not in this tree yet")
+            final = wait(app.last_run, timeout=150)  # the run itself must still finish
+            assert final is not None and final["status"] == "finished", final
+            pytest.xfail("app.monitor.screen (MonitorScreen) is not in this tree yet: the run "
+                         "finished, but no screen shows it")
         assert type(app.screen).__name__ == "MonitorScreen"
         deadline = time.monotonic() + 150
         seen = False

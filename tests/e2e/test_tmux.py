@@ -1,0 +1,127 @@
+"""The real `torchdeck` in a real terminal (tmux): keys in, screen text out, as a person sees it."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHDECK = Path(sys.executable).with_name("torchdeck")
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+TINY = """\
+schema_version: 1
+name: tiny
+description: "e2e: 2 DDP ranks over gloo, one short epoch"
+strategy: ddp
+accelerator: cpu
+devices: 2
+backend: gloo
+nodes: {master_port: 0}
+data: {dataset: synthetic, train_size: 512, val_size: 128}
+train: {batch_size: 64, epochs: 1, log_every_n_steps: 1}
+"""
+
+
+class Tmux:
+    def __init__(self, env: dict):
+        self.name = f"td-{uuid.uuid4().hex[:8]}"
+        self.env = env
+
+    def start(self, command: str, width=120, height=40):
+        # A running tmux server gives new panes its own environment, not ours: pass ours explicitly.
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height),
+                        f"cd {shlex.quote(str(ROOT))} && env {env} {command}"], check=True, cwd=ROOT)
+
+    def keys(self, *keys: str):
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def screen(self) -> str:
+        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        return out.stdout
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.25)
+        raise AssertionError(f"{text!r} not on screen after {timeout:.0f} s; screen:\n{screen}")
+
+    def alive(self) -> bool:
+        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+
+    def kill(self):
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+@pytest.fixture
+def term(tmp_path):
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "tiny.yaml").write_text(TINY)
+    env = {"TORCHDECK_RUNS": str(tmp_path / "runs"), "TORCHDECK_PRESETS": str(presets),
+           "PATH": os.environ.get("PATH", "")}
+    t = Tmux(env)
+    yield t
+    t.kill()
+    from engine.launch import kill
+    from engine.rundir import list_runs
+
+    for run in list_runs(tmp_path / "runs"):
+        if run.is_live():
+            kill(run)
+
+
+def _monitor_available() -> bool:
+    try:
+        import app.monitor.screen  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_launch_from_the_app_until_finished(term, tmp_path):
+    # `torchdeck` with no arguments opens the default preset; `torchdeck app tiny` opens ours.
+    term.start(f"{TORCHDECK} app tiny; echo EXITED $?; sleep 600")
+    screen = term.wait_for("global batch 128", timeout=60)
+    assert "preset tiny (user)" in screen
+    assert "$ torchdeck run tiny" in screen
+    term.keys("F5")
+    runs = tmp_path / "runs"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (runs.is_dir() and any(runs.iterdir())):
+        time.sleep(0.2)
+    assert runs.is_dir() and any(runs.iterdir()), "F5 started no run:\n" + term.screen()
+    if not _monitor_available():
+        from engine.launch import wait
+
+        final = wait(next(runs.iterdir()), timeout=150)  # the run itself must still finish
+        assert final is not None and final["status"] == "finished", final
+        pytest.xfail("app.monitor.screen (MonitorScreen) is not in this tree yet: the run finished, "
+                     "but no screen shows it")
+    screen = term.wait_for("finished", timeout=150)
+    term.keys("C-q")
+    time.sleep(0.5)
+    if "EXITED" not in term.screen():  # the monitor may keep ctrl+q for leave; go back and quit
+        term.keys("Escape")
+        time.sleep(0.5)
+        term.keys("C-q")
+    term.wait_for("EXITED 0", timeout=20)
+    run = next(runs.iterdir())
+    import json
+
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
