@@ -327,3 +327,33 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
 
         assert seen, f"monitor never showed finished; run status {RunDir(app.last_run).status()}"
         assert RunDir(app.last_run).status() == "finished"
+
+
+async def test_command_palette_offers_the_main_actions(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for want in ("Launch", "Save preset", "Load preset", "Runs list", "Quit"):
+            assert want in titles
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.3)
+        await pilot.press(*"Load preset")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert type(app.screen).__name__ == "LoadPresetDialog"
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "ConfigureScreen"
+
+
+async def test_quit_while_the_form_is_still_mounting_exits_cleanly(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+q")  # before the later groups are mounted
+        for _ in range(100):
+            if app.return_code is not None or not app.is_running:
+                break
+            await pilot.pause(0.05)
+    assert app.return_code == 0
