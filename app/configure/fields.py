@@ -18,11 +18,12 @@ from engine import config as C
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 DISTRIBUTED = ("ddp", "fsdp", "zero")
 
-GROUPS = ("Run", "Model & data", "Optimization", "Precision & speed", "Checkpoints",
+GROUPS = ("Run", "Distributed", "Model & data", "Optimization", "Precision & speed", "Checkpoints",
           "Strategy options")
 
 # path prefix (or exact path) -> group; first match wins
 _GROUP_OF = [
+    ("backend", "Distributed"), ("init_method", "Distributed"), ("nodes.", "Distributed"),
     ("train.precision", "Precision & speed"), ("train.threads_per_rank", "Precision & speed"),
     ("train.channels_last", "Precision & speed"), ("train.compile", "Precision & speed"),
     ("train.cudnn_benchmark", "Precision & speed"), ("train.tf32", "Precision & speed"),
