@@ -61,7 +61,7 @@ def presets_dir(tmp_path, monkeypatch):
 async def ready(pilot):
     """Wait until the GPU probe is back and the form has settled."""
     screen = pilot.app.screen
-    for _ in range(200):
+    for _ in range(600):
         if getattr(screen, "gpus_loaded", False) and screen.form.complete:
             break
         await pilot.pause(0.05)

@@ -48,7 +48,7 @@ def app(tmp_path, monkeypatch):
 
 async def settle(pilot):
     screen = pilot.app.screen
-    for _ in range(200):
+    for _ in range(600):
         if screen.gpus_loaded and screen.form.complete:
             break
         await pilot.pause(0.05)
