@@ -120,9 +120,19 @@ class ConfigureScreen(Screen):
         return self.form.to_dict() != self.baseline
 
     def action_load_preset(self) -> None:
-        def chosen(info) -> None:
-            if info is not None and self.load_preset(info.path):
+        def load(info) -> None:
+            if self.load_preset(info.path):
                 self.notify(f"loaded {info.source} preset {info.name}")
+
+        def chosen(info) -> None:
+            if info is None:
+                return
+            if not self.modified:
+                load(info)
+                return
+            self.app.push_screen(ConfirmDialog(f"Discard the changes to {self.preset_name or 'the form'} "
+                                               f"and load {info.name}?"),
+                                 lambda yes: load(info) if yes else None)
 
         self.app.push_screen(LoadPresetDialog(), chosen)
 

@@ -357,3 +357,25 @@ async def test_quit_while_the_form_is_still_mounting_exits_cleanly(tmp_path, pre
                 break
             await pilot.pause(0.05)
     assert app.return_code == 0
+
+
+async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "7")
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert "Discard the changes" in str(app.screen.query_one("#question").render())
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert screen.form.value_of("train.epochs") == 7 and screen.modified
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        await pilot.pause(0.3)
+        assert screen.form.value_of("train.epochs") == 3 and not screen.modified
