@@ -48,11 +48,21 @@ class SavePresetDialog(ModalScreen["str | None"]):
         with Vertical(classes="dialog"):
             yield Label("Save the form as a user preset named:")
             yield Input(self.suggested, id="preset-name", placeholder="letters, digits, . _ -")
+            yield Static("", id="name-error", classes="field-msg -error")
             yield Static("enter: save   escape: cancel", classes="field-hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """A bad name is said here, and the dialog stays open to fix it."""
+        from engine.config import ConfigError
+        from engine.presets import check_name
+
         name = event.value.strip()
-        self.dismiss(name or None)
+        try:
+            check_name(name)
+        except ConfigError as exc:
+            self.query_one("#name-error", Static).update(exc.problems[0][1])
+            return
+        self.dismiss(name)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

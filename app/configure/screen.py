@@ -143,7 +143,7 @@ class ConfigureScreen(Screen):
             field, why = exc.problems[0]
             self.notify(f"Cannot save: {field}: {why}" if field else f"Cannot save: {why}", severity="error")
             return
-        suggested = self.preset_name if self.preset_source == "user" else cfg.name
+        suggested = self.preset_name if self.preset_source == "user" else f"my-{cfg.name}"
 
         def named(name: str | None) -> None:
             if name:

@@ -192,6 +192,10 @@ async def test_save_load_overwrite_delete_round_trip(tmp_path, presets_dir):
         await pilot.press("ctrl+s")
         await pilot.pause(0.2)
         name_in = app.screen.query_one("#preset-name", Input)
+        assert name_in.value == "my-quickstart"
+        await pilot.press("end", *["backspace"] * len(name_in.value), *"quickstart", "enter")
+        await pilot.pause(0.2)
+        assert "shipped preset" in str(app.screen.query_one("#name-error").render())  # the dialog stays
         await pilot.press("end", *["backspace"] * len(name_in.value), *"mine", "enter")
         await pilot.pause(0.3)
         saved = presets_dir / "mine.yaml"
