@@ -35,8 +35,10 @@ def group_id(group: str) -> str:
 
 def gpu_label(g) -> str:
     """One picker line: index, name, memory, and whether another process already uses it."""
-    mem = f"{g.mem_used_mb / _GiB:.1f}/{g.mem_total_mb / _GiB:.0f} GiB" if g.mem_total_mb else "memory n/a"
-    busy = f"  busy ({len(g.pids)} proc)" if g.pids else "  free"
+    used, total = getattr(g, "mem_used_mb", None), getattr(g, "mem_total_mb", None)
+    mem = f"{used / _GiB:.1f}/{total / _GiB:.0f} GiB" if used is not None and total else "memory n/a"
+    pids = getattr(g, "pids", None) or []
+    busy = f"  busy ({len(pids)} proc)" if pids else "  free"
     return f"GPU {g.index}  {g.name}  {mem}{busy}"
 
 
