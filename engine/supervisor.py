@@ -202,6 +202,23 @@ def _signal_text(exitcode: int | None) -> str | None:
         return f"signal {-exitcode}"
 
 
+def _is_timeout(err: dict) -> bool:
+    """A collective or rendezvous that gave up waiting (gloo: "Timed out waiting 5000ms ...")."""
+    text = f"{err.get('exception')} {err.get('message')}".lower()
+    return "timed out" in text or "timeout" in text
+
+
+def _timeout_cause(err: dict, timeout_s, stuck: list[int]) -> str:
+    """Name the setting that ended the wait, and the ranks that never arrived: a user sees a
+    timeout on rank 0, but the problem is usually the rank that stopped reporting."""
+    limit = f"nodes.timeout_s={timeout_s} s" if timeout_s else "nodes.timeout_s"
+    who = (f"; rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} sent no error and had to "
+           f"be stopped: the likely hang (see {', '.join(f'rank{r}.log' for r in stuck)})") if stuck else ""
+    return (f"rank {err.get('rank')} ({err.get('host')}): a collective timed out after {limit} waiting for "
+            f"the other ranks{who}; raise nodes.timeout_s if a step can legitimately take that long "
+            f"[{err.get('exception')}: {err.get('message')}]")
+
+
 class Supervisor:
     def __init__(self, run_dir):
         self.rd = RunDir(Path(run_dir))
@@ -210,6 +227,7 @@ class Supervisor:
         self.started = time.time()
         self.writer_errors: list[dict] = []
         self.write_failure: str | None = None
+        self.timeout_s: int | None = None
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -246,6 +264,7 @@ class Supervisor:
             cfg = load(rd.config_path)
         except ConfigError as exc:
             return self._finish(None, "failed", [], str(exc))
+        self.timeout_s = cfg.nodes.timeout_s
         try:
             port, port_msg = choose_port(cfg)
         except PortError as exc:
@@ -413,7 +432,12 @@ class Supervisor:
                 return "failed", f"rank {base + i} killed by signal {-code} ({_signal_text(code)})"
         if errors:
             e = errors[0]
-            return "failed", f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+            cause = f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+            if _is_timeout(e):
+                stuck = [base + i for i, c in enumerate(codes)
+                         if c != 0 and i not in died_first and base + i not in reporting]
+                cause = _timeout_cause(e, self.timeout_s, stuck)
+            return "failed", cause
         bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
         code = codes[bad]
         if code is not None and code < 0:
