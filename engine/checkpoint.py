@@ -5,9 +5,11 @@ Files hold only tensors, containers and plain values so they load with
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,11 @@ import torch
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+_TMP = re.compile(r"^\.ckpt-\d{8,}\.pt\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
+
+
+class CheckpointWriteError(OSError):
+    """Disk full, over quota, file too large, read-only: said in one line with what to do."""
 
 
 def file_name(step: int) -> str:
@@ -67,24 +74,84 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
-    """Write atomically (tmp in the same dir, fsync, rename, fsync dir), then prune old ones."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / file_name(step)
-    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+def _pid_alive(pid: int) -> bool:
     try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(directory: str | Path) -> list[Path]:
+    """Remove temp files left by a writer killed mid-save (its pid is gone from this host).
+    Another host's temp files (a shared file system) are left alone: its pids mean nothing here."""
+    directory, host, gone = Path(directory), socket.gethostname(), []
+    for p in directory.iterdir() if directory.is_dir() else []:
+        m = _TMP.match(p.name)
+        if m and m["host"] == host and not _pid_alive(int(m["pid"])):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
+def save(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
+    """Write atomically (tmp in the same dir, fsync, rename, fsync dir), then prune old ones.
+    A kill at any point leaves the earlier checkpoints as they were: `latest` never sees a temp file."""
+    directory = Path(directory)
+    final = directory / file_name(step)
+    tmp = directory / f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        sweep_stale(directory)
         with open(tmp, "wb") as fh:
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        os_error = _os_error(exc)
+        if os_error is not None and not isinstance(exc, CheckpointWriteError):
+            raise _write_error(os_error, final) from exc
         raise
     _fsync_dir(directory)
     prune(directory, keep_last)
     return final
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind a failed save: torch.save's zip writer hides it behind a RuntimeError
+    ("unexpected pos") raised while closing, with the real one as its context."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
+    code = getattr(exc, "errno", None)
+    why = getattr(exc, "strerror", None) or str(exc)
+    hint = {errno.ENOSPC: "free space on that disk",
+            errno.EDQUOT: "free space within your quota",
+            errno.EFBIG: "raise the file size limit (ulimit -f)",
+            errno.EROFS: "make that file system writable",
+            errno.EACCES: "make that folder writable"}.get(code, "check that disk")
+    try:
+        kept = [p.name for _, p in listing(final.parent)]
+    except OSError:
+        kept = []
+    have = f"; the last complete checkpoint, {kept[-1]}, is intact" if kept else "; no earlier checkpoint exists"
+    err = CheckpointWriteError(f"cannot write checkpoint {final}: {why}: {hint}, or set checkpoint.dir "
+                               f"to another disk{have}")
+    err.errno = code
+    return err
 
 
 def listing(directory: str | Path) -> list[tuple[int, Path]]:

@@ -108,3 +108,93 @@ def test_hung_collective_ends_at_the_configured_timeout_naming_it(tmp_path, runs
     assert "rank 1 sent no error and had to be stopped: the likely hang (see rank1.log)" in cause, cause
     assert [e for e in evs if e["kind"] == "run_finished"][0]["root_cause"] == cause
     assert_clean(r)
+
+
+# ----------------------------------------------------------------------------- kill during a save
+
+KILLED_WRITER = '''
+import os, sys, time, torch
+from engine import checkpoint as ckpt
+
+d, marker = sys.argv[1], sys.argv[2]
+ckpt.save({"model": {"w": torch.ones(4)}, "step": 1}, d, 1, keep_last=3)
+
+
+def fsync_then_hang(fd):
+    """Every byte of the new checkpoint is written, nothing renamed yet: the worst moment to die."""
+    open(marker, "w").close()
+    time.sleep(120)
+
+
+ckpt.os.fsync = fsync_then_hang
+ckpt.save({"model": {"w": torch.full((1 << 18,), 2.0)}, "step": 2}, d, 2, keep_last=3)
+'''
+
+
+def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    from engine import checkpoint as ckpt
+    from tests.engine.test_equivalence import ROOT
+
+    d, marker = tmp_path / "ck", tmp_path / "in-fsync"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(d), str(marker)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the writer never reached its fsync"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (tmp,) = [p for p in d.iterdir() if p.name.startswith(".")]
+    assert tmp.name.startswith(f".{ckpt.file_name(2)}.tmp-") and tmp.stat().st_size > 1 << 20
+    assert [s for s, _ in ckpt.listing(d)] == [1], "the half-saved step 2 is not a checkpoint"
+    path, state = ckpt.latest(d)
+    assert path.name == ckpt.file_name(1) and torch.equal(state["model"]["w"], torch.ones(4))
+    # The next save (a resumed run) sweeps the dead writer's temp file and leaves a clean folder.
+    ckpt.save({"model": {}, "step": 3}, d, 3, keep_last=3)
+    assert sorted(p.name for p in d.iterdir()) == [ckpt.file_name(1), ckpt.file_name(3)]
+
+
+def test_a_live_writers_temp_file_is_not_swept(tmp_path):
+    from engine import checkpoint as ckpt
+
+    ours = tmp_path / f".{ckpt.file_name(5)}.tmp-{socket.gethostname()}-{os.getpid()}"
+    elsewhere = tmp_path / f".{ckpt.file_name(5)}.tmp-some-other-host-1"
+    for p in (ours, elsewhere):
+        p.write_bytes(b"being written")
+    assert ckpt.sweep_stale(tmp_path) == []
+    assert ours.exists() and elsewhere.exists()
+
+
+def test_disk_errors_on_save_become_one_clear_message(tmp_path):
+    """A file size limit (ulimit -f) in a real child process: the write fails with EFBIG."""
+    import subprocess
+    import sys
+
+    from tests.engine.test_equivalence import ROOT
+
+    code = ("import resource, sys, torch\n"
+            "from engine import checkpoint as ckpt\n"
+            "ckpt.save({'model': {'w': torch.ones(4)}, 'step': 1}, sys.argv[1], 1, keep_last=3)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
+            "try:\n"
+            "    ckpt.save({'model': {'w': torch.ones(1 << 20)}, 'step': 2}, sys.argv[1], 2, keep_last=3)\n"
+            "except ckpt.CheckpointWriteError as exc:\n"
+            "    print(exc.errno, exc)\n")
+    d = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    from engine import checkpoint as ckpt
+
+    assert r.stdout.strip() == (
+        f"27 cannot write checkpoint {d / ckpt.file_name(2)}: File too large: raise the file size limit "
+        f"(ulimit -f), or set checkpoint.dir to another disk; the last complete checkpoint, "
+        f"{ckpt.file_name(1)}, is intact")
+    assert sorted(p.name for p in d.iterdir()) == [ckpt.file_name(1)], "no temp file left behind"
