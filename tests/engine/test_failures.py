@@ -40,6 +40,16 @@ def hang(info, at=3, rank="1"):
                     time.sleep(3600)
     net.register_forward_pre_hook(hook)
     return net
+
+
+def heavy(info, mb=32):
+    """The mlp plus a frozen 32 MB tensor: each checkpoint takes a moment to write, long enough
+    to be killed in the middle of; training (and so the weights) is the mlp's alone."""
+    import torch
+
+    net = mlp(info, 32)
+    net.ballast = torch.nn.Parameter(torch.zeros(mb << 18), requires_grad=False)
+    return net
 '''
 
 
@@ -198,3 +208,55 @@ def test_disk_errors_on_save_become_one_clear_message(tmp_path):
         f"(ulimit -f), or set checkpoint.dir to another disk; the last complete checkpoint, "
         f"{ckpt.file_name(1)}, is intact")
     assert sorted(p.name for p in d.iterdir()) == [ckpt.file_name(1)], "no temp file left behind"
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_whole_run_during_a_save_then_resume_latest_equals_uninterrupted(
+        tmp_path, runs, monkeypatch):
+    """SIGKILL the run's process group the moment rank 0 starts writing a checkpoint: the one
+    before stays loadable, `resume: latest` in a new run of the same name continues from it,
+    and the end result equals an uninterrupted run (one process, batch 2B: see test_equivalence)."""
+    from engine import checkpoint as ckpt
+    from tests.engine.test_equivalence import assert_same_weights, final_model, run_in_process, small_cfg
+
+    write_models(tmp_path)
+    cfg = ddp_cfg(**{"model.name": "failmodels:heavy", "train.max_steps": 12, "checkpoint.every_n_steps": 2,
+                     "checkpoint.keep_last": 10, "train.log_every_n_steps": 2})
+    r = Run(tmp_path, cfg, name="killed")
+    runs.append(r)
+    ck = r.dir / "checkpoints"
+    deadline = time.monotonic() + 120
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline and r.proc.poll() is None, f"no save to kill: {r.events()[-3:]}"
+        r.note_children()
+        names = [p.name for p in ck.iterdir()] if ck.is_dir() else []
+        victim = next((n for n in names if n.startswith(".ckpt-") and int(n[6:14]) >= 4), None)
+        if victim is None:
+            time.sleep(0.002)
+    os.killpg(r.proc.pid, signal.SIGKILL)  # the whole run: supervisor and ranks, as `kill -9 -PGID`
+    r.proc.wait(10)
+    assert_clean(r)
+    killed_at = int(victim[6:14])
+    assert (ck / victim).exists() and not (ck / ckpt.file_name(killed_at)).exists(), "killed mid-save"
+    before = ckpt.file_name(killed_at - 2)
+    assert ckpt.latest(ck)[0].name == before
+    assert not (r.dir / "status.json").exists()
+
+    again = {**cfg, "checkpoint": {**cfg["checkpoint"], "resume": "latest", "every_n_steps": 0}}
+    r2 = Run(tmp_path, again, name="resumed")
+    runs.append(r2)
+    assert r2.wait(timeout=120) == 0, r2.output()
+    evs = r2.events()
+    msg = next(e["message"] for e in evs if e["kind"] == "log" and "resumed from" in e["message"])
+    assert f"killed/checkpoints/{before}" in msg and f"step {killed_at - 2}" in msg
+    assert min(e["step"] for e in evs if e["kind"] == "step") > killed_at - 2, "no step was redone"
+    assert_clean(r2)
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    straight = small_cfg(**{"model.name": "failmodels:heavy", "train.batch_size": 16, "train.max_steps": 12})
+    run_in_process(tmp_path / "straight", straight)
+    resumed, ref = final_model(r2.dir), final_model(tmp_path / "straight")
+    assert resumed["step"] == ref["step"] == 12
+    assert_same_weights(resumed["model"], ref["model"])
+    assert not (resumed["model"]["1.weight"] == final_model(r.dir)["model"]["1.weight"]).all(), "it trained on"
