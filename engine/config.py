@@ -114,6 +114,7 @@ class TrainConfig:
     seed: int = 0
     eval_every_epoch: bool = True
     log_every_n_steps: int = 10  # step events per rank
+    report_every_s: float = 5.0  # rank 0 gathers every rank's progress (rank_report event); 0: off
     threads_per_rank: int = 0  # 0: cores / local processes, like torchrun's OMP_NUM_THREADS
     channels_last: bool = False
     compile: bool = False
@@ -390,6 +391,8 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
         p.append(("train.grad_clip", f"must be 0 (off) or positive, got {t.grad_clip}"))
     at_least("train.log_every_n_steps", t.log_every_n_steps, 1)
     at_least("train.threads_per_rank", t.threads_per_rank, 0)
+    if t.report_every_s < 0:
+        p.append(("train.report_every_s", f"must be 0 (off) or a number of seconds, got {t.report_every_s}"))
     o = cfg.optimizer
     if not o.lr > 0:
         p.append(("optimizer.lr", f"must be positive, got {o.lr}"))

@@ -17,6 +17,15 @@ Kinds and their fields (beyond v, kind, t):
     log            rank (null: supervisor), level (info|warning|error), message
     error          rank, host, pid, exception, message, traceback
     rank_exited    rank, exitcode, signal (name or null)
+    rank_report    rank (always 0: the rank that gathered it), reports: one entry per global rank,
+                   in rank order, all taken at the same optimizer step through one all-gather,
+                   about every train.report_every_s seconds (and at the last step):
+                     {rank, host, node_rank, epoch, step,
+                      samples_per_s   this rank's rate since the previous report,
+                      data_wait       share (0..1) of that time spent waiting for batches,
+                      device_mem_mb   CUDA memory allocated on its GPU; on CPU the rank's RSS,
+                      t               the rank's own unix time when it took the sample}
+                   Only node 0's events.jsonl has it: that is how node 0 sees every node's ranks.
     run_finished   status (finished|failed|stopped), exit_codes (list per local rank),
                    root_cause (str or null), elapsed_s
 
@@ -40,6 +49,7 @@ KINDS = (
     "log",
     "error",
     "rank_exited",
+    "rank_report",
     "run_finished",
 )
 

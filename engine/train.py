@@ -23,6 +23,8 @@ from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_
 
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
 MAX_STOP_INTERVAL = 50  # steps
+# One row per rank in the gathered report; flag and per_step double as the stop agreement.
+REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t")
 
 
 class TrainError(Exception):
@@ -199,6 +201,9 @@ class Trainer:
         self.ckpt_dir = ckpt.checkpoint_dir(cfg, run_dir)
         self.last_saved_step = -1
         self.stopped = False
+        self.report_every_s = t.report_every_s
+        self._next_report = 1  # first report at the first agreement: every rank is seen early
+        self._proc = None  # psutil.Process, for the rank's RSS on CPU
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
@@ -245,22 +250,79 @@ class Trainer:
         if _distributed():
             dist.barrier()
 
-    # ------------------------------------------------------------------ stop agreement
-    def _should_stop(self) -> bool:
+    # ------------------------------------------------------------------ stop agreement and reports
+    def _should_stop(self, wait_total: float = 0.0, samples_total: int = 0, final: bool = False) -> bool:
         """All ranks agree on stopping at the same step: one tiny all-reduce (MAX) of the local stop
         flag and the step time, every `stop_interval` steps. The interval adapts to about
         STOP_CHECK_S of training, from the all-reduced (so identical) step time: cheap for fast
-        steps (a gloo all-reduce is ~0.1-1 ms), prompt for slow ones."""
+        steps (a gloo all-reduce is ~0.1-1 ms), prompt for slow ones.
+
+        Every ~report_every_s the same collective becomes an all-gather of each rank's progress
+        row instead, so the cross-node view costs no extra collective. Whether this check is a
+        report is decided from the step count and the agreed step time, never from a rank's own
+        clock, so every rank enters the same collective."""
         now = time.perf_counter()
         per_step = (now - self._check_t) / max(1, self.pos.step - self._check_step)
         self._check_t, self._check_step = now, self.pos.step
         flag = 1.0 if self.stop_requested() else 0.0
-        if _distributed():
+        if self.report_every_s > 0 and (self.pos.step >= self._next_report or final):
+            rows = self._gather_report(flag, per_step, wait_total, samples_total, now)
+            flag = max(r[0] for r in rows)
+            per_step = max(r[1] for r in rows)
+            self._next_report = self.pos.step + max(1, int(self.report_every_s / max(per_step, 1e-6)))
+        elif _distributed():
             t = torch.tensor([flag, per_step], dtype=torch.float64, device=self.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             flag, per_step = t.tolist()
         self.stop_interval = int(min(MAX_STOP_INTERVAL, max(1, STOP_CHECK_S / max(per_step, 1e-6))))
         return flag > 0
+
+    def _start_reports(self) -> None:
+        """Hosts and node ranks do not change: exchange them once, not in every report."""
+        import socket
+
+        self._report_t, self._report_wait, self._report_samples = time.perf_counter(), 0.0, 0
+        me = (socket.gethostname(), self.ctx.node_rank)
+        if _distributed():
+            everyone = [None] * self.ctx.world_size
+            dist.all_gather_object(everyone, me)
+            self._hosts = everyone
+        else:
+            self._hosts = [me]
+
+    def _device_mem_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device) / 2 ** 20
+        if self._proc is None:
+            import psutil
+
+            self._proc = psutil.Process()
+        return self._proc.memory_info().rss / 2 ** 20
+
+    def _gather_report(self, flag, per_step, wait_total, samples_total, now) -> list[list[float]]:
+        """Every rank's REPORT_ROW, through one all-gather; rank 0 emits them as a rank_report."""
+        window = max(now - self._report_t, 1e-9)
+        row = [flag, per_step, float(self.pos.epoch), float(self.pos.step),
+               (samples_total - self._report_samples) / window,
+               min(1.0, (wait_total - self._report_wait) / window),
+               self._device_mem_mb(), time.time()]
+        self._report_t, self._report_wait, self._report_samples = now, wait_total, samples_total
+        mine = torch.tensor(row, dtype=torch.float64, device=self.device)
+        if _distributed():
+            out = [torch.empty_like(mine) for _ in range(self.ctx.world_size)]
+            dist.all_gather(out, mine)
+            rows = torch.stack(out).tolist()
+        else:
+            rows = [row]
+        if self.ctx.rank == 0:
+            reports = []
+            for rank, r in enumerate(rows):
+                host, node_rank = self._hosts[rank]
+                reports.append({"rank": rank, "host": host, "node_rank": node_rank, "epoch": int(r[2]),
+                                "step": int(r[3]), "samples_per_s": r[4], "data_wait": r[5],
+                                "device_mem_mb": r[6], "t": r[7]})
+            self.emit("rank_report", reports=reports)
+        return rows
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> Position:
@@ -269,6 +331,9 @@ class Trainer:
         k, dev = t.grad_accum, self.device
         self._check_t, self._check_step, self.stop_interval = time.perf_counter(), self.pos.step, 1
         next_check = self.pos.step + 1
+        if self.report_every_s > 0:
+            self._start_reports()
+        wait_total, samples_total = 0.0, 0  # for the rank reports
         every_n = cfg.checkpoint.every_n_steps
         has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
         model.train()
@@ -293,7 +358,9 @@ class Trainer:
                     y = y.to(dev, non_blocking=True)
                     if t.channels_last and x.dim() == 4:
                         x = x.contiguous(memory_format=torch.channels_last)
-                    data_wait += time.perf_counter() - t0
+                    waited = time.perf_counter() - t0
+                    data_wait += waited
+                    wait_total += waited
                     sync = self.strategy.no_sync(self.model) if j < k - 1 else contextlib.nullcontext()
                     with sync:
                         with prec.autocast():
@@ -308,6 +375,7 @@ class Trainer:
                         log_sums[1] += (out.argmax(1) == y).sum()
                     log_samples += b
                     ep_samples += b
+                    samples_total += b
                 prec.step(opt, self.model)
                 opt.zero_grad(set_to_none=True)
                 sched.step()
@@ -329,7 +397,7 @@ class Trainer:
                     log_sums.zero_()
                     last_log_t, data_wait, log_samples = now, 0.0, 0
                 if step >= next_check or last:
-                    if self._should_stop():
+                    if self._should_stop(wait_total, samples_total, final=step >= self.total_steps):
                         self.stopped = True
                         break
                     next_check = step + self.stop_interval

@@ -82,6 +82,71 @@ def error_event(emit, rank: int, exc: BaseException) -> None:
          message=str(exc), traceback=traceback.format_exc())
 
 
+class RendezvousError(RuntimeError):
+    """The ranks could not meet: said with the address, the port and what to check."""
+
+
+def _rendezvous_address(cfg) -> tuple[str, str]:
+    """Where this rank looks for the others: MASTER_ADDR/PORT (env://, as set by us or torchrun)
+    or the host and port of a tcp:// init method; (path, "") for file://."""
+    im = cfg.init_method
+    if im.startswith("tcp://"):
+        host, _, port = im[len("tcp://"):].rpartition(":")
+        return host, port
+    if im.startswith("file://"):
+        return im[len("file://"):], ""
+    return os.environ.get("MASTER_ADDR", cfg.nodes.master_addr), os.environ.get("MASTER_PORT", str(cfg.nodes.master_port))
+
+
+def rendezvous_message(cfg, rank: int, world_size: int, exc: BaseException, node_rank: int | None = None) -> str:
+    """One paragraph for a failed init_process_group: where, how long, and what to check."""
+    import torch.distributed as dist
+
+    addr, port = _rendezvous_address(cfg)
+    n = cfg.nodes
+    node_rank = n.node_rank if node_rank is None else node_rank
+    node = f"rank {rank} (node {node_rank} of {n.num_nodes})"
+    if not port:
+        return (f"{node}: rendezvous through {addr} failed after {n.timeout_s} s: check that every node "
+                f"sees the same shared file and that all {world_size} ranks started. ({exc})")
+    same = (f"every node uses the same nodes.master_addr ({addr}), nodes.master_port ({port}) and "
+            f"nodes.num_nodes ({n.num_nodes})")
+    if isinstance(exc, dist.DistNetworkError) and node_rank != 0:
+        return (f"{node} could not reach the master at {addr}:{port} within nodes.timeout_s={n.timeout_s} s. "
+                f"Check: is node 0 started (torchdeck run PRESET --node-rank 0)? is {addr} reachable from "
+                f"this host, and does no firewall block TCP port {port}? does {same}? ({exc})")
+    ifname = f" (nodes.ifname={n.ifname})" if n.ifname else " (set nodes.ifname if the hosts have several)"
+    return (f"{node}: rendezvous at {addr}:{port} did not complete within nodes.timeout_s={n.timeout_s} s: "
+            f"not all {world_size} ranks joined. Check: are all {n.num_nodes} node(s) started, with node "
+            f"ranks 0..{n.num_nodes - 1}? does {same}? can the nodes reach each other on the network "
+            f"interface gloo/NCCL use{ifname}, through any firewall? ({exc})")
+
+
+def check_ifname(ifname: str) -> None:
+    """gloo stops with "ifa != nullptr" for an interface this host lacks; name it and list the real ones.
+    NCCL-style patterns (^docker, =eth0, eth prefixes) are left for NCCL to interpret."""
+    if not ifname or any(c in ifname for c in "^="):
+        return
+    have = [name for _, name in socket.if_nameindex()]
+    missing = [n for n in ifname.split(",") if n and n not in have]
+    if missing:
+        raise RendezvousError(
+            f"nodes.ifname: no network interface {', '.join(map(repr, missing))} on host {socket.gethostname()} "
+            f"(it has: {', '.join(have)}); set nodes.ifname to the interface that reaches the other nodes, "
+            f"or leave it empty to let gloo/NCCL choose")
+
+
+def init_group(cfg, rank: int, world_size: int, node_rank: int | None = None) -> None:
+    """init_process_group, with a failed rendezvous turned into a message a user can act on."""
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(cfg.resolved_backend, init_method=cfg.init_method, rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=cfg.nodes.timeout_s))
+    except (dist.DistError, TimeoutError) as exc:
+        raise RendezvousError(rendezvous_message(cfg, rank, world_size, exc, node_rank)) from exc
+
+
 def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, emit,
                stop_requested=lambda: False, local_world_size: int | None = None,
                node_rank: int | None = None) -> None:
@@ -100,9 +165,14 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     device = torch.device(cfg.device_for(local_rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # the index the user listed: "6,7" trains on cuda:6 and cuda:7
+    if cfg.nodes.ifname:  # gloo and NCCL read these when the group is created; the user's env wins
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, cfg.nodes.ifname)
+        if (strategy.distributed and cfg.resolved_backend == "gloo"
+                and os.environ["GLOO_SOCKET_IFNAME"] == cfg.nodes.ifname):
+            check_ifname(cfg.nodes.ifname)
     if strategy.distributed:
-        dist.init_process_group(cfg.resolved_backend, init_method=cfg.init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=cfg.nodes.timeout_s))
+        init_group(cfg, rank, world_size, node_rank)
     try:
         emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
              host=socket.gethostname(), threads=threads)

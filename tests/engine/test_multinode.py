@@ -1,0 +1,196 @@
+"""Several nodes on one machine (loopback): real `torchdeck run --node-rank K` processes, a real gloo
+group across them, and what a user sees when the nodes cannot meet (issue 7)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from engine import config as cfgmod
+from engine import events
+from tests.engine.test_equivalence import (assert_same_weights, assert_trained, final_model,
+                                           run_in_process, run_supervised, small_cfg)
+
+TORCHDECK = Path(sys.executable).with_name("torchdeck")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchdeck_cmd(*args) -> list[str]:
+    return ([str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "engine.cli"]) + list(args)
+
+
+def write_preset(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def only_run_dir(root: Path) -> Path:
+    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    return run
+
+
+def our_descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def assert_nothing_left(run: Path, before: set[int], within_s: float = 15) -> None:
+    """The CLI returns once the run is recorded; the supervisor's own teardown may take a moment."""
+    from engine import launch
+
+    deadline = time.monotonic() + within_s
+    while (launch.run_processes(run) or our_descendants() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launch.run_processes(run) == []
+    assert our_descendants() - before == set()
+
+
+def test_global_rank_is_node_rank_times_nproc_per_node_plus_local_rank():
+    """devices is the per-node process count (torchrun's --nproc-per-node); world = nodes x devices."""
+    from engine.cli import summary_lines
+
+    cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=3,
+                                     **{"nodes.num_nodes": 2, "nodes.node_rank": 1, "nodes.master_port": 29411}))
+    assert cfg.nproc_per_node == 3 and cfg.world_size == 6
+    assert cfg.global_batch == 6 * cfg.train.batch_size
+    assert "devices per rank: rank 3: cpu; rank 4: cpu; rank 5: cpu" in summary_lines(cfg)
+
+
+@pytest.mark.slow
+def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
+    """Node 0 and node 1 as two `torchdeck run PRESET --node-rank K`, 2 ranks each, over
+    127.0.0.1: one world of 4 whose weights equal one process with the 4x batch. Each node writes
+    its own run directory; node 0's holds rank reports covering all 4 ranks."""
+    cfg = small_cfg(strategy="ddp", devices=2, **{
+        "train.batch_size": 8, "train.max_steps": 4, "train.report_every_s": 0.05,
+        "nodes.num_nodes": 2, "nodes.master_addr": "127.0.0.1", "nodes.master_port": free_port(),
+        "nodes.timeout_s": 60})
+    preset = write_preset(tmp_path / "two-node.yaml", cfg)
+    procs = []
+    for k in (0, 1):
+        procs.append(subprocess.Popen(
+            torchdeck_cmd("run", str(preset), "--node-rank", str(k), "--runs-dir", str(tmp_path / f"node{k}")),
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+    runs = [only_run_dir(tmp_path / f"node{k}") for k in (0, 1)]
+    evs = [events.read_all(r / "events.jsonl") for r in runs]
+    for k, (run, ev) in enumerate(zip(runs, evs)):
+        assert cfgmod.load(run / "config.yaml").nodes.node_rank == k
+        ready = sorted((e["rank"], e["local_rank"]) for e in ev if e["kind"] == "rank_ready")
+        assert ready == [(2 * k, 0), (2 * k + 1, 1)]  # global rank = node_rank x 2 + local_rank
+        assert {e["rank"] for e in ev if e["kind"] == "step" and e["step"] == 4} == {2 * k, 2 * k + 1}
+        started = next(e for e in ev if e["kind"] == "run_started")
+        assert started["world_size"] == 4 and started["node_rank"] == k and started["num_nodes"] == 2
+        assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    assert (runs[1] / "rank2.log").exists() and not (runs[1] / "rank0.log").exists()
+
+    reports = [e for e in evs[0] if e["kind"] == "rank_report"]
+    assert reports and not any(e["kind"] == "rank_report" for e in evs[1])
+    for rep in reports:
+        rows = rep["reports"]
+        assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+        assert [r["node_rank"] for r in rows] == [0, 0, 1, 1]
+        assert len({r["step"] for r in rows}) == 1  # one collective, entered at the same step by all
+        assert all(r["host"] == socket.gethostname() and r["device_mem_mb"] > 0 for r in rows)
+    last = reports[-1]["reports"]
+    assert all(r["step"] == 4 and r["samples_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in last)
+
+    assert not (runs[1] / "checkpoints").exists()  # rank 0 (node 0) writes the checkpoints
+    one = small_cfg(**{"train.batch_size": 32, "train.max_steps": 4})
+    run_in_process(tmp_path / "one", one)
+    a, b = final_model(runs[0]), final_model(tmp_path / "one")
+    assert a["step"] == b["step"] == 4 and a["world_size"] == 4
+    assert_same_weights(a["model"], b["model"])
+    assert_trained(a["model"], one, tmp_path / "init")
+
+
+@pytest.mark.slow
+def test_node_pointed_at_a_closed_port_fails_within_the_timeout(tmp_path):
+    """No master listening: node 1 gives up after nodes.timeout_s with a message naming the
+    address, the port and what to check; exit 1; nothing of the run is left."""
+    port = free_port()  # closed: nothing listens on it
+    cfg = small_cfg(strategy="ddp", devices=1, **{
+        "nodes.num_nodes": 2, "nodes.master_addr": "127.0.0.1", "nodes.master_port": port,
+        "nodes.timeout_s": 5})
+    preset = write_preset(tmp_path / "lonely.yaml", cfg)
+    before = our_descendants()
+    t0 = time.monotonic()
+    r = subprocess.run(torchdeck_cmd("run", str(preset), "--node-rank", "1", "--runs-dir", str(tmp_path / "runs")),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    # 5 s of rendezvous, plus starting Python and importing torch in the supervisor and the rank
+    # on a loaded 2-core machine (about 10 s in all when idle).
+    assert elapsed < 5 + 30, elapsed
+    run = only_run_dir(tmp_path / "runs")
+    cause = json.loads((run / "status.json").read_text())["root_cause"]
+    for text in (out, cause):
+        assert f"127.0.0.1:{port}" in text and "RendezvousError" in text
+        assert "nodes.timeout_s=5" in text and "node 0 started" in text and "firewall" in text
+        assert "nodes.master_port" in text
+    assert_nothing_left(run, before)
+
+
+@pytest.mark.slow
+def test_master_waiting_for_a_node_that_never_comes_fails_within_the_timeout(tmp_path):
+    """Node 0 alone: its ranks stop waiting after nodes.timeout_s and say which nodes to check."""
+    cfg = small_cfg(strategy="ddp", devices=1, **{
+        "nodes.num_nodes": 2, "nodes.master_port": free_port(), "nodes.timeout_s": 5})
+    run = tmp_path / "n0"
+    t0 = time.monotonic()
+    proc = run_supervised(run, cfg, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert time.monotonic() - t0 < 5 + 30
+    cause = json.loads((run / "status.json").read_text())["root_cause"]
+    assert "RendezvousError" in cause and "not all 2 ranks joined" in cause
+    assert "are all 2 node(s) started" in cause and "nodes.master_addr (127.0.0.1)" in cause
+
+
+@pytest.mark.slow
+def test_ifname_reaches_gloo_and_a_missing_interface_is_named(tmp_path):
+    """nodes.ifname becomes GLOO_SOCKET_IFNAME in the ranks: `lo` trains; an interface this host
+    does not have stops before the rendezvous with its name and the ones that exist."""
+    ok = small_cfg(strategy="ddp", devices=2, **{"train.max_steps": 2, "nodes.master_port": 0, "nodes.ifname": "lo"})
+    proc = run_supervised(tmp_path / "lo", ok)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bad = dict(ok, nodes={**ok["nodes"], "ifname": "nosuch0"})
+    proc = run_supervised(tmp_path / "bad", bad)
+    assert proc.returncode == 1
+    cause = json.loads((tmp_path / "bad" / "status.json").read_text())["root_cause"]
+    assert "nodes.ifname: no network interface 'nosuch0'" in cause and "lo" in cause.split("it has:")[1]
+
+
+def test_rank_reports_in_one_process_follow_report_every_s(tmp_path):
+    """report_every_s > 0: reports from the first step to the last, with rates; 0: none at all."""
+    base = {"train.max_steps": 6, "train.log_every_n_steps": 1}
+    evs = run_in_process(tmp_path / "on", small_cfg(**base, **{"train.report_every_s": 1e-6}))
+    reports = [e for e in evs if e["kind"] == "rank_report"]
+    steps = [e["reports"][0]["step"] for e in reports]
+    assert steps[0] == 1 and steps[-1] == 6 and steps == sorted(steps) and len(steps) >= 2
+    for e in reports:
+        (row,) = e["reports"]
+        assert set(row) == {"rank", "host", "node_rank", "epoch", "step", "samples_per_s", "data_wait",
+                            "device_mem_mb", "t"}
+        assert row["rank"] == 0 and row["node_rank"] == 0 and row["samples_per_s"] > 0
+        assert abs(row["t"] - e["t"]) < 5
+    off = run_in_process(tmp_path / "off", small_cfg(**base, **{"train.report_every_s": 0}))
+    assert not any(e["kind"] == "rank_report" for e in off)
+
+
+def test_report_every_s_must_not_be_negative():
+    with pytest.raises(cfgmod.ConfigError, match="train.report_every_s"):
+        cfgmod.from_dict(small_cfg(**{"train.report_every_s": -1}))
