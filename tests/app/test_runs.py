@@ -327,3 +327,54 @@ def test_large_events_file_is_read_at_its_ends_only(tmp_path):
     (row,) = collect(tmp_path)
     assert row.world == 8 and row.progress == "39999/50000" and row.status == "starting"
     assert row.started == pytest.approx(t0)
+
+
+# ------------------------------------------------------------------------------ snapshot
+
+
+def fixed_run(root: Path, dirname: str, evs: list[dict], status: dict | None = None,
+              pid: int | None = None) -> RunDir:
+    """A run directory with a fixed name and fixed times, so the picture never drifts."""
+    rd = RunDir(root / dirname)
+    rd.path.mkdir(parents=True)
+    cfgmod.save(tiny_cfg(dirname.split("-", 2)[2]), rd.config_path)
+    write_events(rd, evs)
+    if pid is not None:
+        rd.pid_path.write_text(f"{pid}\n")
+    if status is not None:
+        rd.write_status(status)
+    return rd
+
+
+@pytest.fixture
+def snapshot_app(tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.chdir(tmp_path)  # a relative root: the header and the paths read the same anywhere
+    t0 = 1_761_998_400.0  # 2025-11-01 12:00 UTC
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = Path("runs")
+    ep = events.make("epoch_end", rank=0, epoch=3, step=40, train_loss=0.2, train_acc=0.95, val_loss=0.25,
+                     val_acc=0.934)
+    fixed_run(root, "20251101-120000-broke", [started_event(t0), step_event(t0 + 9, 3)],
+              {"status": "failed", "exit_codes": [1, -9], "elapsed_s": 12.5,
+               "root_cause": "rank 1 killed by signal 9 (SIGKILL): the OOM killer? see rank1.log"})
+    fixed_run(root, "20251101-113000-halted", [started_event(t0 - 1800), step_event(t0 - 1790, 7)],
+              {"status": "stopped", "exit_codes": [0, 0], "root_cause": None, "elapsed_s": 30.0})
+    fixed_run(root, "20251101-110000-quickstart", [started_event(t0 - 3600), step_event(t0 - 3550, 40, 40), ep],
+              {"status": "finished", "exit_codes": [0, 0], "root_cause": None, "elapsed_s": 52.3})
+    fixed_run(root, "20251101-100000-vanished", [started_event(t0 - 7200, "cpu", 1), step_event(t0 - 7100, 12)],
+              pid=dead.pid)
+    yield TorchdeckApp(runs_root=root, gpu_source=FakeGPUSource([]))
+    monkeypatch.undo()
+    time.tzset()
+
+
+async def _show_runs(pilot):
+    await open_runs(pilot)
+    await pilot.pause(0.2)
+
+
+def test_runs_screen_80x24(snap_compare, snapshot_app):
+    assert snap_compare(snapshot_app, terminal_size=(80, 24), run_before=_show_runs)
