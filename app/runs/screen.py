@@ -47,6 +47,7 @@ class RunRow:
     duration: float | None = None
     progress: str = ""
     root_cause: str | None = None
+    pid: int | None = None  # the supervisor's, from supervisor.pid
 
     @property
     def is_live(self) -> bool:
@@ -148,11 +149,12 @@ def _static_facts(rd: RunDir) -> dict:
         facts["strategy"], facts["world"] = _config_facts(rd)
     if facts.get("started") is None:
         facts["started"] = _stamp_time(rd.name)
+    try:
+        facts["created"] = rd.config_path.stat().st_mtime
+    except OSError:
+        facts["created"] = None
     if facts["started"] is None:
-        try:
-            facts["started"] = rd.config_path.stat().st_mtime
-        except OSError:
-            pass
+        facts["started"] = facts["created"]
     last_t = max((e["t"] for e in tail if isinstance(e.get("t"), (int, float))), default=None)
     step = next((e for e in reversed(tail) if e.get("kind") == "step"), None)
     epoch = next((e for e in reversed(tail) if e.get("kind") == "epoch_end"
@@ -198,6 +200,10 @@ def collect(root: Path, cache: dict | None = None, now: float | None = None) -> 
         facts = hit[1]
         status = rd.status()
         status = "live" if status == "running" else status
+        if status == "starting":  # no supervisor pid yet: only believable for a short while
+            seen_t = max((t for t in (facts["last_t"], facts["created"]) if t), default=None)
+            if seen_t is not None and now - seen_t > YOUNG_S:
+                status = "lost"
         final = facts["final"]
         started = facts.get("started")
         if isinstance(final.get("elapsed_s"), (int, float)):
@@ -213,7 +219,7 @@ def collect(root: Path, cache: dict | None = None, now: float | None = None) -> 
                            strategy=facts["strategy"],
                            world=facts["world"] if isinstance(facts["world"], int) else None,
                            started=started, duration=duration, progress=facts["progress"],
-                           root_cause=final.get("root_cause")))
+                           root_cause=final.get("root_cause"), pid=rd.supervisor_pid()))
     for gone in set(cache) - seen:
         del cache[gone]
     rows.sort(key=lambda r: (r.started or 0.0, r.key), reverse=True)
@@ -398,8 +404,12 @@ class RunsScreen(Screen):
         if r.root_cause:
             lines.append(f"root cause: {r.root_cause}")
             w.set_class(r.status == "failed", "-failed")
+        elif r.status == "lost" and r.pid is None:
+            lines.append("no supervisor pid and no final status: it never started, or ran outside "
+                         "torchdeck's supervisor (torchrun?)")
         elif r.status == "lost":
-            lines.append(f"the supervisor is gone and left no final status; see {r.path / 'supervisor.log'}")
+            lines.append(f"its supervisor (pid {r.pid}) is gone and left no final status; "
+                         f"see {r.path / 'supervisor.log'}")
         w.update(Text("\n".join(lines)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

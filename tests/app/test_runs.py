@@ -17,7 +17,7 @@ import pytest
 from textual.widgets import DataTable
 
 from app.main import TorchdeckApp
-from app.runs.screen import HEAD_BYTES, TAIL_BYTES, RunsScreen, collect, read_head_tail
+from app.runs.screen import HEAD_BYTES, TAIL_BYTES, RunsScreen, collect, deletable, read_head_tail
 from app.sources.nvml import FakeGPUSource
 from engine import config as cfgmod
 from engine import events
@@ -327,6 +327,25 @@ def test_large_events_file_is_read_at_its_ends_only(tmp_path):
     (row,) = collect(tmp_path)
     assert row.world == 8 and row.progress == "39999/50000" and row.status == "starting"
     assert row.started == pytest.approx(t0)
+
+
+def test_run_dir_without_supervisor_is_starting_then_lost(tmp_path):
+    """No supervisor.pid yet: believable as starting for a minute, then it is lost, and deletable."""
+    import os
+
+    rd = RunDir.create(tiny_cfg("orphan"), tmp_path)
+    (row,) = collect(tmp_path)
+    assert row.status == "starting" and row.pid is None
+    assert "still starting" in deletable(rd.path, tmp_path)
+    old = time.time() - 3600
+    os.utime(rd.config_path, (old, old))
+    (row,) = collect(tmp_path)
+    assert row.status == "lost"
+    assert deletable(rd.path, tmp_path) is None
+    other = tmp_path / "not-a-run"
+    other.mkdir()
+    assert "not a run directory" in deletable(other, tmp_path)
+    assert "not a run directory" in deletable(rd.path, tmp_path / "elsewhere")
 
 
 # ------------------------------------------------------------------------------ snapshot
