@@ -135,14 +135,19 @@ def _os_error(exc: BaseException | None) -> OSError | None:
     return None
 
 
-def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
-    code = getattr(exc, "errno", None)
-    why = getattr(exc, "strerror", None) or str(exc)
-    hint = {errno.ENOSPC: "free space on that disk",
+def disk_hint(code: int | None) -> str:
+    """What to do about a failed write, by errno (shared with the supervisor's events file)."""
+    return {errno.ENOSPC: "free space on that disk",
             errno.EDQUOT: "free space within your quota",
             errno.EFBIG: "raise the file size limit (ulimit -f)",
             errno.EROFS: "make that file system writable",
             errno.EACCES: "make that folder writable"}.get(code, "check that disk")
+
+
+def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
+    code = getattr(exc, "errno", None)
+    why = getattr(exc, "strerror", None) or str(exc)
+    hint = disk_hint(code)
     try:
         kept = [p.name for _, p in listing(final.parent)]
     except OSError:

@@ -3,6 +3,9 @@ events.jsonl, turns stop requests into a graceful stop, and stops every rank whe
 
     python -m engine.supervisor RUN_DIR      (the launcher redirects its output to supervisor.log)
     supervise(run_dir) -> exit code          (in-process, for tests)
+
+While it lives it holds a small `.reserve` file in the run directory, released when the run ends,
+so that a disk that filled up during the run still has room for status.json.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from engine.rundir import RunDir
 FLUSH_EVERY_S = 0.2
 POLL_S = 0.5
 STOP_GRACE_S = 30.0
+RESERVE_NAME, RESERVE_BYTES = ".reserve", 64 << 10
 FAIL_GRACE_S = 2.0
 
 
@@ -202,6 +206,13 @@ def _signal_text(exitcode: int | None) -> str | None:
         return f"signal {-exitcode}"
 
 
+def _cannot_write(path, exc: OSError) -> str:
+    """Disk full, over quota, too large: one line with the file, the reason and the fix."""
+    from engine.checkpoint import disk_hint  # torch is loaded in the supervisor by now
+
+    return f"cannot write {path}: {exc.strerror or exc}: {disk_hint(exc.errno)}"
+
+
 def _is_timeout(err: dict) -> bool:
     """A collective or rendezvous that gave up waiting (gloo: "Timed out waiting 5000ms ...")."""
     text = f"{err.get('exception')} {err.get('message')}".lower()
@@ -240,7 +251,23 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.request_stop)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the run outlives the terminal
 
+    def _reserve(self) -> None:
+        """Hold RESERVE_BYTES of real disk in the run directory while the run lives: when the disk
+        fills up, releasing it leaves room for the final status (and the log line saying why)."""
+        try:
+            with open(self.rd.path / RESERVE_NAME, "wb") as fh:
+                fh.write(b"\0" * RESERVE_BYTES)
+        except OSError:
+            self._release_reserve()
+
+    def _release_reserve(self) -> None:
+        try:
+            (self.rd.path / RESERVE_NAME).unlink(missing_ok=True)
+        except OSError:
+            pass
+
     def _finish(self, writer, status, exit_codes, root_cause) -> int:
+        self._release_reserve()
         elapsed = round(time.time() - self.started, 3)
         final = {"status": status, "exit_codes": exit_codes, "root_cause": root_cause, "elapsed_s": elapsed}
         ev = events.make("run_finished", **final)
@@ -252,7 +279,10 @@ class Supervisor:
                     fh.write(events.dumps(ev) + "\n")
         except OSError:
             pass  # the status file below still says how it ended
-        print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
+        try:
+            print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
+        except OSError:
+            pass  # supervisor.log on the disk that is full
         self.rd.write_status(final)
         return 0 if status in ("finished", "stopped") else 1
 
@@ -260,6 +290,7 @@ class Supervisor:
         self._install_signals()
         rd = self.rd
         rd.pid_path.write_text(str(os.getpid()))
+        self._reserve()
         try:
             cfg = load(rd.config_path)
         except ConfigError as exc:
@@ -312,7 +343,8 @@ class Supervisor:
 
         if writer.write_error is not None:  # unwritable run directory: start nothing
             writer.close()
-            return self._finish(None, "failed", [], f"cannot write {rd.events_path}: {writer.write_error}")
+            return self._finish(None, "failed", [],
+                                f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
         ctx_mp = mp.get_context("spawn")
         q = writer.q = ctx_mp.Queue()
         stop_event = ctx_mp.Event()
@@ -353,8 +385,11 @@ class Supervisor:
             if self.rd.stop_path.exists() and self.stop_requests == 0:
                 self.stop_requests = 1
             if writer.write_error is not None and self.write_failure is None:
-                self.write_failure = f"cannot write {self.rd.events_path}: {writer.write_error}"
-                print(f"{self.write_failure}; stopping the run", file=sys.stderr, flush=True)
+                self.write_failure = _cannot_write(self.rd.events_path, writer.write_error)
+                try:
+                    print(f"cannot write {self.rd.events_path}: stopping the run", file=sys.stderr, flush=True)
+                except OSError:
+                    pass
                 self.stop_requests = max(self.stop_requests, 1)
             if self.stop_requests and self.first_stop_t is None:
                 self.first_stop_t = time.monotonic()
@@ -416,8 +451,9 @@ class Supervisor:
     def _outcome(self, codes, died_first, base, reported):
         ok = all(c == 0 for c in codes)
         stopping = self.first_stop_t is not None
-        if self.write_failure:
-            return "failed", self.write_failure
+        if self.write_failure:  # the ranks were stopped gracefully; say whether that went through
+            done = "after a final checkpoint" if ok else "(a rank failed on the way: see its log)"
+            return "failed", f"{self.write_failure}; the run was stopped {done}"
         if ok:
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:
@@ -453,9 +489,13 @@ def supervise(run_dir) -> int:
     except Exception as exc:  # unwritable run dir, disk full, a broken install...
         import traceback
 
-        traceback.print_exc()
         cause = f"supervisor: {type(exc).__name__}: {exc}"
-        print(f"run failed: {cause}", file=sys.stderr, flush=True)
+        sup._release_reserve()
+        try:
+            traceback.print_exc()
+            print(f"run failed: {cause}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
         try:
             sup.rd.write_status({"status": "failed", "exit_codes": [], "root_cause": cause,
                                  "elapsed_s": round(time.time() - sup.started, 3)})

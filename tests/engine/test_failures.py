@@ -260,3 +260,114 @@ def test_sigkill_of_the_whole_run_during_a_save_then_resume_latest_equals_uninte
     assert resumed["step"] == ref["step"] == 12
     assert_same_weights(resumed["model"], ref["model"])
     assert not (resumed["model"]["1.weight"] == final_model(r.dir)["model"]["1.weight"]).all(), "it trained on"
+
+
+# ----------------------------------------------------------------------------- a disk that fills up
+
+
+class LimitedRun(Run):
+    """A run whose processes may not write a file beyond `fsize` bytes (ulimit -f, inherited by the
+    ranks): writes past it fail with EFBIG as they would with ENOSPC on a full disk. Python ignores
+    SIGXFSZ, so the process sees the error instead of dying."""
+
+    def __init__(self, tmp_path: Path, cfg: dict, fsize: int, name="run"):
+        import resource
+        import subprocess
+        from unittest import mock
+
+        real = subprocess.Popen
+
+        def limited(*args, **kw):
+            kw["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+            return real(*args, **kw)
+
+        with mock.patch.object(subprocess, "Popen", limited):
+            super().__init__(tmp_path, cfg, name=name)
+
+
+@pytest.mark.slow
+def test_events_file_hitting_the_disk_limit_stops_the_run_cleanly(tmp_path, runs):
+    """events.jsonl stops growing mid-run: the supervisor stops the run gracefully (rank 0 still
+    checkpoints) and fails it with one clear line; nothing written before is lost."""
+    from engine import checkpoint as ckpt
+
+    r = LimitedRun(tmp_path, ddp_cfg(**{"train.max_steps": 0, "train.epochs": 200}), fsize=256 << 10)
+    runs.append(r)
+    r.wait_for(lambda e: e["kind"] == "step")
+    rc = r.wait(timeout=120)
+    assert rc == 1, r.output()
+    st = r.status()
+    assert st["status"] == "failed" and st["exit_codes"] == [0, 0], st
+    assert st["root_cause"] == (
+        f"cannot write {r.dir / 'events.jsonl'}: File too large: raise the file size limit (ulimit -f); "
+        "the run was stopped after a final checkpoint")
+    done = (r.dir / "status.json").stat().st_mtime - (r.dir / "events.jsonl").stat().st_mtime
+    assert done < 30, "stopped within the 30 s a graceful stop may take"
+    evs = r.events()
+    assert 200 < (r.dir / "events.jsonl").stat().st_size <= 256 << 10
+    last = max(e["step"] for e in evs if e["kind"] == "step")
+    path, state = ckpt.latest(r.dir / "checkpoints")  # written after the failure, and complete
+    assert state["step"] >= last > 50
+    assert "Traceback" not in r.output()
+    assert not (r.dir / ".reserve").exists()
+    assert_clean(r)
+
+
+def read_all_events(run: RunDir) -> list[dict]:
+    return events.read_all(run.events_path)
+
+
+def wait_gone(run: RunDir, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while launch.run_processes(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not launch.run_processes(run), f"left in the run's session: {launch.run_processes(run)}"
+
+
+def _tiny_disk(path: Path, size: str) -> bool:
+    """A real file system of `size` (tmpfs) at path; False where mounting is not allowed (not root)."""
+    import subprocess
+
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tdtest", str(path)],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_run_with_one_message_and_keeps_its_checkpoints(tmp_path):
+    """The run directory on a 1 MiB file system: events and checkpoints fill it mid-run (ENOSPC)."""
+    import subprocess
+
+    from engine import checkpoint as ckpt
+    from engine import config as cfgmod
+    from tests.engine.test_equivalence import small_cfg
+
+    disk = tmp_path / "disk"
+    if not _tiny_disk(disk, "1m"):
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN); the RLIMIT_FSIZE test covers the rest")
+    try:
+        cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{
+            "nodes.master_port": 0, "train.batch_size": 8, "train.max_steps": 0, "train.epochs": 500,
+            "train.log_every_n_steps": 1, "data.image_size": 16, "checkpoint.every_n_steps": 50,
+            "checkpoint.keep_last": 2}))
+        run = launch.start(cfg, root=disk)
+        t0 = time.monotonic()
+        final = launch.wait(run, timeout=150)
+        assert final is not None, "the run did not end"
+        assert time.monotonic() - t0 < 120
+        cause = final["root_cause"]
+        assert final["status"] == "failed" and "No space left on device" in cause, final
+        assert "free space on that disk" in cause and "Traceback" not in cause
+        assert run.final_status() == final, "status.json was written on the full disk"
+        assert (run.status_path.stat().st_mtime - run.events_path.stat().st_mtime) < 30
+        evs = read_all_events(run)
+        assert evs[0]["kind"] == "run_started" and sum(e["kind"] == "step" for e in evs) > 100
+        path, state = ckpt.latest(run.checkpoint_dir)  # what was written before is intact
+        assert state["step"] >= 50 and path.name in (cause if "checkpoint" in cause else path.name)
+        assert not [p for p in run.checkpoint_dir.iterdir() if p.name.startswith(".")], "no temp file left"
+        wait_gone(run)
+        port = evs[0]["master_port"]
+        assert port_free(port)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
