@@ -1,0 +1,1 @@
+"""The Monitor screen: watch one run live or review a finished one."""

@@ -1,0 +1,446 @@
+"""The Monitor screen's panes. Each pane turns a snapshot into text and repaints only when that
+text changed, so a busy run costs a few string compares per frame, not a relayout."""
+from __future__ import annotations
+
+import socket
+from collections import deque
+
+from rich.text import Text
+from textual.containers import Horizontal, Vertical
+from textual.widgets import RichLog, Static
+
+from app.monitor.state import FINAL, RunState, fmt_duration
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about
+STATUS_STYLE = {"running": "bold green", "starting": "bold cyan", "finished": "bold green",
+                "failed": "bold red", "stopped": "bold yellow", "lost": "bold red"}
+HISTORY = 120  # GPU utilization samples kept (one a second)
+_HOST = socket.gethostname()
+
+
+def bar(frac: float | None, width: int, style: str = "green") -> Text:
+    """A horizontal bar; None draws an empty, dim one."""
+    width = max(1, width)
+    if frac is None or frac != frac:
+        return Text("·" * width, style="dim")
+    frac = min(1.0, max(0.0, frac))
+    full = int(round(frac * width))
+    return Text.assemble(("█" * full, style), ("░" * (width - full), "dim"))
+
+
+def spark(values, width: int) -> str:
+    """A history line on a fixed 0-100 scale (Textual's Sparkline scales to its own min/max,
+    which makes an idle GPU at 3 % look as busy as a saturated one)."""
+    vals = list(values)[-width:] if width > 0 else []
+    out = []
+    for v in vals:
+        if v is None:
+            out.append(" ")
+        else:
+            out.append(BLOCKS[int(round(min(100.0, max(0.0, v)) / 100 * (len(BLOCKS) - 1)))])
+    return "".join(out).rjust(width)
+
+
+def util_style(pct: float | None) -> str:
+    if pct is None:
+        return "dim"
+    return "red" if pct >= 90 else "yellow" if pct >= 60 else "green"
+
+
+def _mb(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v / 1024:.1f}G" if v >= 1024 else f"{v:.0f}M"
+
+
+def _num(v, spec=".0f", none="n/a") -> str:
+    return none if v is None or v != v else format(v, spec)
+
+
+class TextPane(Static):
+    """A Static that repaints only when its text changed."""
+
+    def __init__(self, *a, **kw):
+        super().__init__("", *a, **kw)
+        self._shown: str | None = None
+        self._shown_style = None
+
+    def show(self, text: Text | str) -> bool:
+        key = text.markup if isinstance(text, Text) else text
+        if key == self._shown:
+            return False
+        self._shown = key
+        self.update(text)
+        return True
+
+    def width(self, default: int = 76) -> int:
+        w = self.content_region.width
+        return w if w > 0 else default
+
+
+# ----------------------------------------------------------------------------- header
+
+
+def header_text(state: RunState, now: float, run_name: str) -> Text:
+    st = state.status
+    t = Text()
+    t.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
+    t.append(f" {state.run or run_name}", style="bold")
+    nodes = f", {state.num_nodes} nodes" if state.num_nodes > 1 else ""
+    t.append(f"  ·  {state.strategy}  ·  world {state.world_size or '?'}{nodes}")
+    if state.global_batch:
+        t.append(f"  ·  global batch {state.global_batch}")
+    if state.stop_requested and not state.final:
+        t.append("  ·  stop requested", style="yellow")
+    t.append("\n")
+    ranks = state.rank_list()
+    step = min((r.step for r in ranks), default=0)
+    total = state.total_steps or max((r.total_steps for r in ranks), default=0)
+    t.append(f" elapsed {fmt_duration(state.elapsed(now))}  ·  ETA ")
+    eta = state.eta(now)
+    t.append("done" if st == "finished" else fmt_duration(eta) if eta is not None else "--:--")
+    t.append(f"  ·  {state.global_samples_per_s():,.0f} samples/s  ·  step {step}/{total or '?'}")
+    if state.root_cause and st in ("failed", "stopped", "lost"):
+        t.append("\n")
+        t.append(f" root cause: {state.root_cause}", style="red" if st != "stopped" else "yellow")
+    return t
+
+
+# ----------------------------------------------------------------------------- GPUs
+
+
+def gpu_ranks(gpu, state: RunState) -> list[int]:
+    """Ranks of this run on a GPU: its process list, else the device each rank reported."""
+    pids = state.rank_pids()
+    out = {pids[p] for p in (getattr(gpu, "pids", None) or []) if pids.get(p) is not None}
+    for r in state.rank_list():
+        if r.host in ("", _HOST, state.host) and not r.from_report:
+            devs = [d.strip() for d in r.device.split(",")]
+            if f"cuda:{gpu.index}" in devs:
+                out.add(r.rank)
+    return sorted(out)
+
+
+def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunState, width: int) -> Text:
+    if not ok:
+        return Text(f"no GPU view: {reason or 'NVML is not available'}", style="yellow")
+    if not gpus:
+        return Text("NVML found no GPU on this host", style="yellow")
+    t = Text()
+    used = []
+    name_w = 15 if width >= 84 else 10
+    for i, g in enumerate(gpus):
+        ranks = gpu_ranks(g, state)
+        if ranks:
+            used.append(g)
+        util = _fnum(getattr(g, "util", None))
+        mused, mtot = _fnum(getattr(g, "mem_used_mb", None)), _fnum(getattr(g, "mem_total_mb", None))
+        mfrac = mused / mtot if mused is not None and mtot else None
+        who = ("r" + ",".join(map(str, ranks))) if ranks else "-"
+        fixed = 2 + name_w + 1 + 5 + 1 + 13 + 1 + 5 + 1 + 9 + 1 + 8
+        room = max(8, width - fixed)
+        bw = max(4, min(20, room // 3))
+        sw = max(0, room - 2 * bw - 2)
+        name = str(getattr(g, "name", "?")).replace("NVIDIA ", "")[:name_w]
+        if i:
+            t.append("\n")
+        t.append(f"{g.index:<2}", style="bold")
+        t.append(f"{name:<{name_w}} ")
+        t.append_text(bar(None if util is None else util / 100, bw, util_style(util)))
+        t.append(f" {_num(util):>3}% ")
+        t.append_text(bar(mfrac, bw, util_style(None if mfrac is None else 100 * mfrac)))
+        t.append(f" {_mb(mused):>5}/{_mb(mtot):<6} ")
+        temp = getattr(g, "temp_c", None)
+        t.append(f"{_num(_fnum(temp)):>3}°C ")
+        pw, pl = _fnum(getattr(g, "power_w", None)), _fnum(getattr(g, "power_limit_w", None))
+        t.append(f"{_num(pw):>4}/{_num(pl):<4}W ")
+        if sw:
+            t.append(spark(history.get(g.index, ()), sw), style="cyan")
+            t.append(" ")
+        t.append(f"{who:<8}", style="bold magenta" if ranks else "dim")
+    t.append("\n")
+    t.append_text(imbalance_text(used, gpus))
+    if reason:  # with GPUs shown, a reason is a warning about them (e.g. PIDs from another namespace)
+        t.append("\n")
+        t.append(reason, style="yellow")
+    return t
+
+
+def _fnum(v) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def imbalance_text(used, gpus) -> Text:
+    """Spread of utilization and memory across the run's GPUs: DP's heavy GPU 0 shows here."""
+    group, label = (used, "this run's GPUs") if len(used) >= 2 else (gpus, "all GPUs")
+    if len(group) < 2:
+        return Text("imbalance: one GPU, nothing to compare", style="dim")
+    utils = [u for u in (_fnum(getattr(g, "util", None)) for g in group) if u is not None]
+    mems = []
+    for g in group:
+        u, tot = _fnum(getattr(g, "mem_used_mb", None)), _fnum(getattr(g, "mem_total_mb", None))
+        if u is not None and tot:
+            mems.append(100 * u / tot)
+    du = max(utils) - min(utils) if len(utils) >= 2 else None
+    dm = max(mems) - min(mems) if len(mems) >= 2 else None
+    t = Text(f"imbalance across {label}: ")
+    for what, d in (("util", du), ("memory", dm)):
+        if d is None:
+            t.append(f"{what} n/a  ")
+            continue
+        big = d > IMBALANCE_POINTS
+        t.append(f"{what} spread {d:.0f} pts", style="bold red reverse" if big else "green")
+        t.append("  ")
+    if (du or 0) > IMBALANCE_POINTS or (dm or 0) > IMBALANCE_POINTS:
+        hot = max(group, key=lambda g: _fnum(getattr(g, "util", None)) or 0)
+        t.append(f"GPU {hot.index} carries the most", style="red")
+    return t
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def host_text(host, state: RunState, width: int, why_none: str = "") -> Text:
+    if host is None:
+        return Text(why_none or "host sampling is not available", style="yellow")
+    t = Text()
+    bw = max(6, min(30, width - 30))
+    cpu = _fnum(getattr(host, "cpu_percent", None))
+    t.append("CPU ", style="bold")
+    t.append_text(bar(None if cpu is None else cpu / 100, bw, util_style(cpu)))
+    ncpu = len(getattr(host, "per_cpu", None) or [])
+    load = _fnum(getattr(host, "load1", None))
+    t.append(f" {_num(cpu):>3}%  {ncpu} cores  load {_num(load, '.2f')}\n")
+    used, tot = _fnum(getattr(host, "ram_used_mb", None)), _fnum(getattr(host, "ram_total_mb", None))
+    frac = used / tot if used is not None and tot else None
+    t.append("RAM ", style="bold")
+    t.append_text(bar(frac, bw, util_style(None if frac is None else 100 * frac)))
+    t.append(f" {_mb(used)}/{_mb(tot)}\n")
+    procs = list(getattr(host, "procs", None) or [])
+    t.append(f"{'pid':>8}  {'who':<10} {'CPU%':>6} {'RSS':>8}", style="bold")
+    if not procs:
+        t.append("\n")
+        t.append("no process of this run on this host" if state.final else "waiting for the run's processes",
+                 style="dim")
+    for p in sorted(procs, key=lambda p: (-1 if getattr(p, "rank", None) is None else p.rank)):
+        rank = getattr(p, "rank", None)
+        who = "supervisor" if rank is None else f"rank {rank}"
+        rss = _fnum(getattr(p, "rss_mb", None))
+        pc = _fnum(getattr(p, "cpu_percent", None))
+        t.append(f"\n{p.pid:>8}  {who:<10} {_num(pc, '.1f'):>6} {_mb(rss):>8}")
+    return t
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+def rank_header(width: int) -> Text:
+    cols = _rank_cols(width)
+    return Text(f"{'rank':<5}{'device':<{cols['dev']}}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
+                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5} {'seen':>7}", style="bold")
+
+
+def _rank_cols(width: int) -> dict:
+    dev = 14 if width >= 110 else 0
+    steps = 15
+    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 7
+    return {"dev": dev, "steps": steps, "bar": max(4, min(40, width - fixed))}
+
+
+def rank_text(state: RunState, r, now: float, width: int) -> Text:
+    cols = _rank_cols(width)
+    total = r.total_steps or state.total_steps
+    frac = (r.step / total) if total else None
+    t = Text()
+    t.append(f"{r.rank:<5}", style="bold")
+    if cols["dev"]:
+        dev = r.device or (f"node {r.node_rank}" if r.node_rank is not None else "?")
+        if r.host and r.host not in (_HOST, state.host):
+            dev = f"{r.host}:{dev}"
+        t.append(f"{dev[:cols['dev'] - 1]:<{cols['dev']}}")
+    t.append(f"{r.epoch:>3} ")
+    style = "red" if r.failed_exit else "green" if (total and r.step >= total) else "cyan"
+    t.append_text(bar(frac, cols["bar"], style))
+    t.append(f" {str(r.step) + '/' + (str(total) if total else '?'):<{cols['steps']}}")
+    t.append(f" {_num(r.loss, '.4f', '-'):>8} {'-' if r.acc is None else format(100 * r.acc, '.1f') + '%':>6}")
+    t.append(f" {r.samples_per_s:>10,.0f}")
+    t.append(f" {'-' if r.data_wait is None else format(100 * r.data_wait, '.0f') + '%':>5}")
+    if r.failed_exit:
+        t.append(f" {r.exited}", style="bold red")
+    elif state.is_stale(r, now):
+        t.append(f" STALE {fmt_duration(now - r.last_seen)}", style="bold red reverse")
+    elif r.exited:
+        t.append("    done", style="dim")
+    else:
+        seen = None if r.last_seen is None else max(0.0, now - r.last_seen)
+        t.append(f" {_seen(seen):>7}", style="dim" if state.final else "")
+    if r.from_report:
+        t.append(" (report)", style="dim")
+    return t
+
+
+def _seen(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.1f}s" if s < 60 else fmt_duration(s)
+
+
+def rank_spread_text(state: RunState) -> Text:
+    pair = state.rank_spread()
+    if pair is None:
+        return Text("rank balance: fewer than two ranks reporting", style="dim")
+    slow, fast = pair
+    gap = 100 * (1 - slow.samples_per_s / fast.samples_per_s) if fast.samples_per_s else 0.0
+    t = Text("rank balance: slowest ")
+    t.append(f"rank {slow.rank} {slow.samples_per_s:,.0f}/s", style="bold")
+    t.append(f", fastest rank {fast.rank} {fast.samples_per_s:,.0f}/s: ")
+    t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
+    return t
+
+
+class RanksPane(Vertical):
+    """One row widget per rank, each repainted only when its own line changed."""
+
+    def compose(self):
+        yield TextPane(id="rank-head", classes="rank-row")
+        yield Vertical(id="rank-rows")
+        yield TextPane(id="rank-spread")
+
+    def show(self, state: RunState, now: float) -> None:
+        width = self.query_one("#rank-head", TextPane).width(120)
+        self.query_one("#rank-head", TextPane).show(rank_header(width))
+        rows = self.query_one("#rank-rows", Vertical)
+        have = {w.rank: w for w in rows.children if isinstance(w, RankRow)}
+        ranks = state.rank_list()
+        new = [RankRow(r.rank) for r in ranks if r.rank not in have]
+        if new:
+            rows.mount_all(new)
+            have.update({w.rank: w for w in new})
+        for r in ranks:
+            have[r.rank].show(rank_text(state, r, now, width))
+        if not ranks:
+            self.query_one("#rank-spread", TextPane).show(
+                Text("no rank has reported yet", style="dim") if not state.final else Text("no rank reported"))
+        else:
+            self.query_one("#rank-spread", TextPane).show(rank_spread_text(state))
+
+
+class RankRow(TextPane):
+    def __init__(self, rank: int):
+        super().__init__(id=f"rank-{rank}", classes="rank-row")
+        self.rank = rank
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+class Curves(Horizontal):
+    """Loss and accuracy plots; plotext is costly, so they redraw at most once a second and only
+    when a point was added."""
+
+    def compose(self):
+        from textual_plotext import PlotextPlot
+
+        yield Static("no training steps yet", id="curves-empty")
+        yield PlotextPlot(id="plot-loss")
+        yield PlotextPlot(id="plot-acc")
+
+    def on_mount(self) -> None:
+        self._drawn = -1
+
+    def show(self, state: RunState) -> None:
+        if state.curve_version == self._drawn:
+            return
+        self._drawn = state.curve_version
+        from textual_plotext import PlotextPlot
+
+        loss = self.query_one("#plot-loss", PlotextPlot)
+        acc = self.query_one("#plot-acc", PlotextPlot)
+        empty = not state.steps.points and not state.epochs
+        self.query_one("#curves-empty").display = empty
+        loss.display = acc.display = not empty
+        if empty:
+            return
+        p = loss.plt
+        p.clear_data()
+        p.clear_figure()
+        p.title("loss")
+        p.xlabel("step")
+        pts = state.steps.points
+        if pts:
+            p.plot([x for x, _ in pts], [y for _, y in pts], label="train (step)", marker="braille")
+        ep = [state.epochs[k] for k in sorted(state.epochs)]
+        tr = [(e.step, e.train_loss) for e in ep if e.train_loss is not None]
+        va = [(e.step, e.val_loss) for e in ep if e.val_loss is not None]
+        if tr:
+            p.scatter([x for x, _ in tr], [y for _, y in tr], label="train (epoch)", marker="o")
+        if va:
+            p.scatter([x for x, _ in va], [y for _, y in va], label="val", marker="x")
+        loss.refresh()
+        a = acc.plt
+        a.clear_data()
+        a.clear_figure()
+        a.title("accuracy %")
+        a.xlabel("epoch")
+        tra = [(e.epoch, 100 * e.train_acc) for e in ep if e.train_acc is not None]
+        vaa = [(e.epoch, 100 * e.val_acc) for e in ep if e.val_acc is not None]
+        for series, label, marker in ((tra, "train", "o"), (vaa, "val", "x")):
+            if series:
+                a.plot([x for x, _ in series], [y for _, y in series], label=label, marker=marker)
+        if tra or vaa:
+            a.xticks(sorted({x for x, _ in tra + vaa}))
+        acc.refresh()
+
+
+# ----------------------------------------------------------------------------- log
+
+
+def log_lines(line) -> list[Text]:
+    who = "supervisor" if line.rank is None else f"rank {line.rank}"
+    style = {"error": "bold red", "warning": "yellow"}.get(line.level, "")
+    head = Text()
+    head.append(f"[{line.level}] ", style=style or "dim")
+    head.append(f"{who}: ", style=style or "bold")
+    head.append(line.text, style=style)
+    out = [head]
+    for tb in line.detail.splitlines() if line.detail else []:
+        out.append(Text("    " + tb, style="red"))
+    return out
+
+
+class LogPane(RichLog):
+    """Log events and errors as they come; errors in red with rank, host and traceback."""
+
+    def __init__(self, **kw):
+        super().__init__(max_lines=2000, min_width=1, wrap=True, markup=False, highlight=False, auto_scroll=True, **kw)
+        self._seq = 0
+
+    def show(self, state: RunState) -> None:
+        fresh = state.log_seq - self._seq
+        if fresh <= 0:
+            return
+        self._seq = state.log_seq
+        lines = list(state.logs)[-fresh:] if fresh < len(state.logs) else list(state.logs)
+        for line in lines:
+            for text in log_lines(line):
+                self.write(text)
+
+
+class GPUHistory:
+    """Utilization history per GPU index (fixed length), fed one sample a second."""
+
+    def __init__(self, n: int = HISTORY):
+        self.n = n
+        self.by_index: dict[int, deque] = {}
+
+    def add(self, gpus) -> None:
+        for g in gpus:
+            self.by_index.setdefault(g.index, deque(maxlen=self.n)).append(_fnum(getattr(g, "util", None)))
+
+
+__all__ = ["FINAL", "TextPane", "RanksPane", "Curves", "LogPane", "GPUHistory", "header_text", "gpu_text",
+           "host_text", "bar", "spark"]

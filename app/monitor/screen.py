@@ -1,0 +1,321 @@
+"""The Monitor screen: one run, live or finished, with its GPUs, host, ranks, curves and log.
+
+Two thread workers do the work off the event loop: one tails events.jsonl and folds events into
+a RunState, posting a snapshot at most ~10 times a second (coalescing a busy run's hundreds of
+events per second); one samples NVML and the host every second. The loop only paints.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import work
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import get_current_worker
+
+from app.monitor.panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
+                               host_text)
+from app.monitor.state import FINAL, RunState
+
+POLL_S = 0.05  # events file poll while events are coming
+IDLE_POLL_S = 0.1
+POST_EVERY_S = 0.1  # at most this often a snapshot goes to the UI
+SAMPLE_EVERY_S = 1.0
+PLOT_EVERY_S = 1.0
+STATUS_EVERY_S = 1.0  # how often the reader asks whether the supervisor still lives
+
+
+class MonitorCommands(Provider):
+    """Command palette entries for the Monitor's actions."""
+
+    COMMANDS = (
+        ("Stop run", "stop", "Graceful stop: ranks finish the step, rank 0 checkpoints (s)"),
+        ("Kill run", "kill", "SIGKILL every process of the run (k)"),
+        ("Leave monitor", "leave", "Back to the previous screen; the run goes on (escape)"),
+        ("Runs list", "runs", "Past and live runs (r)"),
+    )
+
+    def _hits(self):
+        screen = self.screen
+        for title, action, help_text in self.COMMANDS:
+            yield title, getattr(screen, f"action_{action}", None), help_text
+
+    async def discover(self) -> Hits:
+        for title, cb, help_text in self._hits():
+            if cb is not None:
+                yield DiscoveryHit(title, cb, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, cb, help_text in self._hits():
+            score = matcher.match(title)
+            if cb is not None and score > 0:
+                yield Hit(score, matcher.highlight(title), cb, help=help_text)
+
+
+class MonitorScreen(Screen):
+    CSS_PATH = "monitor.tcss"
+    COMMANDS = {MonitorCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    BINDINGS = [
+        Binding("s", "stop", "Stop"),
+        Binding("k", "kill", "Kill"),
+        Binding("escape", "leave", "Leave"),
+        Binding("r", "runs", "Runs"),
+    ]
+
+    class Update(Message):
+        def __init__(self, state: RunState):
+            super().__init__()
+            self.run_state = state
+
+    class Samples(Message):
+        def __init__(self, gpus, ok: bool, reason: str, host, host_why: str):
+            super().__init__()
+            self.gpus, self.ok, self.reason, self.host, self.host_why = gpus, ok, reason, host, host_why
+
+    def __init__(self, run_path: str | Path, now: Callable[[], float] | None = None,
+                 sample_every: float = SAMPLE_EVERY_S):
+        from engine.rundir import RunDir
+
+        super().__init__(id="monitor")
+        self.run_dir = RunDir(Path(run_path))
+        self.now = now or time.time
+        self.sample_every = sample_every
+        self.run_state = RunState()
+        self._quit_evt = threading.Event()
+        self._pids: dict = {}
+        self._gpus, self._gpu_ok, self._gpu_reason = [], True, "sampling GPUs..."
+        self._host, self._host_why = None, "sampling the host..."
+        self._history = GPUHistory()
+        self._last_plot = 0.0
+        self._plot_timer = None
+
+    # ------------------------------------------------------------------ layout
+    def compose(self):
+        yield TextPane(id="mon-header")
+        with VerticalScroll(id="mon-body"):
+            with Horizontal(id="mon-top"):
+                yield TextPane(id="mon-gpus", classes="pane")
+                yield TextPane(id="mon-host", classes="pane")
+            yield RanksPane(id="mon-ranks", classes="pane")
+            with Horizontal(id="mon-bottom"):
+                yield Curves(id="mon-curves", classes="pane")
+                yield LogPane(id="mon-log", classes="pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#mon-gpus").border_title = "GPUs"
+        self.query_one("#mon-host").border_title = "host"
+        self.query_one("#mon-ranks").border_title = "ranks"
+        self.query_one("#mon-curves").border_title = "curves"
+        self.query_one("#mon-log").border_title = "log"
+        self.sub_title = self.run_dir.name
+        self._paint()
+        self._read_events()
+        self._sample()
+        self.set_interval(1.0, self._tick)
+
+    def on_unmount(self) -> None:
+        self._quit_evt.set()
+
+    # ------------------------------------------------------------------ workers
+    @work(thread=True, exclusive=True, group="monitor-events")
+    def _read_events(self) -> None:
+        """Tail events.jsonl, fold every event in, post a snapshot when something changed
+        (at most every POST_EVERY_S). A finished run's whole file is read in one go here."""
+        from engine.events import Tail
+
+        worker = get_current_worker()
+        tail = Tail(self.run_dir.events_path)
+        state = RunState()
+        posted, last_post, last_check = -1, 0.0, 0.0
+        final_seen_at = None
+        while not worker.is_cancelled and not self._quit_evt.is_set():
+            evs = tail.poll()
+            if evs:
+                state.feed_all(evs)
+            mono = time.monotonic()
+            if not state.final and mono - last_check >= STATUS_EVERY_S:
+                last_check = mono
+                status = self.run_dir.status()
+                if status == "lost":
+                    state.feed_all(tail.poll())  # its last words, if any
+                    if not state.final:
+                        state.mark_lost(f"the supervisor exited without a final status; see "
+                                        f"{self.run_dir.path / 'supervisor.log'}")
+                elif status in FINAL:
+                    # status.json is written after run_finished; give the event a moment to land
+                    final_seen_at = final_seen_at or mono
+                    if mono - final_seen_at > 2.0:
+                        final = self.run_dir.final_status() or {}
+                        state.status = status
+                        state.root_cause = state.root_cause or final.get("root_cause")
+                        state.finished_t = state.finished_t or state.last_t or time.time()
+                        state.version += 1
+            if state.version != posted and mono - last_post >= POST_EVERY_S:
+                self.post_message(self.Update(state.snapshot()))
+                posted, last_post = state.version, mono
+                continue
+            self._quit_evt.wait(POLL_S if evs else IDLE_POLL_S)
+
+    @work(thread=True, exclusive=True, group="monitor-samples")
+    def _sample(self) -> None:
+        """GPU and host samples every second; a failing sampler is shown, never raised."""
+        worker = get_current_worker()
+        gpu = self.app.gpu_source
+        try:
+            ok, reason = gpu.status()
+        except Exception as exc:  # a sampler bug must not take the screen down
+            ok, reason = False, f"GPU sampling failed: {exc}"
+        try:
+            host = self.app.host_source
+            host_why = "" if host is not None else "host sampling is not available (app.sources.host missing)"
+        except Exception as exc:
+            host, host_why = None, f"host sampling failed: {exc}"
+        while not worker.is_cancelled and not self._quit_evt.is_set():
+            gpus = []
+            if ok:
+                try:
+                    gpus = list(gpu.sample())
+                except Exception as exc:
+                    ok, reason = False, f"GPU sampling failed: {exc}"
+            if gpus:
+                try:
+                    from app.sources.nvml import pid_namespace_warning
+
+                    warn = pid_namespace_warning(gpus)
+                except Exception:
+                    warn = None
+                reason = warn or ""
+            hs = None
+            if host is not None:
+                try:
+                    hs = host.sample(dict(self._pids))
+                    host_why = ""
+                except Exception as exc:
+                    host_why = f"host sampling failed: {exc}"
+            self.post_message(self.Samples(gpus, ok, reason, hs, host_why))
+            self._quit_evt.wait(self.sample_every)
+
+    # ------------------------------------------------------------------ painting
+    def on_monitor_screen_update(self, msg: Update) -> None:
+        self.run_state = msg.run_state
+        self._pids = msg.run_state.rank_pids()
+        self._paint(log=True)
+
+    def on_monitor_screen_samples(self, msg: Samples) -> None:
+        self._gpus, self._gpu_ok, self._gpu_reason = msg.gpus, msg.ok, msg.reason
+        self._host, self._host_why = msg.host, msg.host_why
+        self._history.add(msg.gpus)
+        self._paint_samples()
+
+    def _tick(self) -> None:
+        """Once a second: elapsed, ETA, last-seen and stale flags move with the clock."""
+        self._paint()
+
+    def _paint(self, log: bool = False) -> None:
+        now = self.now()
+        st = self.run_state
+        self.query_one("#mon-header", TextPane).show(header_text(st, now, self.run_dir.name))
+        self.query_one(RanksPane).show(st, now)
+        if log:
+            self.query_one(LogPane).show(st)
+        self._maybe_plot()
+
+    def _maybe_plot(self) -> None:
+        mono = time.monotonic()
+        wait = PLOT_EVERY_S - (mono - self._last_plot)
+        if wait <= 0:
+            self._last_plot = mono
+            self.query_one(Curves).show(self.run_state)
+        elif self._plot_timer is None:
+            def later():
+                self._plot_timer = None
+                self._maybe_plot()
+            self._plot_timer = self.set_timer(wait, later)
+
+    def _paint_samples(self) -> None:
+        gp = self.query_one("#mon-gpus", TextPane)
+        gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self._history.by_index, self.run_state,
+                         gp.width()))
+        hp = self.query_one("#mon-host", TextPane)
+        hp.show(host_text(self._host, self.run_state, hp.width(), self._host_why))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._repaint_all)
+
+    def _repaint_all(self) -> None:
+        self._paint()
+        self._paint_samples()
+
+    # ------------------------------------------------------------------ actions
+    def _live(self, what: str) -> bool:
+        status = self.run_dir.status()
+        if status in ("running", "starting") and not self.run_state.final:
+            return True
+        self.notify(f"Cannot {what}: the run is not running (status {self.run_state.status if self.run_state.final else status})",
+                    severity="warning")
+        return False
+
+    def action_stop(self) -> None:
+        if not self._live("stop"):
+            return
+        from app.configure.dialogs import ConfirmDialog
+
+        def answer(yes: bool | None) -> None:
+            if not yes:
+                return
+            from engine.launch import request_stop
+
+            try:
+                request_stop(self.run_dir)
+            except OSError as exc:
+                self.notify(f"Cannot stop: cannot write {self.run_dir.stop_path}: {exc.strerror or exc}",
+                            severity="error")
+                return
+            self.notify("Stop requested: ranks finish the current step, rank 0 checkpoints, then all exit "
+                        "(k kills at once)")
+
+        self.app.push_screen(ConfirmDialog(f"Stop {self.run_dir.name} gracefully?\nRanks finish the current "
+                                           f"step and rank 0 writes a checkpoint."), answer)
+
+    def action_kill(self) -> None:
+        if not self._live("kill"):
+            return
+        from app.configure.dialogs import ConfirmDialog
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._kill()
+
+        self.app.push_screen(ConfirmDialog(f"Kill every process of {self.run_dir.name} now (SIGKILL)?\n"
+                                           f"Nothing is saved since the last checkpoint."), answer)
+
+    @work(thread=True, exclusive=True, group="monitor-kill")
+    def _kill(self) -> None:
+        from engine.launch import kill
+
+        try:
+            pids = kill(self.run_dir)
+        except Exception as exc:
+            self.app.call_from_thread(self.notify, f"Kill failed: {exc}", severity="error")
+            return
+        self.app.call_from_thread(self.notify, f"Killed {len(pids)} process(es) of the run", severity="warning")
+
+    def action_leave(self) -> None:
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()
+        else:
+            self.app.exit()
+
+    def action_runs(self) -> None:
+        self.app.action_runs()
