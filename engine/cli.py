@@ -64,21 +64,96 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
     return cfgmod.from_dict(data, source=source, hw=hw)
 
 
-def _module_importable(module: str) -> str | None:
-    """Why `module` cannot be imported, or None. find_spec only imports its parent packages."""
+def _callable_problem(value: str) -> str | None:
+    """Why `module:callable` would fail to load, found without running the user's code: the
+    module is missing, does not parse, imports a package that is not installed, or defines no
+    such name. (A rank would find the same a minute later, after the run has started.)"""
     import importlib.util
 
+    module, _, attr = value.partition(":")
     added = os.getcwd() not in sys.path  # the supervisor runs with cwd on sys.path; so check with it
     if added:
         sys.path.insert(0, os.getcwd())
     try:
-        if importlib.util.find_spec(module) is None:
+        try:
+            spec = importlib.util.find_spec(module)  # imports only the parent packages
+        except Exception as exc:  # ModuleNotFoundError of a parent, or an error importing it
+            return (f"cannot import {module!r}: {type(exc).__name__}: {exc} (looked in the current "
+                    "directory and on PYTHONPATH)")
+        if spec is None:
             return f"no module named {module!r} (looked in the current directory and sys.path)"
-    except Exception as exc:  # ModuleNotFoundError of a parent, or an error importing it
-        return f"cannot import {module!r}: {type(exc).__name__}: {exc}"
+        origin = spec.origin or ""
+        if not origin.endswith(".py"):
+            return None  # compiled or namespace package: nothing to read
+        return _source_problem(origin, module, attr, importlib.util.find_spec)
     finally:
         if added:
             sys.path.remove(os.getcwd())
+
+
+def _source_problem(origin: str, module: str, attr: str, find_spec) -> str | None:
+    import ast
+    import difflib
+
+    try:
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)
+    except SyntaxError as exc:
+        return f"{origin}, line {exc.lineno}: syntax error: {exc.msg}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {origin}: {exc}"
+    names, dynamic = set(), False
+
+    def bind(target) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+
+    def visit(body, conditional: bool):
+        nonlocal dynamic
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                dynamic |= node.name == "__getattr__"
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in getattr(node, "targets", None) or [node.target]:
+                    bind(t)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    if a.name == "*":
+                        dynamic = True
+                    names.add(a.asname or a.name.split(".")[0])
+                top = (node.names[0].name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+                if not conditional and top and getattr(node, "level", 0) == 0:
+                    try:
+                        missing = find_spec(top) is None
+                    except (ImportError, ValueError):
+                        missing = False
+                    if missing:
+                        return (f"{origin}, line {node.lineno}: imports {top!r}, which cannot be found "
+                                "(pip install it, or add its folder to PYTHONPATH)")
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                for part in ("body", "orelse", "finalbody"):
+                    why = visit(getattr(node, part, []) or [], True)
+                    if why:
+                        return why
+                for h in getattr(node, "handlers", []):
+                    visit(h.body, True)
+                if isinstance(node, (ast.With, ast.For)):
+                    bind(node.target if isinstance(node, ast.For) else ast.Tuple(
+                        [i.optional_vars for i in node.items if i.optional_vars], ast.Load()))
+            elif isinstance(node, ast.Expr) and "globals()" in ast.unparse(node):
+                dynamic = True
+        return None
+
+    why = visit(tree.body, False)
+    if why:
+        return why
+    if attr not in names and not dynamic:
+        funcs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        guess = difflib.get_close_matches(attr, funcs, n=1)
+        hint = f"; did you mean '{module}:{guess[0]}'?" if guess else (
+            f"; it defines {', '.join(funcs[:6])}" if funcs else "")
+        return f"{module} ({origin}) defines no {attr!r}{hint}"
     return None
 
 
@@ -105,7 +180,7 @@ def preflight(cfg, source: str) -> list[str]:
     for fld, value, builtin in (("model.name", cfg.model.name, BUILTIN_MODELS),
                                 ("data.dataset", cfg.data.dataset, BUILTIN_DATASETS)):
         if value not in builtin and ":" in value:
-            why = _module_importable(value.split(":", 1)[0])
+            why = _callable_problem(value)
             if why:
                 problems.append(f"{source}: {fld}: {why}")
     return problems
@@ -395,7 +470,7 @@ def cmd_eval(args) -> int:
         res = evaluate(str(ckpt), data_root=args.data_root)
     except Exception as exc:
         # EvalError, DataError, ModelError: messages written for users; anything else is a bug
-        if type(exc).__name__ in ("EvalError", "DataError", "ModelError") and not args.debug:
+        if type(exc).__name__ in ("EvalError", "DataError", "ModelError") and not getattr(args, "debug", False):
             raise UsageError([str(exc)]) from None
         raise
     where = f" (epoch {res['epoch']}, step {res['step']})" if "step" in res else ""
@@ -517,7 +592,8 @@ def cmd_app(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    # SUPPRESS: a subcommand that was not given --debug must not reset `torchdeck --debug run ...`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
     runs_dir = argparse.ArgumentParser(add_help=False)
     runs_dir.add_argument("--runs-dir", metavar="DIR", help="where runs live (default $TORCHDECK_RUNS or ./runs)")
     overrides = argparse.ArgumentParser(add_help=False)
@@ -593,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         for line in exc.lines:
             _err(line)
-        if args.debug:
+        if getattr(args, "debug", False):
             import traceback
 
             traceback.print_exc()
@@ -602,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         _err("interrupted")
         return 130
     except Exception as exc:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         _err(f"torchdeck {args.command or 'app'}: {type(exc).__name__}: {exc} (--debug shows the traceback)")
         return EXIT_FAILED

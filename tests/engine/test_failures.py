@@ -371,3 +371,105 @@ def test_a_full_disk_fails_the_run_with_one_message_and_keeps_its_checkpoints(tm
         assert port_free(port)
     finally:
         subprocess.run(["umount", "-l", str(disk)])
+
+
+# ----------------------------------------------------------------------------- bad arguments
+
+TINY = """\
+name: tiny
+strategy: ddp
+devices: 2
+model: {name: mlp, hidden: 32}
+data: {dataset: synthetic, train_size: 256, val_size: 64, image_size: 16}
+train: {batch_size: 32, epochs: 1}
+nodes: {master_port: 0}
+"""
+
+USER_FILES = {
+    "typo_mod.py": "def build(info):\n    return None\n",
+    "broken_mod.py": "def build(info:\n    return None\n",
+    "needs_mod.py": "import numpy\nimport no_such_dependency_zz\n\ndef build(info):\n    return None\n",
+}
+
+BAD_ARGS = [  # (--set, field named, words of the message)
+    ("model.name=no_such_pkg_zz.models:net", "model.name", "cannot import 'no_such_pkg_zz.models'"),
+    ("model.name=typo_mod:biuld", "model.name", "defines no 'biuld'; did you mean 'typo_mod:build'?"),
+    ("model.name=broken_mod:build", "model.name", "broken_mod.py, line 1: syntax error"),
+    ("model.name=needs_mod:build", "model.name", "line 2: imports 'no_such_dependency_zz', which cannot be found"),
+    ("data.dataset=typo_mod:datasets", "data.dataset", "defines no 'datasets'"),
+    ("checkpoint.resume={tmp}/runs/old/checkpoints/ckpt-00000001.pt", "checkpoint.resume",
+     "no such checkpoint file"),
+    ("data.dataset=imagefolder", "data.root", "no such folder"),
+]
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _started_anything(tmp_path: Path) -> list[str]:
+    """A run directory, or any process whose command line mentions this test's folder."""
+    found = [str(p) for p in (tmp_path / "runs").glob("*")] if (tmp_path / "runs").exists() else []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(tmp_path) in part for part in p.info["cmdline"] or []) and p.pid != os.getpid():
+            found.append(f"pid {p.pid}: {' '.join(p.info['cmdline'])}")
+    return found
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize("override,field,words", BAD_ARGS, ids=[b[0].split("=")[0] + ":" + b[2][:20] for b in BAD_ARGS])
+def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypatch, command, override, field, words):
+    from engine import cli
+
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(TINY)
+    for name, text in USER_FILES.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)  # user modules are found from the current directory, as by a run
+    monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delitem(__import__("sys").modules, "typo_mod", raising=False)
+    extra = ["--set", f"data.root={tmp_path / 'no-data'}"] if "imagefolder" in override else []
+    before = _children()
+    code = cli.main([command, str(preset), "--set", override.format(tmp=tmp_path), *extra])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.startswith(f"{preset}: {field}: ") and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+    assert not _started_anything(tmp_path) and _children() <= before
+    assert not any(m in __import__("sys").modules for m in ("typo_mod", "broken_mod", "needs_mod")), \
+        "the user's code is checked without being run"
+
+
+def test_bad_arguments_from_the_real_command_and_debug_shows_the_traceback(tmp_path):
+    from tests.engine.test_cli import torchdeck
+
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(TINY)
+    (tmp_path / "typo_mod.py").write_text(USER_FILES["typo_mod.py"])
+    r = torchdeck("run", str(preset), "--set", "model.name=typo_mod:biuld", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"{preset}: model.name: typo_mod ({tmp_path / 'typo_mod.py'}) defines no 'biuld'; "
+                        "did you mean 'typo_mod:build'?\n")
+    assert not _started_anything(tmp_path)
+    for args in (["--debug", "validate", str(preset)], ["validate", str(preset), "--debug"]):
+        r = torchdeck(*args, "--set", "model.name=typo_mod:biuld", cwd=tmp_path, timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith(f"{preset}: model.name: typo_mod"), args
+        assert "Traceback (most recent call last)" in r.stderr and "_config_or_usage" in r.stderr, args
+
+
+def test_a_valid_user_model_passes_the_static_check(tmp_path, monkeypatch):
+    """No false alarms: names bound by imports, assignments, classes, loops and try blocks count."""
+    from engine.cli import _callable_problem
+
+    (tmp_path / "fine_mod.py").write_text(
+        "import os\ntry:\n    import optional_zz\nexcept ImportError:\n    optional_zz = None\n"
+        "from engine.models import mlp as build_mlp\nfrom torch import nn\n"
+        "FACTORY = build_mlp\nfor i in range(2):\n    pass\n"
+        "class Net(nn.Module):\n    pass\n\n\ndef build(info):\n    return build_mlp(info, 8)\n")
+    (tmp_path / "star_mod.py").write_text("from engine.models import *\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("build", "Net", "FACTORY", "build_mlp", "optional_zz", "os"):
+        assert _callable_problem(f"fine_mod:{name}") is None, name
+    assert _callable_problem("star_mod:mlp") is None  # a star import may define anything
+    assert _callable_problem("engine.models:mlp") is None
+    assert "defines no 'Nett'" in _callable_problem("fine_mod:Nett")
