@@ -140,7 +140,7 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunState, width:
         who = ("r" + ",".join(map(str, ranks))) if ranks else "-"
         fixed = 2 + name_w + 1 + 5 + 1 + 13 + 1 + 5 + 1 + 9 + 1 + 8
         room = max(8, width - fixed)
-        bw = max(4, min(20, room // 3))
+        bw = max(4, min(14, room // 4))
         sw = max(0, room - 2 * bw - 2)
         name = str(getattr(g, "name", "?")).replace("NVIDIA ", "")[:name_w]
         if i:
@@ -240,7 +240,8 @@ def host_text(host, state: RunState, width: int, why_none: str = "") -> Text:
 
 def rank_header(width: int) -> Text:
     cols = _rank_cols(width)
-    return Text(f"{'rank':<5}{'device':<{cols['dev']}}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
+    dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
+    return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
                 f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5} {'seen':>7}", style="bold")
 
 
@@ -248,7 +249,7 @@ def _rank_cols(width: int) -> dict:
     dev = 14 if width >= 110 else 0
     steps = 15
     fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 7
-    return {"dev": dev, "steps": steps, "bar": max(4, min(40, width - fixed))}
+    return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
 def rank_text(state: RunState, r, now: float, width: int) -> Text:

@@ -95,7 +95,7 @@ class MonitorScreen(Screen):
         self._pids: dict = {}
         self._gpus, self._gpu_ok, self._gpu_reason = [], True, "sampling GPUs..."
         self._host, self._host_why = None, "sampling the host..."
-        self._history = GPUHistory()
+        self.gpu_history = GPUHistory()
         self._last_plot = 0.0
         self._plot_timer = None
 
@@ -103,10 +103,10 @@ class MonitorScreen(Screen):
     def compose(self):
         yield TextPane(id="mon-header")
         with VerticalScroll(id="mon-body"):
+            yield RanksPane(id="mon-ranks", classes="pane")
             with Horizontal(id="mon-top"):
                 yield TextPane(id="mon-gpus", classes="pane")
                 yield TextPane(id="mon-host", classes="pane")
-            yield RanksPane(id="mon-ranks", classes="pane")
             with Horizontal(id="mon-bottom"):
                 yield Curves(id="mon-curves", classes="pane")
                 yield LogPane(id="mon-log", classes="pane")
@@ -215,7 +215,7 @@ class MonitorScreen(Screen):
     def on_monitor_screen_samples(self, msg: Samples) -> None:
         self._gpus, self._gpu_ok, self._gpu_reason = msg.gpus, msg.ok, msg.reason
         self._host, self._host_why = msg.host, msg.host_why
-        self._history.add(msg.gpus)
+        self.gpu_history.add(msg.gpus)
         self._paint_samples()
 
     def _tick(self) -> None:
@@ -245,15 +245,16 @@ class MonitorScreen(Screen):
 
     def _paint_samples(self) -> None:
         gp = self.query_one("#mon-gpus", TextPane)
-        gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self._history.by_index, self.run_state,
+        gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self.gpu_history.by_index, self.run_state,
                          gp.width()))
         hp = self.query_one("#mon-host", TextPane)
         hp.show(host_text(self._host, self.run_state, hp.width(), self._host_why))
 
     def on_resize(self) -> None:
-        self.call_after_refresh(self._repaint_all)
+        self.call_after_refresh(self.repaint)
 
-    def _repaint_all(self) -> None:
+    def repaint(self) -> None:
+        """Every pane from what is known now (after a resize, or a test seeding GPU history)."""
         self._paint()
         self._paint_samples()
 

@@ -1,0 +1,115 @@
+"""Snapshots of the Monitor screen at fixed sizes: a recorded events file with fixed times, a
+frozen clock, two fake GPUs (GPU 0 much busier: the imbalance must show) and a fake host.
+
+Regenerate after a deliberate UI change with:
+    .venv/bin/python -m pytest tests/app/test_snapshots_monitor.py --snapshot-update
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from app.main import TorchdeckApp
+from app.sources.host import FakeHostSource, HostSample, ProcSample
+from app.sources.nvml import FakeGPUSource, GPUSample
+from engine import config as cfgmod
+from engine import events
+from engine.rundir import RunDir
+
+T0 = 1_750_000_000.0
+NOW = T0 + 95.0  # the frozen clock: 95 s into the run
+SUP, R0, R1 = 4100, 4101, 4102  # shown pids; the pid file holds the test's own, so the run reads as live
+
+
+def gpu(i, util, used, pids, temp, power):
+    return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=util, mem_used_mb=used, mem_total_mb=40960,
+                     temp_c=temp, power_w=power, power_limit_w=400.0, pids=pids)
+
+
+# no GPU process list: which rank uses which GPU comes from the devices the ranks reported
+GPUS = [gpu(0, 98.0, 33800, [], 71, 352.0), gpu(1, 46.0, 12300, [], 52, 161.0)]
+HOST = HostSample(cpu_percent=38.0, per_cpu=[41.0, 35.0], ram_used_mb=9100, ram_total_mb=31900, load1=1.72,
+                  procs=[ProcSample(SUP, "python", 1.5, 160.0, None), ProcSample(R0, "python", 101.0, 2480.0, 0),
+                         ProcSample(R1, "python", 99.0, 2410.0, 1)])
+
+
+def recorded_events(name: str) -> list[dict]:
+    out = []
+
+    def put(kind, dt, **f):
+        e = events.make(kind, **f)
+        e["t"] = T0 + dt
+        out.append(e)
+
+    put("run_started", 0, run=name, strategy="ddp", world_size=2, nproc_per_node=2, node_rank=0, num_nodes=1,
+        global_batch=256, devices=["cuda:0", "cuda:1"], master_addr="127.0.0.1", master_port=29500, pid=SUP,
+        host="gpu-box", total_steps=300)
+    for r, pid in ((0, R0), (1, R1)):
+        put("rank_ready", 2, rank=r, local_rank=r, device=f"cuda:{r}", pid=pid, host="gpu-box", threads=8)
+    put("log", 3, rank=0, level="info", message="synthetic: 8192 train samples, 32 steps/epoch, 300 steps in all")
+    for s in range(1, 181):
+        t = 3 + s * 0.5
+        for r in (0, 1):
+            put("step", t + 0.01 * r, rank=r, epoch=s // 64, step=s, total_steps=300,
+                loss=2.3 * math.exp(-s / 60) + 0.08 + 0.03 * math.sin(s / 3), accuracy=min(0.97, 0.1 + s / 190),
+                samples_per_s=1290.0 if r == 0 else 1010.0, data_wait_s=0.004 if r == 0 else 0.03,
+                compute_s=0.096, lr=0.1)
+        if s % 64 == 0:
+            ep = s // 64 - 1
+            for r in (0, 1):
+                put("epoch_end", t + 0.2, rank=r, epoch=ep, step=s, train_loss=1.6 / (ep + 1.5),
+                    train_acc=0.45 + 0.2 * ep, val_loss=1.5 / (ep + 1.6), val_acc=0.5 + 0.2 * ep)
+            put("checkpoint", t + 0.3, rank=0, epoch=ep, step=s, path=f"checkpoints/ckpt-{s}.pt")
+    put("log", 80, rank=None, level="warning", message="rank 1: data loader is slow (30% of step time waiting)")
+    return out
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    return TorchdeckApp(gpu_source=FakeGPUSource(GPUS), host_source=FakeHostSource(HOST), runs_root=tmp_path / "runs")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory with a fixed name (a created one carries today's time)."""
+    run = RunDir(tmp_path / "runs" / "20250615-101500-ddp-a100")
+    run.path.mkdir(parents=True)
+    cfgmod.save(cfgmod.from_dict({"name": "ddp-a100", "strategy": "ddp", "accelerator": "cpu", "devices": 2,
+                                  "backend": "gloo"}), run.config_path)
+    evs = recorded_events(run.name)
+    with open(run.events_path, "w") as fh:
+        fh.writelines(events.dumps(e) + "\n" for e in evs)
+    run.pid_path.write_text(f"{os.getpid()}\n")
+    return run, len(evs)
+
+
+def show(run_dir):
+    run, n_events = run_dir
+
+    async def run_before(pilot):
+        from app.monitor.screen import MonitorScreen
+
+        screen = MonitorScreen(run.path, now=lambda: NOW, sample_every=3600)  # one sample: no moving history
+        await pilot.app.push_screen(screen)
+        for _ in range(200):
+            if screen.run_state.events == n_events and screen.gpu_history.by_index:
+                break
+            await pilot.pause(0.05)
+        assert screen.run_state.events == n_events
+        # a minute of history, as if sampled once a second: GPU 0 pegged, GPU 1 waiting on it
+        for k in range(60):
+            screen.gpu_history.add([gpu(0, 92 + 6 * math.sin(k / 4), 33800, [], 71, 352.0),
+                                    gpu(1, 45 + 35 * math.sin(k / 3), 12300, [], 52, 161.0)])
+        screen.repaint()
+        await pilot.pause(1.3)  # the plots redraw at most once a second
+        await pilot.pause(0.2)
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)], ids=["80x24", "140x45"])
+def test_monitor_live_ddp_run(snap_compare, app, run_dir, size):
+    assert snap_compare(app, terminal_size=size, run_before=show(run_dir))
