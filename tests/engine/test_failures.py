@@ -120,6 +120,87 @@ def test_hung_collective_ends_at_the_configured_timeout_naming_it(tmp_path, runs
     assert_clean(r)
 
 
+# ----------------------------------------------------------------------------- through `torchdeck run`
+
+FAILING_PRESET = """\
+name: raises
+strategy: ddp
+devices: 2
+model: {{name: "usermodels:failing", kwargs: {{at: 3, rank: "{rank}"}}}}
+data: {{dataset: synthetic, train_size: 4096, val_size: 64, image_size: 8}}
+train: {{batch_size: 8, epochs: 20, log_every_n_steps: 1, threads_per_rank: 1}}
+nodes: {{master_port: 0}}
+"""
+
+
+def _run_cli(tmp_path: Path, rank: str):
+    import subprocess
+
+    from tests.engine.test_lifecycle import cli_cmd, env_for
+    from tests.engine.test_supervisor import USER_MODELS
+
+    (tmp_path / "usermodels.py").write_text(USER_MODELS)
+    (tmp_path / "raises.yaml").write_text(FAILING_PRESET.format(rank=rank))
+    log = open(tmp_path / "cli.log", "w")
+    proc = subprocess.Popen(cli_cmd() + ["run", "raises.yaml"], cwd=tmp_path, env=env_for(tmp_path),
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return proc, tmp_path / "cli.log"
+
+
+@pytest.mark.slow
+def test_rank_raises_torchdeck_run_shows_root_cause_and_traceback_and_leaves_nothing(tmp_path):
+    from tests.engine.test_lifecycle import the_run
+
+    proc, log = _run_cli(tmp_path, rank="1")
+    run = the_run(tmp_path)
+    try:
+        assert proc.wait(timeout=120) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            launch.kill(run)
+    ended = time.time()
+    evs = events.read_all(run.events_path)
+    errors = [e for e in evs if e["kind"] == "error"]
+    first = errors[0]
+    assert first["rank"] == 1 and first["exception"] == "RuntimeError" and "boom at step 3" in first["message"]
+    assert ended - first["t"] < 10, "stopped everywhere within 10 s"
+    final = run.final_status()
+    assert final["status"] == "failed" and final["root_cause"].startswith("rank 1 (")  # even if rank 0 failed after
+    out = log.read_text()
+    host = socket.gethostname()
+    assert f"[error] rank 1 on {host} (pid {first['pid']}): RuntimeError: boom at step 3" in out
+    assert f"root cause: rank 1 ({host}): RuntimeError: boom at step 3" in out
+    assert 'in hook' in out and "raise RuntimeError" in out, "the traceback's tail is shown"
+    wait_gone(run)
+    assert port_free(evs[0]["master_port"])
+
+
+@pytest.mark.slow
+def test_sigkill_of_rank_0_frees_the_port_and_leaves_nothing(tmp_path):
+    """Rank 0 is the one users worry about (it used to host the store): killing it must still stop
+    rank 1 within 15 s, name the signal, and leave the port free."""
+    from tests.engine.test_lifecycle import rank_pids, steps_seen, the_run, wait_for
+
+    proc, log = _run_cli(tmp_path, rank="none")  # never raises
+    run = the_run(tmp_path)
+    try:
+        wait_for(lambda: steps_seen(run, 4) and len(rank_pids(run)) == 2, 120, "training steps")
+        pids = rank_pids(run)
+        os.kill(pids[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        assert proc.wait(timeout=60) == 1
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            launch.kill(run)
+    assert run.final_status()["root_cause"] == "rank 0 killed by signal 9 (SIGKILL)"
+    assert "rank 0 killed by signal 9" in log.read_text()
+    wait_gone(run)
+    assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    port = next(e["master_port"] for e in events.read_all(run.events_path) if e["kind"] == "run_started")
+    assert port_free(port)
+
+
 # ----------------------------------------------------------------------------- kill during a save
 
 KILLED_WRITER = '''
