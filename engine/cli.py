@@ -157,6 +157,17 @@ def _source_problem(origin: str, module: str, attr: str, find_spec) -> str | Non
     return None
 
 
+def _looks_like_checkpoint(path: Path) -> bool:
+    """torch.save's zip archive with its pickle inside: checked without torch (or a long load)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def preflight(cfg, source: str) -> list[str]:
     """Checks the schema cannot make (they look at the file system), cheap enough to run first."""
     from engine.config import BUILTIN_DATASETS, BUILTIN_MODELS
@@ -177,6 +188,9 @@ def preflight(cfg, source: str) -> list[str]:
     if resume and resume != "latest" and not Path(resume).expanduser().is_file():
         problems.append(f"{source}: checkpoint.resume: no such checkpoint file {resume!r} "
                         f"(use a ckpt-*.pt path from a run's checkpoints/ folder, or 'latest')")
+    elif resume and resume != "latest" and not _looks_like_checkpoint(Path(resume).expanduser()):
+        problems.append(f"{source}: checkpoint.resume: {resume!r} is not a PyTorch checkpoint (torch.save "
+                        f"writes a zip archive; this is not one, or it is cut short)")
     for fld, value, builtin in (("model.name", cfg.model.name, BUILTIN_MODELS),
                                 ("data.dataset", cfg.data.dataset, BUILTIN_DATASETS)):
         if value not in builtin and ":" in value:

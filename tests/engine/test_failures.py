@@ -480,8 +480,19 @@ BAD_ARGS = [  # (--set, field named, words of the message)
     ("data.dataset=typo_mod:datasets", "data.dataset", "defines no 'datasets'"),
     ("checkpoint.resume={tmp}/runs/old/checkpoints/ckpt-00000001.pt", "checkpoint.resume",
      "no such checkpoint file"),
+    ("checkpoint.resume={tmp}/tiny.yaml", "checkpoint.resume", "is not a PyTorch checkpoint"),
+    ("checkpoint.resume={tmp}/cut.pt", "checkpoint.resume", "is not a PyTorch checkpoint"),
     ("data.dataset=imagefolder", "data.root", "no such folder"),
 ]
+
+
+def _cut_checkpoint(path: Path) -> None:
+    """A real checkpoint cut short, as a copy interrupted halfway leaves it."""
+    import torch
+
+    torch.save({"model": {"w": torch.ones(1000)}, "step": 1}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
 
 
 def _children() -> set[int]:
@@ -506,6 +517,7 @@ def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypa
     preset.write_text(TINY)
     for name, text in USER_FILES.items():
         (tmp_path / name).write_text(text)
+    _cut_checkpoint(tmp_path / "cut.pt")
     monkeypatch.chdir(tmp_path)  # user modules are found from the current directory, as by a run
     monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
     monkeypatch.delitem(__import__("sys").modules, "typo_mod", raising=False)
@@ -554,3 +566,15 @@ def test_a_valid_user_model_passes_the_static_check(tmp_path, monkeypatch):
     assert _callable_problem("star_mod:mlp") is None  # a star import may define anything
     assert _callable_problem("engine.models:mlp") is None
     assert "defines no 'Nett'" in _callable_problem("fine_mod:Nett")
+
+
+def test_a_real_checkpoint_passes_the_resume_preflight(tmp_path):
+    import torch
+
+    from engine import checkpoint as ckpt
+    from engine.cli import _looks_like_checkpoint
+
+    path = ckpt.save({"model": {"w": torch.ones(3)}, "step": 7}, tmp_path, 7, keep_last=1)
+    assert _looks_like_checkpoint(path)
+    _cut_checkpoint(tmp_path / "cut.pt")
+    assert not _looks_like_checkpoint(tmp_path / "cut.pt")
