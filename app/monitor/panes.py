@@ -317,10 +317,11 @@ class RanksPane(Vertical):
         rows = self.query_one("#rank-rows", Vertical)
         have = {w.rank: w for w in rows.children if isinstance(w, RankRow)}
         ranks = state.rank_list()
-        new = [RankRow(r.rank) for r in ranks if r.rank not in have]
-        if new:
-            rows.mount_all(new)
-            have.update({w.rank: w for w in new})
+        for r in ranks:  # in rank order, whatever order they first reported in
+            if r.rank not in have:
+                row = have[r.rank] = RankRow(r.rank)
+                after = [w for k, w in have.items() if k > r.rank and w is not row]
+                rows.mount(row, before=min(after, key=lambda w: w.rank) if after else None)
         for r in ranks:
             have[r.rank].show(rank_text(state, r, now, width))
         if not ranks:

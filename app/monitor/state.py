@@ -347,8 +347,9 @@ class RunState:
         return now - st.last_seen > self.stale_after(st)
 
     def rank_spread(self) -> tuple[RankState, RankState] | None:
-        """(slowest, fastest) rank by samples/s among the ranks still running."""
-        live = [r for r in self.rank_list() if r.exited is None and r.samples_per_s > 0]
+        """(slowest, fastest) rank by samples/s (their last figures, once the run is over)."""
+        live = [r for r in self.rank_list() if not r.failed_exit and r.samples_per_s > 0
+                and (r.exited is None or self.final)]
         if len(live) < 2:
             return None
         return min(live, key=lambda r: r.samples_per_s), max(live, key=lambda r: r.samples_per_s)

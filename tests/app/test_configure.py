@@ -290,14 +290,6 @@ def test_app_imports_no_torch():
 # ----------------------------------------------------------------------------- launch
 
 
-def _monitor_available() -> bool:
-    try:
-        import app.monitor.screen  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
@@ -312,24 +304,22 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
         assert app.last_run is not None and app.last_run.parent == tmp_path / "runs"
         launched = cfgmod.load(app.last_run / "config.yaml")
         assert launched.train.epochs == 1 and launched.data.train_size == 1024
-        if not _monitor_available():
-            from engine.launch import wait
-
-            final = wait(app.last_run, timeout=150)  # the run itself must still finish
-            assert final is not None and final["status"] == "finished", final
-            pytest.xfail("app.monitor.screen (MonitorScreen) is not in this tree yet: the run "
-                         "finished, but no screen shows it")
-        assert type(app.screen).__name__ == "MonitorScreen"
-        deadline = time.monotonic() + 150
-        seen = False
-        while time.monotonic() < deadline:
-            await pilot.pause(1.0)
-            if "finished" in app.export_screenshot():
-                seen = True
-                break
+        from app.monitor.screen import MonitorScreen
         from engine.rundir import RunDir
 
-        assert seen, f"monitor never showed finished; run status {RunDir(app.last_run).status()}"
+        monitor = app.screen
+        assert isinstance(monitor, MonitorScreen) and monitor.run_dir.path == app.last_run
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not monitor.run_state.final:
+            await pilot.pause(0.5)
+        state = monitor.run_state
+        assert state.status == "finished", f"monitor says {state.status}; run status {RunDir(app.last_run).status()}"
+        ranks = state.rank_list()
+        assert [r.rank for r in ranks] == [0, 1]
+        assert state.total_steps and all(r.step == state.total_steps for r in ranks)  # every rank reached the end
+        await pilot.pause(0.5)
+        shot = app.export_screenshot()
+        assert "FINISHED" in shot and f"{state.total_steps}/{state.total_steps}" in shot
         assert RunDir(app.last_run).status() == "finished"
 
 

@@ -378,10 +378,12 @@ async def test_live_events_appear_on_screen(tmp_path):
         for k in range(3):
             s = 123450 + k
             put(*[events.make("step", rank=r, epoch=0, step=s, total_steps=987654, loss=0.5, accuracy=0.9,
-                              samples_per_s=640.0, data_wait_s=0.0, compute_s=0.1, lr=0.1) for r in (0, 1)])
+                              samples_per_s=640.0, data_wait_s=0.0, compute_s=0.1, lr=0.1) for r in (1, 0)])
             await until(pilot, lambda: len([ln for ln in screen_text(app).splitlines()
                                             if ln.startswith(("│ 0    ", "│ 1    ")) and f"{s}/987654" in ln]) == 2,
                         10, f"step {s} shown in both ranks' rows")
+            rows = [ln[:3] for ln in screen_text(app).splitlines() if ln.startswith(("│ 0    ", "│ 1    "))]
+            assert rows == ["│ 0", "│ 1"]  # rank order, though rank 1 reported first
         put(events.make("log", rank=1, level="warning", message="loss is getting interesting"))
         await until(pilot, lambda: "[warning] rank 1: loss is getting interesting" in screen_text(app), 10, "log")
         put(events.make("run_finished", status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=1.0))
