@@ -323,6 +323,7 @@ def test_sigkill_of_the_whole_run_during_a_save_then_resume_latest_equals_uninte
     before = ckpt.file_name(killed_at - 2)
     assert ckpt.latest(ck)[0].name == before
     assert not (r.dir / "status.json").exists()
+    assert RunDir(r.dir).status() == "lost", "torchdeck runs and the app show a killed run as lost"
 
     again = {**cfg, "checkpoint": {**cfg["checkpoint"], "resume": "latest", "every_n_steps": 0}}
     r2 = Run(tmp_path, again, name="resumed")
@@ -578,3 +579,31 @@ def test_a_real_checkpoint_passes_the_resume_preflight(tmp_path):
     assert _looks_like_checkpoint(path)
     _cut_checkpoint(tmp_path / "cut.pt")
     assert not _looks_like_checkpoint(tmp_path / "cut.pt")
+
+
+class _Payload:
+    """What a hostile checkpoint carries: unpickling it would run a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_not_run(tmp_path):
+    import pickle
+
+    import torch
+
+    from engine import checkpoint as ckpt
+
+    marker = tmp_path / "pwned"
+    d = tmp_path / "ck"
+    ckpt.save({"model": {"w": torch.ones(2)}, "step": 1}, d, 1, keep_last=5)
+    torch.save({"model": {"w": torch.ones(2)}, "step": 2, "x": _Payload(marker)}, d / ckpt.file_name(2))
+    with pytest.raises(pickle.UnpicklingError):
+        ckpt.load(d / ckpt.file_name(2))
+    path, state = ckpt.latest(d)  # resume: latest falls back to the one it can load safely
+    assert path.name == ckpt.file_name(1) and state["step"] == 1
+    assert not marker.exists(), "weights_only=True: nothing in a checkpoint is executed"
