@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections import deque
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
@@ -64,14 +65,20 @@ class TextPane(Static):
     def __init__(self, *a, **kw):
         super().__init__("", *a, **kw)
         self._shown: str | None = None
-        self._shown_style = None
+        self._rows = -1
 
     def show(self, text: Text | str) -> bool:
         key = text.markup if isinstance(text, Text) else text
         if key == self._shown:
             return False
         self._shown = key
-        self.update(text)
+        # A relayout of the whole screen costs far more than the repaint: only when the
+        # number of rows this text takes (wrapping included) changed.
+        plain = text.plain if isinstance(text, Text) else text
+        width = max(1, self.content_region.width)
+        rows = sum(1 + max(0, cell_len(line) - 1) // width for line in plain.split("\n"))
+        self.update(text, layout=rows != self._rows)
+        self._rows = rows
         return True
 
     def width(self, default: int = 76) -> int:
