@@ -302,6 +302,8 @@ def rank_spread_text(state: RunState) -> Text:
     if pair is None:
         return Text("rank balance: fewer than two ranks reporting", style="dim")
     slow, fast = pair
+    if slow.samples_per_s == fast.samples_per_s:
+        return Text(f"rank balance: every rank at {fast.samples_per_s:,.0f} samples/s", style="green")
     gap = 100 * (1 - slow.samples_per_s / fast.samples_per_s) if fast.samples_per_s else 0.0
     t = Text("rank balance: slowest ")
     t.append(f"rank {slow.rank} {slow.samples_per_s:,.0f}/s", style="bold")
@@ -394,14 +396,15 @@ class Curves(Horizontal):
         a.clear_data()
         a.clear_figure()
         a.title("accuracy %")
-        a.xlabel("epoch")
-        tra = [(e.epoch, 100 * e.train_acc) for e in ep if e.train_acc is not None]
-        vaa = [(e.epoch, 100 * e.val_acc) for e in ep if e.val_acc is not None]
-        for series, label, marker in ((tra, "train", "o"), (vaa, "val", "x")):
+        a.xlabel("step")
+        apts = state.step_acc.points
+        if apts:
+            a.plot([x for x, _ in apts], [100 * y for _, y in apts], label="train (step)", marker="braille")
+        tra = [(e.step, 100 * e.train_acc) for e in ep if e.train_acc is not None]
+        vaa = [(e.step, 100 * e.val_acc) for e in ep if e.val_acc is not None]
+        for series, label, marker in ((tra, "train (epoch)", "o"), (vaa, "val", "x")):
             if series:
-                a.plot([x for x, _ in series], [y for _, y in series], label=label, marker=marker)
-        if tra or vaa:
-            a.xticks(sorted({x for x, _ in tra + vaa}))
+                a.scatter([x for x, _ in series], [y for _, y in series], label=label, marker=marker)
         acc.refresh()
 
 

@@ -125,7 +125,8 @@ class RunState:
     first_step_t: float | None = None
     first_step: int = 0
     last_t: float | None = None  # newest event time
-    steps: _Thinned = field(default_factory=lambda: _Thinned(STEP_HISTORY))
+    steps: _Thinned = field(default_factory=lambda: _Thinned(STEP_HISTORY))  # (step, train loss)
+    step_acc: _Thinned = field(default_factory=lambda: _Thinned(STEP_HISTORY))  # (step, train batch accuracy)
     _curve_rank: int | None = None
 
     # ------------------------------------------------------------------ reducing
@@ -214,6 +215,8 @@ class RunState:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
         if st.rank == self._curve_rank and st.loss is not None:
             self.steps.add(st.step, st.loss)
+            if acc is not None:
+                self.step_acc.add(st.step, acc)
             self.curve_version += 1
 
     def _on_epoch_end(self, ev, t) -> None:
@@ -373,6 +376,8 @@ class RunState:
         snap.logs = deque(self.logs, maxlen=LOG_LINES)
         snap.steps = _Thinned(STEP_HISTORY)
         snap.steps.points = list(self.steps.points)
+        snap.step_acc = _Thinned(STEP_HISTORY)
+        snap.step_acc.points = list(self.step_acc.points)
         return snap
 
 
