@@ -352,6 +352,35 @@ async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
     assert sorted(run.checkpoint_dir.glob("ckpt-*.pt"))  # rank 0 saved on the way out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_kill_key_kills_every_process_of_a_live_real_run(tmp_path, cleanup):
+    from engine.launch import run_processes
+
+    run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
+    cleanup.append(run)
+    from app.monitor.screen import MonitorScreen
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = MonitorScreen(run.path)
+        await app.push_screen(screen)
+        await until(pilot, lambda: any(r.step >= 2 for r in screen.run_state.rank_list()), 120, "training started")
+        assert len(run_processes(run)) >= 3  # supervisor + 2 ranks
+        await pilot.press("k")
+        await pilot.pause(0.3)
+        assert type(app.screen).__name__ == "ConfirmDialog"
+        await pilot.press("y")
+        await until(pilot, lambda: screen.run_state.status == "failed", 15, "failed after kill")
+        assert "killed by the user" in (screen.run_state.root_cause or "")
+        await pilot.pause(0.3)
+        assert "FAILED" in screen_text(app)
+    deadline = time.monotonic() + 15
+    while run_processes(run) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert run_processes(run) == []
+
+
 async def test_live_events_appear_on_screen(tmp_path):
     """A run directory whose events the test writes as it goes: each new one shows up."""
     from app.monitor.screen import MonitorScreen
