@@ -413,6 +413,8 @@ class Curves(Horizontal):
 
 def log_lines(line) -> list[Text]:
     who = "supervisor" if line.rank is None else f"rank {line.rank}"
+    if line.level == "output":
+        return [Text.assemble((f"{who} │ ", "dim bold"), (line.text, "dim"))]
     style = {"error": "bold red", "warning": "yellow"}.get(line.level, "")
     head = Text()
     head.append(f"[{line.level}] ", style=style or "dim")

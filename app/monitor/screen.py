@@ -29,7 +29,8 @@ IDLE_POLL_S = 0.1
 POST_EVERY_S = 0.1  # at most this often a snapshot goes to the UI
 SAMPLE_EVERY_S = 1.0
 PLOT_EVERY_S = 1.0
-STATUS_EVERY_S = 1.0  # how often the reader asks whether the supervisor still lives
+STATUS_EVERY_S = 1.0
+OUTPUT_EVERY_S = 0.5  # worker log files  # how often the reader asks whether the supervisor still lives
 
 
 class MonitorCommands(Provider):
@@ -132,18 +133,24 @@ class MonitorScreen(Screen):
     def _read_events(self) -> None:
         """Tail events.jsonl, fold every event in, post a snapshot when something changed
         (at most every POST_EVERY_S). A finished run's whole file is read in one go here."""
+        from app.monitor.output import OutputTail
         from engine.events import Tail
 
         worker = get_current_worker()
         tail = Tail(self.run_dir.events_path)
+        output = OutputTail(self.run_dir.path)
         state = RunState()
-        posted, last_post, last_check = -1, 0.0, 0.0
+        posted, last_post, last_check, last_output = -1, 0.0, 0.0, 0.0
         final_seen_at = None
         while not worker.is_cancelled and not self._quit_evt.is_set():
             evs = tail.poll()
             if evs:
                 state.feed_all(evs)
             mono = time.monotonic()
+            if mono - last_output >= OUTPUT_EVERY_S:
+                last_output = mono
+                for rank, line in output.poll():
+                    state.add_output(rank, line)
             if not state.final and mono - last_check >= STATUS_EVERY_S:
                 last_check = mono
                 status = self.run_dir.status()

@@ -48,7 +48,7 @@ class RankState:
 @dataclass
 class LogLine:
     t: float
-    level: str  # info | warning | error
+    level: str  # info | warning | error | output (a line from a worker's log file)
     rank: int | None
     text: str
     detail: str = ""  # a traceback, for errors
@@ -301,6 +301,11 @@ class RunState:
             self.status = "running"
 
     # ------------------------------------------------------------------ outside news
+    def add_output(self, rank: int | None, text: str, t: float | None = None) -> None:
+        """A line a worker (or the supervisor) printed to its log file."""
+        self._log(t or self.last_t or time.time(), "output", rank, text)
+        self.version += 1
+
     def mark_lost(self, why: str) -> None:
         """The supervisor is gone without a run_finished: the run is over, and failed."""
         if self.status in FINAL:

@@ -482,3 +482,17 @@ async def test_without_nvml_the_gpu_pane_says_why(tmp_path):
         await app.push_screen(screen)
         await until(pilot, lambda: "libnvidia-ml" in screen_text(app), 10, "NVML reason")
         assert "no GPU view: no NVIDIA driver library (libnvidia-ml) on this host" in screen_text(app)
+
+
+def test_worker_output_tail_reads_new_lines_only(tmp_path):
+    from app.monitor.output import FIRST_BYTES, OutputTail
+
+    (tmp_path / "supervisor.log").write_text("supervisor 1: ddp x2\n")
+    (tmp_path / "rank0.log").write_text("x" * (FIRST_BYTES + 10) + "\nold line 1\nold line 2\npart")
+    tail = OutputTail(tmp_path)
+    assert tail.poll() == [(None, "supervisor 1: ddp x2"), (0, "old line 1"), (0, "old line 2")]
+    with open(tmp_path / "rank0.log", "a") as fh:
+        fh.write("ial line\n")
+    (tmp_path / "rank1.log").write_text("hello from rank 1\n")
+    assert tail.poll() == [(0, "partial line"), (1, "hello from rank 1")]
+    assert tail.poll() == []
