@@ -248,14 +248,15 @@ def host_text(host, state: RunState, width: int, why_none: str = "") -> Text:
 def rank_header(width: int) -> Text:
     cols = _rank_cols(width)
     dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
+    mem = f" {'mem':>6}" if cols["dev"] else ""
     return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
-                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5} {'seen':>7}", style="bold")
+                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>7}", style="bold")
 
 
 def _rank_cols(width: int) -> dict:
     dev = 14 if width >= 110 else 0
     steps = 15
-    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 7
+    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 7 + (7 if dev else 0)
     return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
@@ -277,6 +278,8 @@ def rank_text(state: RunState, r, now: float, width: int) -> Text:
     t.append(f" {_num(r.loss, '.4f', '-'):>8} {'-' if r.acc is None else format(100 * r.acc, '.1f') + '%':>6}")
     t.append(f" {r.samples_per_s:>10,.0f}")
     t.append(f" {'-' if r.data_wait is None else format(100 * r.data_wait, '.0f') + '%':>5}")
+    if cols["dev"]:  # device memory (host RSS on CPU) from rank 0's periodic rank_report
+        t.append(f" {'-' if r.device_mem_mb is None else _mb(r.device_mem_mb):>6}")
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
     elif state.is_stale(r, now):

@@ -62,6 +62,10 @@ def recorded_events(name: str) -> list[dict]:
                 put("epoch_end", t + 0.2, rank=r, epoch=ep, step=s, train_loss=1.6 / (ep + 1.5),
                     train_acc=0.45 + 0.2 * ep, val_loss=1.5 / (ep + 1.6), val_acc=0.5 + 0.2 * ep)
             put("checkpoint", t + 0.3, rank=0, epoch=ep, step=s, path=f"checkpoints/ckpt-{s}.pt")
+    put("rank_report", 90, rank=0, reports=[
+        {"rank": r, "host": "gpu-box", "node_rank": 0, "epoch": 2, "step": 178, "samples_per_s": sps,
+         "data_wait": dw, "device_mem_mb": mem, "t": T0 + 90} for r, sps, dw, mem in ((0, 1290.0, 0.04, 31750.0),
+                                                                                      (1, 1010.0, 0.24, 10240.0))])
     put("log", 80, rank=None, level="warning", message="rank 1: data loader is slow (30% of step time waiting)")
     return out
 
