@@ -48,6 +48,7 @@ LABELS = {
     "train.batch_size": "batch size", "train.max_steps": "max steps (0: none)",
     "train.grad_accum": "grad accumulation", "train.grad_clip": "grad clip (0: off)",
     "train.log_every_n_steps": "log every n steps", "train.threads_per_rank": "threads/rank (0: auto)",
+    "train.report_every_s": "rank report (s, 0: off)",
     "checkpoint.dir": "checkpoint dir", "checkpoint.every_n_steps": "every n steps (0: off)",
     "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
@@ -60,6 +61,7 @@ HINTS = {
     "optimizer.betas": "two numbers, e.g. 0.9, 0.999",
     "model_parallel.split": "layers per device, e.g. 3, 4 (empty: balance by parameters)",
     "init_method": "env://, tcp://HOST:PORT or file:///PATH",
+    "train.report_every_s": "how often rank 0 gathers all ranks' progress",
 }
 
 

@@ -4,9 +4,10 @@ The form turns widgets into a config dict and back; it does not validate. The sc
 the problems engine.config finds, and the form marks those fields (`-invalid`) with the reason.
 
 Speed: Textual mounts a few hundred widgets in about a second on a small machine, so the first
-frame gets only the Run group; the other groups are mounted one per refresh after it. Until a
-group is mounted its values come from the loaded dict, so reading the form is always complete.
-Each group is a two-column grid (label, control) so a field costs two widgets, not five.
+frame gets only the Run group (built from the preset's values, so nothing changes right after
+it); each other group, title included, is mounted one per refresh after it. Until a group is
+mounted its values come from the loaded dict, so reading the form is always complete. Each group
+is a two-column grid (label, control) so a field costs two widgets, not five.
 """
 from __future__ import annotations
 
@@ -50,12 +51,13 @@ class ConfigForm(VerticalScroll):
     class Edited(Message):
         pass
 
-    def __init__(self, **kwargs):
+    def __init__(self, data: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.gpus: list = []  # GPU samples (index, name, mem_used_mb, mem_total_mb, pids)
         self.gpus_known = False
         self.gpu_reason = "looking for GPUs…"
-        self.data: dict = RunConfig().to_dict()  # values of fields not mounted yet
+        # values of fields not mounted yet (and what the first frame shows)
+        self.data: dict = copy.deepcopy(data) if data is not None else RunConfig().to_dict()
         self.mounted_groups: set[str] = set()
         self.problems: dict[str, str] = {}
         self._pending = False
@@ -65,13 +67,8 @@ class ConfigForm(VerticalScroll):
 
     # ------------------------------------------------------------------ building
     def compose(self):
-        for i, group in enumerate(GROUPS):
-            title = Static(group, classes="group-title", id=group_id(group) + "-title")
-            first = [w for f in FIELDS if f.group == group for w in self._field_widgets(f)] if i == 0 else []
-            grid = Grid(*first, classes="group", id=group_id(group))
-            self._w[title.id], self._w[grid.id] = title, grid
-            yield title
-            yield grid
+        self._last_strategy = self.data.get("strategy")
+        yield from self._group_widgets(GROUPS[0])
         self.mounted_groups.add(GROUPS[0])
 
     def on_mount(self) -> None:
@@ -90,9 +87,23 @@ class ConfigForm(VerticalScroll):
         """Every group mounted (tests and snapshots wait for this)."""
         return len(self.mounted_groups) == len(GROUPS)
 
+    def _group_widgets(self, group: str) -> list:
+        """Title and grid of one group, fields shown or hidden as the values say before mounting."""
+        fields = [f for f in FIELDS if f.group == group]
+        title = Static(group, classes="group-title", id=group_id(group) + "-title")
+        grid = Grid(*[w for f in fields for w in self._field_widgets(f)], classes="group", id=group_id(group))
+        self._w[title.id], self._w[grid.id] = title, grid
+        shown_any = False
+        for f in fields:
+            shown = f.path in self.problems or f.shown(self.value_of)  # unmounted: the loaded values
+            shown_any = shown_any or shown
+            for w in self._parts(f):
+                w.display = shown
+        title.display = grid.display = shown_any
+        return [title, grid]
+
     async def _mount_group(self, group: str) -> None:
-        widgets = [w for f in FIELDS if f.group == group for w in self._field_widgets(f)]
-        await self._w[group_id(group)].mount_all(widgets)
+        await self.mount_all(self._group_widgets(group))  # groups mount in order: appending keeps it
         self.mounted_groups.add(group)
         self._edited()  # the screen re-applies problems and visibility to the new fields
 
@@ -307,7 +318,7 @@ class ConfigForm(VerticalScroll):
                 msg.update(why or hint)
                 msg.set_class(why is not None, "-error")
                 msg.display = shown
-        for group in GROUPS:
+        for group in self.mounted_groups:
             shown = any(why for f in FIELDS if f.group == group for why in [f.path in problems or f.shown(self.value_of)])
             self._w[group_id(group) + "-title"].display = shown
             self._w[group_id(group)].display = shown

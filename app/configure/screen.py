@@ -30,6 +30,15 @@ def preset_label(path: Path) -> str:
     return str(path)
 
 
+def preset_source(path: Path) -> str:
+    """user | shipped | file: where a preset comes from, for the preset bar."""
+    from engine.rundir import user_presets_dir
+
+    if preset_label(path) == str(Path(path).resolve()):
+        return "file"
+    return "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
+
+
 class ConfigureScreen(Screen):
     AUTO_FOCUS = "#f-name"
     BINDINGS = [
@@ -53,23 +62,41 @@ class ConfigureScreen(Screen):
         self.gpus_loaded = False
 
     def compose(self):
+        self._initial = self._read_initial()
         yield Static("", id="preset-bar")
-        yield ConfigForm(id="form")
+        yield ConfigForm(self._initial[0], id="form")  # built with the preset's values: no second pass
         yield Static("", id="problems")
         yield Static("", id="summary")
         yield Static("", id="command")
         yield Footer()
 
-    def on_mount(self) -> None:
+    def _read_initial(self) -> tuple:
+        """(data, path, source, name) of the preset to open with; the defaults when it is broken."""
         from engine.presets import DEFAULT_PRESET, resolve
 
+        self._initial_error = ""
         try:
             path = resolve(self._preset_arg or DEFAULT_PRESET)
         except ConfigError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            self._show_config(cfgmod.RunConfig().to_dict(), None, "defaults", "")
+            self._initial_error = str(exc)
         else:
-            self.load_preset(path)
+            try:
+                cfg = cfgmod.load(path)
+            except ConfigError as exc:
+                self._initial_error = f"cannot load this preset:\n{exc}"
+            else:
+                return cfg.to_dict(), Path(path), preset_source(path), preset_label(path)
+        return cfgmod.RunConfig().to_dict(), None, "defaults", ""
+
+    def on_mount(self) -> None:
+        if self._initial_error:
+            self.notify(self._initial_error, severity="error", timeout=10)
+        self._show_config(*self._initial)
+        self.call_after_refresh(self._first_frame_shown)
+
+    def _first_frame_shown(self) -> None:
+        """NVML start-up (and its import) would compete with the first frame for the GIL: after it."""
+        self.app.first_frame_shown()
         self._probe_gpus()
 
     @property
@@ -100,12 +127,7 @@ class ConfigureScreen(Screen):
         except ConfigError as exc:
             self.notify(f"cannot load this preset:\n{exc}", severity="error", timeout=10)
             return False
-        from engine.rundir import user_presets_dir
-
-        source = "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
-        if preset_label(path) == str(Path(path).resolve()):
-            source = "file"
-        self._show_config(cfg.to_dict(), Path(path), source, preset_label(path))
+        self._show_config(cfg.to_dict(), Path(path), preset_source(path), preset_label(path))
         return True
 
     def _show_config(self, data: dict, path: Path | None, source: str, name: str) -> None:
