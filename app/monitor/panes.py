@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
-from app.monitor.state import FINAL, RunState, fmt_duration
+from app.monitor.state import RunState, fmt_duration
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about
@@ -459,5 +459,5 @@ class GPUHistory:
             self.by_index.setdefault(g.index, deque(maxlen=self.n)).append(_fnum(getattr(g, "util", None)))
 
 
-__all__ = ["FINAL", "TextPane", "RanksPane", "Curves", "LogPane", "GPUHistory", "header_text", "gpu_text",
+__all__ = ["TextPane", "RanksPane", "Curves", "LogPane", "GPUHistory", "header_text", "gpu_text",
            "host_text", "bar", "spark"]

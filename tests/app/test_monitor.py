@@ -6,7 +6,6 @@ import asyncio
 import os
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
