@@ -250,13 +250,13 @@ def rank_header(width: int) -> Text:
     dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
     mem = f" {'mem':>6}" if cols["dev"] else ""
     return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
-                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>7}", style="bold")
+                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>11}", style="bold")
 
 
 def _rank_cols(width: int) -> dict:
     dev = 14 if width >= 110 else 0
-    steps = 15
-    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 7 + (7 if dev else 0)
+    steps = 15 if width >= 110 else 11
+    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 11 + (7 if dev else 0)
     return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
@@ -283,21 +283,24 @@ def rank_text(state: RunState, r, now: float, width: int) -> Text:
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
     elif state.is_stale(r, now):
-        t.append(f" STALE {fmt_duration(now - r.last_seen)}", style="bold red reverse")
+        t.append(" ")
+        t.append(f"{'STALE ' + _seen(now - r.last_seen, whole=True):>11}", style="bold red reverse")
     elif r.exited:
-        t.append("    done", style="dim")
+        t.append(f" {'done':>11}", style="dim")
     else:
         seen = None if r.last_seen is None else max(0.0, now - r.last_seen)
-        t.append(f" {_seen(seen):>7}", style="dim" if state.final else "")
+        t.append(f" {_seen(seen):>11}", style="dim" if state.final else "")
     if r.from_report:
         t.append(" (report)", style="dim")
     return t
 
 
-def _seen(s: float | None) -> str:
+def _seen(s: float | None, whole: bool = False) -> str:
     if s is None:
         return "-"
-    return f"{s:.1f}s" if s < 60 else fmt_duration(s)
+    if s < 60:
+        return f"{s:.0f}s" if whole else f"{s:.1f}s"
+    return fmt_duration(s)
 
 
 def rank_spread_text(state: RunState) -> Text:

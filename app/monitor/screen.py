@@ -40,8 +40,7 @@ class MonitorCommands(Provider):
         ("Stop run", "stop", "Graceful stop: ranks finish the step, rank 0 checkpoints (s)"),
         ("Kill run", "kill", "SIGKILL every process of the run (k)"),
         ("Leave monitor", "leave", "Back to the previous screen; the run goes on (escape)"),
-        ("Runs list", "runs", "Past and live runs (r)"),
-    )
+    )  # "Runs list" is the app's own palette entry, on every screen
 
     def _hits(self):
         screen = self.screen

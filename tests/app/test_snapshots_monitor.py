@@ -35,7 +35,7 @@ HOST = HostSample(cpu_percent=38.0, per_cpu=[41.0, 35.0], ram_used_mb=9100, ram_
                          ProcSample(R1, "python", 99.0, 2410.0, 1)])
 
 
-def recorded_events(name: str) -> list[dict]:
+def recorded_events(name: str, rank1_silent_after: int | None = None) -> list[dict]:
     out = []
 
     def put(kind, dt, **f):
@@ -52,6 +52,8 @@ def recorded_events(name: str) -> list[dict]:
     for s in range(1, 181):
         t = 3 + s * 0.5
         for r in (0, 1):
+            if r == 1 and rank1_silent_after is not None and s > rank1_silent_after:
+                continue
             put("step", t + 0.01 * r, rank=r, epoch=s // 64, step=s, total_steps=300,
                 loss=2.3 * math.exp(-s / 60) + 0.08 + 0.03 * math.sin(s / 3), accuracy=min(0.97, 0.1 + s / 190),
                 samples_per_s=1290.0 if r == 0 else 1010.0, data_wait_s=0.004 if r == 0 else 0.03,
@@ -76,18 +78,22 @@ def app(tmp_path, monkeypatch):
     return TorchdeckApp(gpu_source=FakeGPUSource(GPUS), host_source=FakeHostSource(HOST), runs_root=tmp_path / "runs")
 
 
-@pytest.fixture
-def run_dir(tmp_path):
+def make_run(tmp_path, **kw):
     """A run directory with a fixed name (a created one carries today's time)."""
     run = RunDir(tmp_path / "runs" / "20250615-101500-ddp-a100")
     run.path.mkdir(parents=True)
     cfgmod.save(cfgmod.from_dict({"name": "ddp-a100", "strategy": "ddp", "accelerator": "cpu", "devices": 2,
                                   "backend": "gloo"}), run.config_path)
-    evs = recorded_events(run.name)
+    evs = recorded_events(run.name, **kw)
     with open(run.events_path, "w") as fh:
         fh.writelines(events.dumps(e) + "\n" for e in evs)
     run.pid_path.write_text(f"{os.getpid()}\n")
     return run, len(evs)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return make_run(tmp_path)
 
 
 def show(run_dir):
@@ -117,3 +123,8 @@ def show(run_dir):
 @pytest.mark.parametrize("size", [(80, 24), (140, 45)], ids=["80x24", "140x45"])
 def test_monitor_live_ddp_run(snap_compare, app, run_dir, size):
     assert snap_compare(app, terminal_size=size, run_before=show(run_dir))
+
+
+def test_monitor_stale_rank_140x45(snap_compare, app, tmp_path):
+    """Rank 1 stopped reporting at step 120 (t = 63 s); at 95 s it is flagged stale in red."""
+    assert snap_compare(app, terminal_size=(140, 45), run_before=show(make_run(tmp_path, rank1_silent_after=120)))
