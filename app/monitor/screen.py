@@ -86,7 +86,7 @@ class MonitorScreen(Screen):
                  sample_every: float = SAMPLE_EVERY_S):
         from engine.rundir import RunDir
 
-        super().__init__(id="monitor")
+        super().__init__()  # no id: the runs list may stack a second Monitor of another run
         self.run_dir = RunDir(Path(run_path))
         self.now = now or time.time
         self.sample_every = sample_every
@@ -319,6 +319,8 @@ class MonitorScreen(Screen):
         self.app.call_from_thread(self.notify, f"Killed {len(pids)} process(es) of the run", severity="warning")
 
     def action_leave(self) -> None:
+        if not self.run_state.final and self.run_dir.is_live():
+            self.app.notify(f"{self.run_dir.name} goes on; reopen it from the runs list")
         if len(self.app.screen_stack) > 1:
             self.app.pop_screen()
         else:
