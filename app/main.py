@@ -24,7 +24,7 @@ from app.configure.screen import ConfigureScreen  # noqa: E402
 
 
 class TorchdeckApp(App):
-    CSS_PATH = "main.tcss"
+    CSS_PATH = Path(__file__).with_name("main.tcss")  # absolute: subclasses elsewhere keep it
     TITLE = "torchdeck"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
@@ -110,6 +110,9 @@ class TorchdeckApp(App):
         yield SystemCommand("Launch", "Validate the form and start the run (F5)", self._on_configure("launch"))
         yield SystemCommand("Save preset", "Save the form as a user preset (Ctrl+S)", self._on_configure("save_preset"))
         yield SystemCommand("Load preset", "Load a shipped or user preset (Ctrl+O)", self._on_configure("load_preset"))
+        yield SystemCommand("Export torchrun / sbatch",
+                            "torchrun command per node and a SLURM sbatch script for the form (F6)",
+                            self._on_configure("export"))
         yield SystemCommand("Runs list", "Past and live runs (F2)", self.action_runs)
         yield from super().get_system_commands(screen)
 

@@ -46,6 +46,7 @@ class ConfigureScreen(Screen):
         Binding("ctrl+o,f3", "load_preset", "Load preset"),
         Binding("ctrl+s,f4", "save_preset", "Save preset"),
         Binding("f2", "runs", "Runs"),
+        Binding("f6,ctrl+t", "export", "Export"),
     ]
 
     def __init__(self, preset: str | Path | None = None):
@@ -68,7 +69,7 @@ class ConfigureScreen(Screen):
         yield Static("", id="problems")
         yield Static("", id="summary")
         yield Static("", id="command")
-        yield Footer()
+        yield Footer(compact=True)
 
     def _read_initial(self) -> tuple:
         """(data, path, source, name) of the preset to open with; the defaults when it is broken."""
@@ -233,14 +234,34 @@ class ConfigureScreen(Screen):
             f"[b]torchdeck[/b] · Configure · preset [b]{self.preset_name or '-'}[/b]{src}{mark}")
 
     # ------------------------------------------------------------------ launch and runs
-    def action_launch(self) -> None:
+    def _refused(self, verb: str) -> bool:
+        """Validate now; when the form is invalid say why, go to the field, and return True."""
         self.revalidate()
-        if self.cfg is None:
-            field, why = next(iter(self.problems.items()))
-            self.notify(f"Cannot launch: {field}: {why}" if field else f"Cannot launch: {why}",
-                        severity="error", timeout=8)
-            if field in BY_PATH:
-                self._focus_field(field)
+        if self.cfg is not None:
+            return False
+        field, why = next(iter(self.problems.items()))
+        self.notify(f"Cannot {verb}: {field}: {why}" if field else f"Cannot {verb}: {why}",
+                    severity="error", timeout=8)
+        if field in BY_PATH:
+            self._focus_field(field)
+        return True
+
+    def action_export(self) -> None:
+        """torchrun per node and an sbatch script for the form, as `torchdeck export` prints them."""
+        if self._refused("export"):
+            return
+        from app.configure.export import ExportDialog, build
+
+        try:
+            exp = build(self.cfg, self.form.to_dict(), self.base, self.preset_path, self.preset_name,
+                        self.modified)
+        except ValueError as exc:
+            self.notify(f"Cannot export: {exc}", severity="error", timeout=8)
+            return
+        self.app.push_screen(ExportDialog(exp, self.cfg))
+
+    def action_launch(self) -> None:
+        if self._refused("launch"):
             return
         from engine import launch
 

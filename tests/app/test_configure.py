@@ -1,6 +1,8 @@
 """Pilot tests of the Configure screen: typing into the form, validation, presets, launch."""
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -19,36 +21,39 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZE = (120, 40)
 
 
-class _Sample:
-    def __init__(self, index, name, used, total, pids):
-        self.index, self.name, self.mem_used_mb, self.mem_total_mb, self.pids = index, name, used, total, pids
-        self.util, self.temp_c, self.power_w, self.power_limit_w = 0.0, 40, 60.0, 300.0
+def gpu(i, used, pids):
+    from app.sources.nvml import GPUSample
 
-
-class _FakeGPUs:
-    def __init__(self, samples):
-        self.samples = samples
-
-    def status(self):
-        return (True, "") if self.samples else (False, "no NVIDIA driver library (libnvidia-ml) on this host")
-
-    def sample(self):
-        return list(self.samples)
+    return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=0.0, mem_used_mb=used, mem_total_mb=40960,
+                     temp_c=40, power_w=60.0, power_limit_w=300.0, pids=pids)
 
 
 def two_fake_gpus():
-    """Two GPUs, the second busy; the helpers' FakeGPUSource when it exists."""
-    try:
-        from app.sources.nvml import FakeGPUSource, GPUSample
+    """Two GPUs, the second busy (this machine has none: the only fake is the hardware)."""
+    from app.sources.nvml import FakeGPUSource
 
-        def s(i, name, used, total, pids):
-            return GPUSample(index=i, name=name, util=0.0, mem_used_mb=used, mem_total_mb=total,
-                             temp_c=40, power_w=60.0, power_limit_w=300.0, pids=pids)
-        return FakeGPUSource([s(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
-                              s(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
-    except (ImportError, TypeError):
-        return _FakeGPUs([_Sample(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
-                          _Sample(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
+    return FakeGPUSource([gpu(0, 512, []), gpu(1, 20480, [4242])])
+
+
+def no_gpus():
+    from app.sources.nvml import FakeGPUSource
+
+    return FakeGPUSource([], reason="no NVIDIA driver library (libnvidia-ml) on this host")
+
+
+class RecordingApp(TorchdeckApp):
+    """The app, keeping every notification it shows (Textual has no public list of them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.messages: list[str] = []
+
+    def notify(self, message, **kwargs) -> None:
+        self.messages.append(str(message))
+        super().notify(message, **kwargs)
+
+    def said(self, text: str) -> bool:
+        return any(text in m for m in self.messages)
 
 
 @pytest.fixture
@@ -99,7 +104,7 @@ def invalid(screen, path: str) -> str | None:
 
 
 def make_app(tmp_path, gpus=None, preset=None):
-    return TorchdeckApp(preset=preset, gpu_source=gpus or _FakeGPUs([]), runs_root=tmp_path / "runs")
+    return RecordingApp(preset=preset, gpu_source=gpus or no_gpus(), runs_root=tmp_path / "runs")
 
 
 # ----------------------------------------------------------------------------- the form
@@ -127,7 +132,7 @@ async def test_bad_value_is_marked_and_launch_refused_until_fixed(tmp_path, pres
         assert "modified" in str(screen.query_one("#preset-bar").render())
         await pilot.press("f5")
         await pilot.pause(0.2)
-        assert any("Cannot launch: train.batch_size" in n.message for n in app._notifications)
+        assert app.said("Cannot launch: train.batch_size")
         assert not (tmp_path / "runs").exists()
         await type_into(pilot, "f-train-batch_size", "32")
         assert invalid(screen, "train.batch_size") is None and screen.cfg is not None
@@ -148,7 +153,7 @@ async def test_impossible_combinations_are_marked_with_the_reason(tmp_path, pres
         assert "nccl needs CUDA" in invalid(screen, "backend")
         await pilot.press("ctrl+r")
         await pilot.pause(0.2)
-        assert any("Cannot launch: backend" in n.message for n in app._notifications)
+        assert app.said("Cannot launch: backend")
         await choose(pilot, "f-backend", "g")
         assert screen.cfg is not None and invalid(screen, "backend") is None
 
@@ -238,7 +243,7 @@ async def test_save_load_overwrite_delete_round_trip(tmp_path, presets_dir):
         await pilot.pause(0.2)
         await pilot.press("delete")
         await pilot.pause(0.2)
-        assert any("shipped preset" in n.message for n in app._notifications)
+        assert app.said("shipped preset")
         await pilot.press(*["down"] * idx, "delete")
         await pilot.pause(0.2)
         await pilot.press("y")
@@ -328,7 +333,7 @@ async def test_command_palette_offers_the_main_actions(tmp_path, presets_dir):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for want in ("Launch", "Save preset", "Load preset", "Runs list", "Quit"):
+        for want in ("Launch", "Save preset", "Load preset", "Export torchrun / sbatch", "Runs list", "Quit"):
             assert want in titles
         await pilot.press("ctrl+p")
         await pilot.pause(0.3)
@@ -373,3 +378,104 @@ async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
         await pilot.press("y")
         await pilot.pause(0.3)
         assert screen.form.value_of("train.epochs") == 3 and not screen.modified
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def cli(*args: str, cwd: Path) -> str:
+    """`torchdeck ARGS` as a user runs it (same presets dir: the fixture sets it in the env)."""
+    out = subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True,
+                         text=True, timeout=180, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def shown(dialog, wid: str) -> str:
+    return str(dialog.query_one("#" + wid).render())
+
+
+async def test_export_shows_what_torchdeck_export_prints_and_writes_it(tmp_path, presets_dir, monkeypatch):
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        dialog = app.screen
+        assert type(dialog).__name__ == "ExportDialog"
+        assert shown(dialog, "export-cli") == "same as: torchdeck export quickstart --torchrun"
+        torchrun = cli("export", "quickstart", "--torchrun", cwd=work)
+        sbatch = cli("export", "quickstart", "--sbatch", cwd=work)
+        assert shown(dialog, "export-torchrun") + "\n" == torchrun
+        assert shown(dialog, "export-sbatch") + "\n" == sbatch
+        assert str(resolve("quickstart").resolve()) in torchrun  # an unmodified preset is read as is
+
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert sorted(p.name for p in work.iterdir()) == ["quickstart.sbatch", "quickstart.torchrun.sh"]
+        assert (work / "quickstart.torchrun.sh").read_text() == torchrun
+        assert (work / "quickstart.sbatch").read_text() == sbatch
+        assert app.said(f"wrote quickstart.torchrun.sh, quickstart.sbatch in {work}")
+        check = subprocess.run(["bash", "-n", str(work / "quickstart.sbatch")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+        (work / "quickstart.sbatch").write_text("old")
+        await pilot.press("w")  # files exist: asked first
+        await pilot.pause(0.3)
+        assert "Overwrite quickstart.torchrun.sh, quickstart.sbatch" in shown(app.screen, "question")
+        await pilot.press("y")
+        await pilot.pause(0.3)
+        assert (work / "quickstart.sbatch").read_text() == sbatch
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "ConfigureScreen"
+
+
+async def test_export_of_an_edited_multi_node_form_writes_its_config(tmp_path, presets_dir, monkeypatch):
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-nodes-num_nodes", "2")
+        await type_into(pilot, "f-nodes-master_addr", "10.1.2.3")
+        await type_into(pilot, "f-nodes-ifname", "eth1")
+        assert screen.cfg is not None and screen.cfg.world_size == 4
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        dialog = app.screen
+        text = shown(dialog, "export-torchrun")
+        for k in (0, 1):
+            assert f"--node-rank {k} --master-addr 10.1.2.3 --master-port 29500" in text
+        assert "GLOO_SOCKET_IFNAME=eth1 torchrun --nnodes 2 --nproc-per-node 2" in text
+        config = work / "quickstart.yaml"
+        assert str(config) in text  # the edited form, not the shipped preset, is what torchrun reads
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert sorted(p.name for p in work.iterdir()) == ["quickstart.sbatch", "quickstart.torchrun.sh",
+                                                          "quickstart.yaml"]
+        assert cfgmod.load(config).to_dict() == screen.cfg.to_dict()
+        assert "--nodes=2" in (work / "quickstart.sbatch").read_text()
+        # the command the dialog says is equivalent prints the same text
+        argv = shlex.split(shown(dialog, "export-cli").removeprefix("same as: "))
+        assert argv[:2] == ["torchdeck", "export"] and "--write-config" in argv
+        assert cli(*argv[1:], cwd=work) == text + "\n"
+
+
+async def test_export_of_an_invalid_form_is_refused_with_the_reason(tmp_path, presets_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-nodes-num_nodes", "2")
+        await type_into(pilot, "f-nodes-master_port", "0")
+        assert "fixed master_port" in invalid(screen, "nodes.master_port")
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        assert app.said("Cannot export: nodes.master_port: multi-node runs need a fixed master_port")
+        assert app.screen is screen and app.focused.id == "f-nodes-master_port"
+        assert not any(tmp_path.glob("*.sbatch"))
