@@ -6,6 +6,7 @@ import asyncio
 import os
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -496,3 +497,20 @@ def test_worker_output_tail_reads_new_lines_only(tmp_path):
     (tmp_path / "rank1.log").write_text("hello from rank 1\n")
     assert tail.poll() == [(0, "partial line"), (1, "hello from rank 1")]
     assert tail.poll() == []
+
+
+def test_monitor_modules_do_not_import_torch():
+    """The Monitor opens from the app's first screen: torch (seconds to import) stays out of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, app.monitor.screen, app.monitor.state, app.monitor.panes, app.monitor.output\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "[]"
+    code = "import sys, app.monitor.state; print('textual' in sys.modules)"  # the reducer stays UI-free
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.stdout.strip() == "False", out.stderr
