@@ -61,6 +61,7 @@ HINTS = {
     "optimizer.betas": "two numbers, e.g. 0.9, 0.999",
     "model_parallel.split": "layers per device, e.g. 3, 4 (empty: balance by parameters)",
     "init_method": "env://, tcp://HOST:PORT or file:///PATH",
+    "nodes.ifname": "NIC for gloo/NCCL, e.g. eth0 (empty: they pick one)",
     "train.report_every_s": "how often rank 0 gathers all ranks' progress",
 }
 
@@ -91,6 +92,8 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "scheduler.gamma": lambda v: v("scheduler.name") == "step",
     "scheduler.warmup_steps": lambda v: v("scheduler.name") in ("warmup", "cosine", "onecycle"),
     "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
+    # one node is always node 0; a count still being typed (not a number) shows it
+    "nodes.node_rank": lambda v: v("strategy") in DISTRIBUTED and v("nodes.num_nodes") != 1,
 }
 _PREFIX_SHOWN_WHEN = {
     "nodes.": lambda v: v("strategy") in DISTRIBUTED,

@@ -39,6 +39,26 @@ def preset_source(path: Path) -> str:
     return "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
 
 
+def host_problems(cfg: cfgmod.RunConfig) -> dict[str, str]:
+    """What stops a valid config from starting on this host. Such a config may be meant for
+    other nodes, so it still saves and exports; only Launch is refused."""
+    import socket
+
+    from engine.strategies import get_strategy
+
+    out: dict[str, str] = {}
+    ifname = cfg.nodes.ifname
+    # NCCL-style patterns (^docker, =eth0) are NCCL's to read; plain names must exist here
+    if ifname and get_strategy(cfg.strategy).distributed and not any(c in ifname for c in "^="):
+        have = [name for _, name in socket.if_nameindex()]
+        missing = [n for n in ifname.split(",") if n and n not in have]
+        if missing:
+            out["nodes.ifname"] = (f"this host has no network interface {', '.join(missing)} (it has: "
+                                   f"{', '.join(have)}); pick the one that reaches the other nodes, or "
+                                   "leave it empty")
+    return out
+
+
 class ConfigureScreen(Screen):
     AUTO_FOCUS = "#f-name"
     BINDINGS = [
@@ -208,6 +228,8 @@ class ConfigureScreen(Screen):
             self.cfg = cfgmod.from_dict(data, hw=self.hw)
         except ConfigError as exc:
             problems = exc.by_field()
+        else:
+            problems = host_problems(self.cfg)  # valid, but it cannot start here (export still can)
         self.problems = problems
         self.form.show_problems(problems)
         stray = [f"{k or 'preset'}: {v}" for k, v in problems.items() if k not in BY_PATH]
@@ -216,7 +238,7 @@ class ConfigureScreen(Screen):
         box.display = bool(stray)
         self._update_bar()
         s = self.query_one("#summary", Static)
-        if self.cfg is not None:
+        if not problems:
             s.update(summary.describe(self.cfg))
             s.remove_class("-invalid")
         else:
@@ -237,7 +259,7 @@ class ConfigureScreen(Screen):
     def _refused(self, verb: str) -> bool:
         """Validate now; when the form is invalid say why, go to the field, and return True."""
         self.revalidate()
-        if self.cfg is not None:
+        if not self.problems or (self.cfg is not None and verb != "launch"):
             return False
         field, why = next(iter(self.problems.items()))
         self.notify(f"Cannot {verb}: {field}: {why}" if field else f"Cannot {verb}: {why}",

@@ -163,7 +163,17 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)
         shown = screen.form.is_shown
-        assert shown("backend") and shown("nodes.num_nodes")
+        assert shown("backend") and shown("nodes.num_nodes") and shown("nodes.ifname")
+        assert not shown("nodes.node_rank")  # one node is node 0
+        await type_into(pilot, "f-nodes-num_nodes", "2")
+        assert shown("nodes.node_rank") and screen.cfg.world_size == 4
+        await type_into(pilot, "f-nodes-node_rank", "2")
+        assert "must be in 0..1" in invalid(screen, "nodes.node_rank")
+        await type_into(pilot, "f-nodes-node_rank", "1")
+        await type_into(pilot, "f-nodes-num_nodes", "1")
+        assert "must be in 0..0" in invalid(screen, "nodes.node_rank")  # shown while it is wrong
+        await type_into(pilot, "f-nodes-node_rank", "0")
+        assert not shown("nodes.node_rank") and screen.cfg is not None
         await choose(pilot, "f-strategy", "dp")
         assert screen.query_one("#f-accelerator", Select).value == "cuda"
         assert not shown("backend") and not shown("nodes.num_nodes")
@@ -443,15 +453,20 @@ async def test_export_of_an_edited_multi_node_form_writes_its_config(tmp_path, p
         screen = await ready(pilot)
         await type_into(pilot, "f-nodes-num_nodes", "2")
         await type_into(pilot, "f-nodes-master_addr", "10.1.2.3")
-        await type_into(pilot, "f-nodes-ifname", "eth1")
+        await type_into(pilot, "f-nodes-ifname", "tdnone0")
         assert screen.cfg is not None and screen.cfg.world_size == 4
+        # an interface this host lacks: Launch here would fail, but the export is for other nodes
+        assert "no network interface tdnone0" in invalid(screen, "nodes.ifname")
+        await pilot.press("f5")
+        await pilot.pause(0.2)
+        assert app.said("Cannot launch: nodes.ifname") and not (tmp_path / "runs").exists()
         await pilot.press("f6")
         await pilot.pause(0.3)
         dialog = app.screen
         text = shown(dialog, "export-torchrun")
         for k in (0, 1):
             assert f"--node-rank {k} --master-addr 10.1.2.3 --master-port 29500" in text
-        assert "GLOO_SOCKET_IFNAME=eth1 torchrun --nnodes 2 --nproc-per-node 2" in text
+        assert "GLOO_SOCKET_IFNAME=tdnone0 torchrun --nnodes 2 --nproc-per-node 2" in text
         config = work / "quickstart.yaml"
         assert str(config) in text  # the edited form, not the shipped preset, is what torchrun reads
         await pilot.press("w")
