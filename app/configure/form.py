@@ -64,6 +64,10 @@ class ConfigForm(VerticalScroll):
         self._last_strategy: str | None = None
         self._w: dict = {}
         self.quit_when_complete = False
+        # The GPU pickers cost about a tenth of the first frame: for a CPU preset they are mounted
+        # right after it, and a cuda devices value set before then waits here.
+        self._cuda_ready = False
+        self._cuda_pending = []
 
     # ------------------------------------------------------------------ building
     def compose(self):
@@ -75,6 +79,10 @@ class ConfigForm(VerticalScroll):
         self.call_after_refresh(self._mount_next)
 
     async def _mount_next(self) -> None:
+        if not self._cuda_ready:
+            await self._mount_cuda()
+            self.call_after_refresh(self._mount_next)
+            return
         rest = [g for g in GROUPS if g not in self.mounted_groups]
         if rest:
             await self._mount_group(rest[0])
@@ -85,7 +93,7 @@ class ConfigForm(VerticalScroll):
     @property
     def complete(self) -> bool:
         """Every group mounted (tests and snapshots wait for this)."""
-        return len(self.mounted_groups) == len(GROUPS)
+        return len(self.mounted_groups) == len(GROUPS) and self._cuda_ready
 
     def _group_widgets(self, group: str) -> list:
         """Title and grid of one group, fields shown or hidden as the values say before mounting."""
@@ -125,13 +133,12 @@ class ConfigForm(VerticalScroll):
             out.append(Switch(bool(value), id=f.wid))
         elif f.kind == "devices":
             cpu = self.data.get("accelerator") == "cpu"
-            out.append(Horizontal(
-                Input(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs", compact=True),
-                Select([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True),
-                Input("" if cpu else format_value("devices", value), placeholder="GPU indices: 0,1 or all",
-                      id="f-devices-text", compact=True),
-                id="ctl-devices", classes="field-ctl"))
-            out.append(SelectionList(id="f-devices-gpus", compact=True, classes="span2"))
+            procs = Input(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs",
+                          compact=True)
+            row, below = ([], []) if cpu else self._cuda_widgets(format_value("devices", value))
+            self._cuda_ready = not cpu
+            out.append(Horizontal(procs, *row, id="ctl-devices", classes="field-ctl"))
+            out.extend(below)
             out.append(Static("", id="gpu-note", classes="field-msg span2"))
         else:
             out.append(Input(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
@@ -142,6 +149,26 @@ class ConfigForm(VerticalScroll):
             for x in (w, *w._pending_children):
                 self._w[x.id] = x
         return out
+
+    def _cuda_widgets(self, text: str) -> tuple[list, list]:
+        """GPU pickers: (in the devices row: one-GPU select, typed indices), (below it: multi-select)."""
+        row = [Select([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True),
+               Input(text, placeholder="GPU indices: 0,1 or all", id="f-devices-text", compact=True)]
+        below = [SelectionList(id="f-devices-gpus", compact=True, classes="span2")]
+        for w in row + below:
+            w.display = False  # update_devices shows the one the mode needs
+        return row, below
+
+    async def _mount_cuda(self) -> None:
+        row, below = self._cuda_widgets("")
+        ctl = self._w["ctl-devices"]
+        await ctl.mount_all(row)
+        await self._w[group_id(BY_PATH["devices"].group)].mount_all(below, after=ctl)
+        for w in row + below:
+            self._w[w.id] = w
+        self._cuda_ready = True
+        self._apply_cuda_devices(self._cuda_pending)
+        self._edited()  # the screen re-applies visibility: update_devices picks the widget to show
 
     def w(self, wid: str):
         """A field widget by id (mounted or about to be)."""
@@ -168,6 +195,8 @@ class ConfigForm(VerticalScroll):
         return "one" if self.value_of("strategy") == "gpu" else "many"
 
     def _cuda_value(self, mode: str):
+        if not self._cuda_ready:
+            return copy.deepcopy(self._cuda_pending)
         if mode == "text":
             return parse_text("devices", self._w["f-devices-text"].value)
         if mode == "one":
@@ -228,6 +257,9 @@ class ConfigForm(VerticalScroll):
 
     def _apply_cuda_devices(self, value) -> None:
         """Put a cuda devices value into every cuda widget, so switching modes keeps it."""
+        if not self._cuda_ready:
+            self._cuda_pending = copy.deepcopy(value)
+            return
         self._w["f-devices-text"].value = format_value("devices", value)
         known = [g.index for g in self.gpus]
         chosen = known if value == "all" else (value if isinstance(value, list) else [])
@@ -257,9 +289,10 @@ class ConfigForm(VerticalScroll):
     def update_devices(self) -> None:
         mode = self.devices_mode()
         self._w["f-devices-procs"].display = mode == "procs"
-        self._w["f-devices-text"].display = mode == "text"
-        self._w["f-devices-gpu"].display = mode == "one"
-        self._w["f-devices-gpus"].display = mode == "many"
+        if self._cuda_ready:
+            self._w["f-devices-text"].display = mode == "text"
+            self._w["f-devices-gpu"].display = mode == "one"
+            self._w["f-devices-gpus"].display = mode == "many"
         note = self._w["gpu-note"]
         if "devices" in self.problems:
             text = self.problems["devices"]
