@@ -327,29 +327,40 @@ def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys)
 
 @pytest.mark.slow
 def test_exported_two_node_torchrun_commands_run_and_match_the_supervisor(tmp_path, tiny, capsys):
-    """Two real torchrun invocations (--nnodes 2, one rank each, loopback) from the exported text
-    reach the same weights as the same config launched by `torchdeck run` with 2 local ranks."""
-    import shlex
-
+    """The exported lines themselves (env prefix included), run by bash as two nodes on loopback
+    (--nnodes 2, one rank each), write each node's run directory and reach the same weights as
+    the same config launched by `torchdeck run` with 2 local ranks."""
     import torch
 
     port = _free_port()
     cfg_file = tmp_path / "two-node.yaml"
     sets = ["--set", "strategy=ddp", "--set", "train.max_steps=4", "--set", "nodes.num_nodes=2",
-            "--set", f"nodes.master_port={port}", "--set", "name=tn"]
+            "--set", f"nodes.master_port={port}", "--set", "nodes.ifname=lo", "--set", "name=tn",
+            "--set", "train.report_every_s=0.01"]
     assert cli.main(["export", str(tiny), "--torchrun", *sets, "--write-config", str(cfg_file),
                      "--run-root", str(tmp_path / "tr")]) == 0
     cmds = [ln for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith("#")]
-    assert len(cmds) == 2 and all("--nnodes 2 --nproc-per-node 1" in c for c in cmds)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    procs = [subprocess.Popen([str(torchrun)] + shlex.split(c)[1:], cwd=tmp_path, stdout=subprocess.PIPE,
+    assert len(cmds) == 2 and all(c.startswith("GLOO_SOCKET_IFNAME=lo torchrun --nnodes 2 --nproc-per-node 1")
+                                  for c in cmds)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    procs = [subprocess.Popen(["bash", "-c", c], cwd=tmp_path, stdout=subprocess.PIPE, env=env,
                               stderr=subprocess.STDOUT, text=True) for c in cmds]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:  # a node that hangs must not outlive the test
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
-    node0 = read_all(tmp_path / "tr" / "tn-node0" / "events.rank0.jsonl")
-    node1 = read_all(tmp_path / "tr" / "tn-node1" / "events.rank1.jsonl")
-    assert max(e["step"] for e in node0 if e["kind"] == "step") == 4
-    assert max(e["step"] for e in node1 if e["kind"] == "step") == 4
+    for k in (0, 1):
+        node = tmp_path / "tr" / f"tn-node{k}"
+        evs = read_all(node / "events.jsonl")
+        assert evs[0]["kind"] == "run_started" and evs[0]["node_rank"] == k and evs[0]["world_size"] == 2
+        assert max(e["step"] for e in evs if e["kind"] == "step" and e["rank"] == k) == 4
+        assert {e["rank"] for e in evs if e["kind"] == "rank_ready"} == {k}
+        assert evs[-1]["kind"] == "run_finished" and evs[-1]["status"] == "finished"
+        assert json.loads((node / "status.json").read_text())["status"] == "finished"
+    reports = [e for e in read_all(tmp_path / "tr" / "tn-node0" / "events.jsonl") if e["kind"] == "rank_report"]
+    assert reports and [r["node_rank"] for r in reports[-1]["reports"]] == [0, 1]
     ckpt_tr = tmp_path / "tr" / "tn-node0" / "checkpoints" / "ckpt-00000004.pt"
 
     r = torchdeck("run", str(tiny), "--set", "strategy=ddp", "--set", "devices=2", "--set", "train.max_steps=4",

@@ -147,8 +147,15 @@ def test_worker_runs_under_torchrun(tmp_path):
     proc = subprocess.run(torchrun, cwd=ROOT, capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The same run directory the supervisor leaves: attach, runs and the app open it.
+    evs = events.read_all(run / "events.jsonl")
     for rank in (0, 1):
-        evs = events.read_all(run / f"events.rank{rank}.jsonl")
-        assert {e["kind"] for e in evs} >= {"rank_ready", "step"} and all(e["rank"] == rank for e in evs)
+        assert {e["kind"] for e in evs if e.get("rank") == rank} >= {"rank_ready", "step"}
+    assert evs[0]["kind"] == "run_started" and evs[0]["world_size"] == 2 and evs[0]["launcher"] == "torchrun"
+    assert evs[-1]["kind"] == "run_finished" and evs[-1]["status"] == "finished"
+    assert cfgmod.load(run / "config.yaml").strategy == "ddp"
+    from engine.rundir import RunDir
+
+    assert RunDir(run).status() == "finished"
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32}))
     assert_same_weights(final_model(run)["model"], final_model(tmp_path / "one")["model"])
