@@ -9,7 +9,6 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Select, SelectionList, Static, Switch
 
 from app.configure import summary
-from app.configure.dialogs import ConfirmDialog, LoadPresetDialog, SavePresetDialog
 from app.configure.fields import BY_PATH
 from app.configure.form import ConfigForm
 from engine import config as cfgmod
@@ -163,6 +162,8 @@ class ConfigureScreen(Screen):
         return self.form.to_dict() != self.baseline
 
     def action_load_preset(self) -> None:
+        from app.configure.dialogs import ConfirmDialog, LoadPresetDialog  # not needed for the first frame
+
         def load(info) -> None:
             if self.load_preset(info.path):
                 self.notify(f"loaded {info.source} preset {info.name}")
@@ -186,6 +187,8 @@ class ConfigureScreen(Screen):
             field, why = exc.problems[0]
             self.notify(f"Cannot save: {field}: {why}" if field else f"Cannot save: {why}", severity="error")
             return
+        from app.configure.dialogs import SavePresetDialog
+
         suggested = self.preset_name if self.preset_source == "user" else f"my-{cfg.name}"
 
         def named(name: str | None) -> None:
@@ -200,6 +203,8 @@ class ConfigureScreen(Screen):
         try:
             path = save_user_preset(cfg, name, overwrite=overwrite)
         except PresetExists:
+            from app.configure.dialogs import ConfirmDialog
+
             def answer(yes: bool | None) -> None:
                 if yes:
                     self.save_as(cfg, name, overwrite=True)
