@@ -8,36 +8,15 @@ from __future__ import annotations
 import pytest
 
 from app.main import TorchdeckApp
-
-
-class _Sample:
-    def __init__(self, index, name, used, total, pids):
-        self.index, self.name, self.mem_used_mb, self.mem_total_mb, self.pids = index, name, used, total, pids
-        self.util, self.temp_c, self.power_w, self.power_limit_w = 37.0, 45, 120.0, 400.0
-
-
-class _FakeGPUs:
-    def __init__(self, samples):
-        self.samples = samples
-
-    def status(self):
-        return True, ""
-
-    def sample(self):
-        return list(self.samples)
+from app.sources.nvml import FakeGPUSource, GPUSample
 
 
 def fake_gpus():
-    try:
-        from app.sources.nvml import FakeGPUSource, GPUSample
-
-        def s(i, used, pids):
-            return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=37.0, mem_used_mb=used,
-                             mem_total_mb=40960, temp_c=45, power_w=120.0, power_limit_w=400.0, pids=pids)
-        return FakeGPUSource([s(0, 512, []), s(1, 20480, [4242])])
-    except (ImportError, TypeError):
-        return _FakeGPUs([_Sample(0, "NVIDIA A100-SXM4-40GB", 512, 40960, []),
-                          _Sample(1, "NVIDIA A100-SXM4-40GB", 20480, 40960, [4242])])
+    """Two A100s, the second busy: NVML's data fixed, so a picture changes only when the UI does."""
+    def s(i, used, pids):
+        return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=37.0, mem_used_mb=used,
+                         mem_total_mb=40960, temp_c=45, power_w=120.0, power_limit_w=400.0, pids=pids)
+    return FakeGPUSource([s(0, 512, []), s(1, 20480, [4242])])
 
 
 @pytest.fixture
