@@ -302,6 +302,28 @@ def test_app_imports_no_torch():
     assert "BAD []" in out.stdout
 
 
+def test_gc_is_paused_only_until_the_first_frame(tmp_path, presets_dir):
+    """Start-up runs without cyclic GC passes (they only cost time there); after the first frame,
+    and whatever happens, the GC runs again."""
+    import gc
+
+    app = make_app(tmp_path)
+    seen = {}
+    shown = app.first_frame_shown
+
+    def spy() -> None:
+        seen["before"] = gc.isenabled()
+        shown()
+        seen["after"] = gc.isenabled()
+        app.call_later(app.action_quit)
+
+    app.first_frame_shown = spy
+    assert gc.isenabled()
+    app.run(headless=True, size=SIZE)
+    assert seen == {"before": False, "after": True}
+    assert gc.isenabled() and app.return_code == 0
+
+
 # ----------------------------------------------------------------------------- launch
 
 
