@@ -68,6 +68,9 @@ class TorchdeckApp(App):
             if was_on:
                 gc.enable()
 
+    def on_mount(self) -> None:
+        self.set_timer(2.0, self.first_frame_shown)  # in case the first screen is not Configure
+
     def first_frame_shown(self) -> None:
         """The Configure screen calls this once painted: the start-up objects live as long as the
         app, so freeze them (later collections skip them) and let the GC run again."""
