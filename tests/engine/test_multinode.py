@@ -118,6 +118,45 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_stop_on_node_0_stops_every_node(tmp_path):
+    """A stop asked on the main node reaches the other node's ranks through the stop agreement:
+    both nodes end within the bound, rank 0 checkpoints, and nothing of either run is left."""
+    cfg = small_cfg(strategy="ddp", devices=1, **{
+        "train.max_steps": 0, "train.epochs": 10 ** 6, "nodes.num_nodes": 2,
+        "nodes.master_port": free_port(), "nodes.timeout_s": 60})
+    preset = write_preset(tmp_path / "long.yaml", cfg)
+    before = our_descendants()
+    procs = [subprocess.Popen(
+        torchdeck_cmd("run", str(preset), "--node-rank", str(k), "--runs-dir", str(tmp_path / f"node{k}")),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        for k in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            dirs = [list((tmp_path / f"node{k}").glob("*/events.jsonl")) for k in (0, 1)]
+            if all(dirs) and all(any(e["kind"] == "step" for e in events.read_all(d[0])) for d in dirs):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the two nodes did not start training")
+        run0, run1 = (only_run_dir(tmp_path / f"node{k}") for k in (0, 1))
+        (run0 / "stop").touch()
+        t0 = time.monotonic()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert time.monotonic() - t0 < 30
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert json.loads((run0 / "status.json").read_text())["status"] == "stopped"
+    last1 = max(e["step"] for e in events.read_all(run1 / "events.jsonl") if e["kind"] == "step")
+    (ckpt_ev,) = [e for e in events.read_all(run0 / "events.jsonl") if e["kind"] == "checkpoint"]
+    assert ckpt_ev["step"] >= last1  # node 1 stopped at the step node 0 checkpointed
+    assert_nothing_left(run0, before)
+    assert_nothing_left(run1, before)
+
+
+@pytest.mark.slow
 def test_node_pointed_at_a_closed_port_fails_within_the_timeout(tmp_path):
     """No master listening: node 1 gives up after nodes.timeout_s with a message naming the
     address, the port and what to check; exit 1; nothing of the run is left."""
