@@ -450,7 +450,8 @@ class Supervisor:
 
     def _outcome(self, codes, died_first, base, reported):
         ok = all(c == 0 for c in codes)
-        stopping = self.first_stop_t is not None
+        # A stop asked on another node reaches our ranks through the stop agreement; they leave the stop file.
+        stopping = self.first_stop_t is not None or self.rd.stop_path.exists()
         if self.write_failure:  # the ranks were stopped gracefully; say whether that went through
             done = "after a final checkpoint" if ok else "(a rank failed on the way: see its log)"
             return "failed", f"{self.write_failure}; the run was stopped {done}"

@@ -216,7 +216,8 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port) -> None:
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
     emit = QueueReporter(queue, rank)
     try:
-        train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set)
+        if train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set):
+            (run_dir / "stop").touch()  # stopped (maybe asked on another node): the run is 'stopped'
     except BaseException as exc:
         error_event(emit, rank, exc)
         traceback.print_exc()

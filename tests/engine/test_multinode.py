@@ -148,7 +148,8 @@ def test_stop_on_node_0_stops_every_node(tmp_path):
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert json.loads((run0 / "status.json").read_text())["status"] == "stopped"
+    for run in (run0, run1):
+        assert json.loads((run / "status.json").read_text())["status"] == "stopped"
     last1 = max(e["step"] for e in events.read_all(run1 / "events.jsonl") if e["kind"] == "step")
     (ckpt_ev,) = [e for e in events.read_all(run0 / "events.jsonl") if e["kind"] == "checkpoint"]
     assert ckpt_ev["step"] >= last1  # node 1 stopped at the step node 0 checkpointed
