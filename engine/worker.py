@@ -114,6 +114,9 @@ def rendezvous_message(cfg, rank: int, world_size: int, exc: BaseException, node
                 f"sees the same shared file and that all {world_size} ranks started. ({exc})")
     same = (f"every node uses the same nodes.master_addr ({addr}), nodes.master_port ({port}) and "
             f"nodes.num_nodes ({n.num_nodes})")
+    if n.num_nodes > 1 and (addr in ("localhost", "::1") or addr.startswith("127.")):
+        same += (f" (note: {addr} is this host itself; nodes on other machines need node 0's network "
+                 f"address in nodes.master_addr)")
     if isinstance(exc, dist.DistNetworkError) and node_rank != 0:
         return (f"{node} could not reach the master at {addr}:{port} within nodes.timeout_s={n.timeout_s} s. "
                 f"Check: is node 0 started (torchdeck run PRESET --node-rank 0)? is {addr} reachable from "

@@ -280,6 +280,27 @@ def test_rank_reports_in_one_process_follow_report_every_s(tmp_path):
     assert not any(e["kind"] == "rank_report" for e in off)
 
 
+def test_rendezvous_message_for_other_hosts_points_at_master_addr(monkeypatch):
+    """Which advice a failed rendezvous gives depends on where it failed (message text only)."""
+    import torch.distributed as dist
+
+    from engine.worker import rendezvous_message
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{
+        "nodes.num_nodes": 3, "nodes.node_rank": 2, "nodes.master_addr": "10.0.0.5", "nodes.master_port": 29400}))
+    net = rendezvous_message(cfg, 4, 6, dist.DistNetworkError("timed out"))
+    assert net.startswith("rank 4 (node 2 of 3) could not reach the master at 10.0.0.5:29400")
+    assert "is this host itself" not in net
+    cfg.nodes.node_rank = 0
+    store = rendezvous_message(cfg, 0, 6, dist.DistStoreError("wait timeout"))
+    assert "not all 6 ranks joined" in store and "node ranks 0..2" in store
+    assert "set nodes.ifname" in store
+    cfg.nodes.master_addr = "127.0.0.1"
+    assert "127.0.0.1 is this host itself" in rendezvous_message(cfg, 0, 6, dist.DistStoreError("x"))
+
+
 def test_report_every_s_must_not_be_negative():
     with pytest.raises(cfgmod.ConfigError, match="train.report_every_s"):
         cfgmod.from_dict(small_cfg(**{"train.report_every_s": -1}))
