@@ -215,6 +215,8 @@ def _cannot_write(path, exc: OSError) -> str:
 
 def _is_timeout(err: dict) -> bool:
     """A collective or rendezvous that gave up waiting (gloo: "Timed out waiting 5000ms ...")."""
+    if err.get("exception") == "RendezvousError":  # already says where and what to check (worker.py)
+        return False
     text = f"{err.get('exception')} {err.get('message')}".lower()
     return "timed out" in text or "timeout" in text
 

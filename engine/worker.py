@@ -112,7 +112,7 @@ def rendezvous_message(cfg, rank: int, world_size: int, exc: BaseException, node
     if not port:
         return (f"{node}: rendezvous through {addr} failed after {n.timeout_s} s: check that every node "
                 f"sees the same shared file and that all {world_size} ranks started. ({exc})")
-    same = (f"every node uses the same nodes.master_addr ({addr}), nodes.master_port ({port}) and "
+    same = (f"every node use the same nodes.master_addr ({addr}), nodes.master_port ({port}) and "
             f"nodes.num_nodes ({n.num_nodes})")
     if n.num_nodes > 1 and (addr in ("localhost", "::1") or addr.startswith("127.")):
         same += (f" (note: {addr} is this host itself; nodes on other machines need node 0's network "
