@@ -23,9 +23,13 @@ def describe(cfg: RunConfig) -> str:
         devs = "  ".join(f"r{r}:{','.join(d)}" for r, d in enumerate(per_rank))
     else:  # many ranks: say the pattern, not every rank
         devs = f"r0:{','.join(per_rank[0])} … r{len(per_rank) - 1}:{','.join(per_rank[-1])}"
-    nodes = f" x {cfg.nodes.num_nodes} nodes" if cfg.nodes.num_nodes > 1 else ""
-    accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
     n = cfg.nproc_per_node
+    nodes = ""
+    if cfg.nodes.num_nodes > 1:  # global rank = node_rank x nproc_per_node + local rank (torchrun's rule)
+        first = cfg.nodes.node_rank * n
+        mine = f"rank {first}" if n == 1 else f"ranks {first}-{first + n - 1}"
+        nodes = f" x {cfg.nodes.num_nodes} nodes (this is node {cfg.nodes.node_rank}: {mine})"
+    accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
     return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {cfg.world_size} · "
             f"global batch {cfg.global_batch}{accum} · {devs}")
 

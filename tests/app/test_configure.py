@@ -167,6 +167,9 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert not shown("nodes.node_rank")  # one node is node 0
         await type_into(pilot, "f-nodes-num_nodes", "2")
         assert shown("nodes.node_rank") and screen.cfg.world_size == 4
+        await type_into(pilot, "f-nodes-node_rank", "1")
+        assert str(screen.query_one("#summary").render()).startswith(
+            "2 processes x 2 nodes (this is node 1: ranks 2-3) · world 4 · global batch 256")
         await type_into(pilot, "f-nodes-node_rank", "2")
         assert "must be in 0..1" in invalid(screen, "nodes.node_rank")
         await type_into(pilot, "f-nodes-node_rank", "1")
