@@ -32,7 +32,9 @@ def torchrun_argv(cfg, config_path: str, run_dir: str, node_rank: int | None = N
         k = cfg.nodes.node_rank if node_rank is None else node_rank
         argv += ["--nnodes", str(cfg.nodes.num_nodes), "--nproc-per-node", str(nproc),
                  "--node-rank", str(k), "--master-addr", cfg.nodes.master_addr,
-                 "--master-port", str(cfg.nodes.master_port)]
+                 "--master-port", str(cfg.nodes.master_port),
+                 # nodes.timeout_s bounds the wait for the master, as in `torchdeck run` (torchrun: 600 s)
+                 "--rdzv-conf", f"timeout={cfg.nodes.timeout_s}"]
     return argv + ["-m", "engine.worker", str(config_path), "--run-dir", str(run_dir)]
 
 
@@ -95,10 +97,12 @@ export TD_RUN_ROOT="$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID-{cfg.name}"
 export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export TD_PORT={port}
 export TD_NPROC={nproc}
+export TD_TIMEOUT={cfg.nodes.timeout_s}  # nodes.timeout_s: how long the nodes wait for each other
 {env_lines}mkdir -p "$TD_RUN_ROOT"
 
 # One torchrun per node; c10d rendezvous on the first node. Each node writes its own run directory.
 srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
     --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
+    --rdzv-conf "join_timeout=$TD_TIMEOUT" \\
     -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID"'
 """

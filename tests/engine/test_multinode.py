@@ -215,6 +215,27 @@ def test_ifname_reaches_gloo_and_a_missing_interface_is_named(tmp_path):
     assert "nodes.ifname: no network interface 'nosuch0'" in cause and "lo" in cause.split("it has:")[1]
 
 
+@pytest.mark.slow
+def test_exported_torchrun_node_gives_up_at_the_timeout(tmp_path):
+    """The exported torchrun line carries nodes.timeout_s (torchrun alone would wait 600 s):
+    node 1 with no master ends within it, non-zero, naming the address and port."""
+    port = free_port()
+    cfg = small_cfg(strategy="ddp", devices=1, **{"nodes.num_nodes": 2, "nodes.master_port": port,
+                                                  "nodes.timeout_s": 5})
+    preset = write_preset(tmp_path / "lonely.yaml", cfg)
+    r = subprocess.run(torchdeck_cmd("export", str(preset), "--torchrun", "--run-root", str(tmp_path / "tr")),
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    (node1,) = [ln for ln in r.stdout.splitlines() if "--node-rank 1" in ln and not ln.startswith("#")]
+    assert "--rdzv-conf timeout=5" in node1
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", node1], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 5 + 30
+    assert f"127.0.0.1, {port}" in proc.stdout + proc.stderr or f"127.0.0.1:{port}" in proc.stdout + proc.stderr
+
+
 SRUN = """#!/bin/bash
 # Stand-in for SLURM's srun (no cluster here): one task per node on this host, SLURM_NODEID set.
 while [[ "$1" == --* ]]; do shift; done
