@@ -95,11 +95,8 @@ class TorchdeckApp(App):
         self.exit()
 
     def action_runs(self) -> None:
-        try:
-            from app.runs.screen import RunsScreen
-        except ImportError as exc:
-            self.notify(f"runs list unavailable: {exc}", severity="warning")
-            return
+        from app.runs.screen import RunsScreen  # imported when first opened: not on the first frame
+
         self.push_screen(RunsScreen())
 
     def _on_configure(self, action: str):

@@ -298,11 +298,8 @@ class ConfigureScreen(Screen):
             self.notify(f"Cannot launch: {exc}", severity="error", timeout=10)
             return
         self.app.last_run = run.path
-        try:
-            from app.monitor.screen import MonitorScreen
-        except ImportError as exc:
-            self.notify(f"run started in {run.path} (monitor unavailable: {exc})")
-            return
+        from app.monitor.screen import MonitorScreen  # imported on first launch, not on the first frame
+
         self.app.push_screen(MonitorScreen(run.path))
 
     def _focus_field(self, path: str) -> None:
