@@ -351,6 +351,8 @@ class ConfigForm(VerticalScroll):
                 msg.update(why or hint)
                 msg.set_class(why is not None, "-error")
                 msg.display = shown
+            elif "msg-" + _slug(f.path) in self._w:  # a fixed error on a field without a hint
+                self._w["msg-" + _slug(f.path)].display = False
         for group in self.mounted_groups:
             shown = any(why for f in FIELDS if f.group == group for why in [f.path in problems or f.shown(self.value_of)])
             self._w[group_id(group) + "-title"].display = shown

@@ -177,6 +177,7 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert "must be in 0..0" in invalid(screen, "nodes.node_rank")  # shown while it is wrong
         await type_into(pilot, "f-nodes-node_rank", "0")
         assert not shown("nodes.node_rank") and screen.cfg is not None
+        assert screen.form.message("nodes.num_nodes") == ""  # the error went with the fix
         await choose(pilot, "f-strategy", "dp")
         assert screen.query_one("#f-accelerator", Select).value == "cuda"
         assert not shown("backend") and not shown("nodes.num_nodes")

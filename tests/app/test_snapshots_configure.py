@@ -68,3 +68,19 @@ def test_configure_dp_gpu_picker(snap_compare, app):
 
 def test_configure_invalid_batch_80x24(snap_compare, app):
     assert snap_compare(app, terminal_size=(80, 24), run_before=bad_batch)
+
+
+async def two_nodes(pilot):
+    await settle(pilot)
+    screen = pilot.app.screen
+    screen.query_one("#f-nodes-num_nodes").focus()
+    await pilot.press("end", "backspace", "2")
+    await settle(pilot)
+    screen.query_one("#f-nodes-node_rank").focus()
+    await pilot.press("end", "backspace", "1")
+    await settle(pilot)
+
+
+def test_configure_two_nodes_80x24(snap_compare, app):
+    """Multi-node fields: node rank appears with a second node; the summary names this node's ranks."""
+    assert snap_compare(app, terminal_size=(80, 24), run_before=two_nodes)
