@@ -455,8 +455,12 @@ class Supervisor:
         # A stop asked on another node reaches our ranks through the stop agreement; they leave the stop file.
         stopping = self.first_stop_t is not None or self.rd.stop_path.exists()
         if self.write_failure:  # the ranks were stopped gracefully; say whether that went through
-            done = "after a final checkpoint" if ok else "(a rank failed on the way: see its log)"
-            return "failed", f"{self.write_failure}; the run was stopped {done}"
+            if ok:
+                return "failed", f"{self.write_failure}; the run was stopped after a final checkpoint"
+            errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))  # seen, if not written
+            then = (f"rank {errors[0].get('rank')}: {errors[0].get('exception')}: {errors[0].get('message')}"
+                    if errors else f"the ranks exited with codes {codes} (the disk may be full for them too)")
+            return "failed", f"{self.write_failure}; while stopping, {then}"
         if ok:
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:
