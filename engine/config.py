@@ -77,7 +77,7 @@ class DataConfig:
     train_size: int = 8192  # synthetic only
     val_size: int = 2048  # synthetic only
     num_classes: int = 10  # synthetic only
-    image_size: int = 32  # synthetic only
+    image_size: int = 32  # synthetic: generated size; imagefolder: images resized to it
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
