@@ -38,13 +38,16 @@ class RankState:
         return 100.0 * self.data_wait_s / busy if busy > 0 else 0.0
 
 
-def _fmt_time(s: float | None) -> str:
+def fmt_duration(s: float | None, missing: str = "--:--", pad_minutes: bool = True) -> str:
+    """h:mm:ss or mm:ss; shared with the app's Monitor and Runs list (no torch here)."""
     if s is None or s != s or s < 0:
-        return "--:--"
+        return missing
     s = int(s)
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+    if h:
+        return f"{h}:{m:02d}:{sec:02d}"
+    return f"{m:02d}:{sec:02d}" if pad_minutes else f"{m}:{sec:02d}"
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -171,8 +174,8 @@ class RunView:
         return sum(r.samples_per_s for r in self.ranks.values() if r.rank >= 0 and not r.exited)
 
     def header(self, now: float | None = None) -> str:
-        return (f"{self.strategy} | world {self.world_size} | elapsed {_fmt_time(self.elapsed(now))} | "
-                f"ETA {_fmt_time(self.eta(now))} | {self.global_samples_per_s():,.0f} samples/s | "
+        return (f"{self.strategy} | world {self.world_size} | elapsed {fmt_duration(self.elapsed(now))} | "
+                f"ETA {fmt_duration(self.eta(now))} | {self.global_samples_per_s():,.0f} samples/s | "
                 f"{self.status}")
 
     def rank_lines(self) -> list[str]:
@@ -208,7 +211,7 @@ class RunView:
 
     def summary(self) -> list[str]:
         """Final lines: status, accuracy, and for a failure the root cause with its traceback tail."""
-        lines = [f"run {self.status} after {_fmt_time(self.elapsed())}"
+        lines = [f"run {self.status} after {fmt_duration(self.elapsed())}"
                  + (f"; val accuracy {_pct(self.last_val_acc)}" if self.last_val_acc is not None else "")]
         if self.status == "failed":
             lines.append(f"root cause: {self.root_cause or 'unknown (see the rank logs)'}")

@@ -12,6 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.progress import fmt_duration  # noqa: F401  (the panes import it from here)
+
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
 STALE_INTERVALS = 5
 STEP_HISTORY = 600  # points kept of the per-step loss curve (older ones are thinned, not dropped)
@@ -394,10 +396,3 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def fmt_duration(s: float | None) -> str:
-    if s is None or s != s or s < 0:
-        return "--:--"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from engine.progress import fmt_duration
 from engine.rundir import RunDir, list_runs, runs_root
 
 REFRESH_S = 2.0
@@ -60,18 +61,9 @@ class RunRow:
             "strategy": Text(self.strategy),
             "world": Text("?" if self.world is None else str(self.world), justify="right"),
             "started": Text(time.strftime("%m-%d %H:%M", time.localtime(self.started)) if self.started else "-"),
-            "duration": Text(fmt_duration(self.duration), justify="right"),
+            "duration": Text(fmt_duration(self.duration, missing="-", pad_minutes=False), justify="right"),
             "progress": Text(self.progress),
         }
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None or s != s or s < 0:
-        return "-"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 # ------------------------------------------------------------------------------- reading runs

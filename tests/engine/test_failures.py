@@ -19,7 +19,8 @@ import pytest
 from engine import events
 from engine import launch
 from engine.rundir import RunDir
-from tests.engine.test_supervisor import Run, ddp_cfg
+from tests.engine.test_lifecycle import port_free
+from tests.engine.test_supervisor import Run, ddp_cfg, runs  # noqa: F401  (runs: the fixture)
 
 FAIL_MODELS = '''
 import os, time
@@ -72,24 +73,6 @@ def assert_clean(r: Run, within: float = 5.0) -> None:
     started = [e for e in r.events() if e["kind"] == "run_started"]
     if started:
         assert port_free(started[0]["master_port"]), "the master port is still taken"
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
-
-
-@pytest.fixture
-def runs():
-    started: list[Run] = []
-    yield started
-    for r in started:
-        r.kill()
 
 
 # ----------------------------------------------------------------------------- a hung collective
