@@ -122,17 +122,15 @@ def script_result(out: dict, samples_per_step: int, warm_steps: int) -> dict:
     }
 
 
-def alternate(reps: int, a, b):
-    """Run a() and b() reps times each, alternating which goes first, to cancel drift."""
-    ra, rb = [], []
+def alternate(reps: int, *fns):
+    """Run each fn reps times, rotating which goes first (a, b, c / b, c, a / ...), to cancel drift;
+    returns one list of results per fn."""
+    out = [[] for _ in fns]
     for i in range(reps):
-        if i % 2 == 0:
-            ra.append(a())
-            rb.append(b())
-        else:
-            rb.append(b())
-            ra.append(a())
-    return ra, rb
+        for j in range(len(fns)):
+            k = (i + j) % len(fns)
+            out[k].append(fns[k]())
+    return out
 
 
 def tmpdir(prefix: str) -> Path:

@@ -220,19 +220,22 @@ def test_bf16_autocast_and_channels_last_train_on_cpu(tmp_path):
     assert final_model(tmp_path)["model"]["0.weight"].dtype == torch.float32  # weights stay fp32
 
 
-def test_on_device_loader_gives_the_same_batches():
-    """data.on_device gathers whole batches from tensors already on the device: same batches."""
+def test_batch_fetch_gives_the_same_batches():
+    """In-memory data sets are fetched a whole batch per gather (on the host, in loader workers, or
+    with data.on_device on the device): the batches equal the item-by-item default loader's."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from engine.train import DeviceTensors, keep_batch
+    from engine.train import BatchTensors, keep_batch
 
-    ds = TensorDataset(torch.randn(50, 3), torch.arange(50))
+    ds = TensorDataset(torch.randn(50, 3, 4, 4), torch.arange(50))
     sampler = list(torch.randperm(50, generator=torch.Generator().manual_seed(0)))
-    plain = DataLoader(ds, batch_size=8, sampler=sampler, drop_last=True)
+    plain = list(DataLoader(ds, batch_size=8, sampler=sampler, drop_last=True))
+    assert len(plain) == 6
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    fast = DataLoader(DeviceTensors(ds, torch.device(dev)), batch_size=8, sampler=sampler, drop_last=True,
-                      collate_fn=keep_batch)
-    pairs = list(zip(plain, fast))
-    assert len(pairs) == 6
-    for (x, y), (fx, fy) in pairs:
-        assert fx.device.type == dev and torch.equal(x, fx.cpu()) and torch.equal(y, fy.cpu())
+    for wrapped, workers in ((BatchTensors(ds), 0), (BatchTensors(ds), 2), (BatchTensors(ds, torch.device(dev)), 0)):
+        fast = list(DataLoader(wrapped, batch_size=8, sampler=sampler, drop_last=True, collate_fn=keep_batch,
+                               num_workers=workers))
+        assert len(fast) == len(plain)
+        for (x, y), (fx, fy) in zip(plain, fast):
+            assert fx.device.type == wrapped.tensors[0].device.type
+            assert torch.equal(x, fx.cpu()) and torch.equal(y, fy.cpu())
