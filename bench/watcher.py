@@ -1,8 +1,11 @@
 """A stand-in for the app watching a run: tails events.jsonl and samples GPU/host like the
 Monitor screen does, in its own process, until the run's status.json appears.
 
-Uses the app's own sources (app.sources.nvml.GPUSource, app.sources.host.HostSource) when they
-are importable; otherwise psutil/NVML directly at the same rates (reported as 'fallback').
+Uses the app's own sources (app.sources.nvml.GPUSource, app.sources.host.HostSource, with the
+ranks' pids as the Monitor passes them). Prints one JSON line at the end: events read, samples
+taken, the first sampler error if any (a watcher that stopped sampling measures nothing), and
+its own CPU seconds and wall time, so the cost of watching can be accounted, not only inferred
+from noisy throughput differences.
 
     python -m bench.watcher RUN_DIR [--tail-s 0.2] [--sample-s 1.0]
 """
@@ -16,65 +19,46 @@ from pathlib import Path
 
 
 def _sampler(get_pids, every: float, stop: threading.Event, counts: dict) -> None:
-    try:
-        from app.sources.host import HostSource
-        from app.sources.nvml import GPUSource
+    from app.sources.host import HostSource
+    from app.sources.nvml import GPUSource
 
-        gpu, host = GPUSource(), HostSource()
-        sample_gpu, sample_host = gpu.sample, lambda: host.sample(get_pids())
-        counts["sources"] = "app.sources"
-    except ImportError:
-        import psutil
-
-        counts["sources"] = "fallback (psutil + NVML direct)"
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            sample_gpu = lambda: [(pynvml.nvmlDeviceGetUtilizationRates(h), pynvml.nvmlDeviceGetMemoryInfo(h))
-                                  for h in handles]
-        except Exception:
-            sample_gpu = lambda: []
-        procs: dict[int, psutil.Process] = {}
-
-        def sample_host():
-            out = [psutil.cpu_percent(), psutil.virtual_memory()]
-            for pid in get_pids():
-                try:
-                    p = procs.setdefault(pid, psutil.Process(pid))
-                    out.append((p.cpu_percent(), p.memory_info().rss))
-                except psutil.Error:
-                    pass
-            return out
+    gpu, host = GPUSource(), HostSource()
+    counts["gpu_status"] = gpu.status()[1] or "ok"
     while not stop.is_set():
         t0 = time.monotonic()
-        sample_gpu()
-        sample_host()
-        counts["samples"] = counts.get("samples", 0) + 1
+        try:
+            gpu.sample()
+            host.sample(get_pids())
+            counts["samples"] = counts.get("samples", 0) + 1
+        except Exception as exc:  # reported, and the loop goes on as the Monitor's would
+            counts.setdefault("sampler_error", f"{type(exc).__name__}: {exc}")
         stop.wait(max(0.0, every - (time.monotonic() - t0)))
 
 
 def watch(run_dir: Path, tail_s: float, sample_s: float, timeout: float = 900) -> dict:
     from engine.events import Tail
 
+    t0, c0 = time.monotonic(), time.process_time()
     tail = Tail(run_dir / "events.jsonl")
-    pids: list[int] = []
+    pids: dict[int, int | None] = {}  # pid -> rank, as the Monitor hands them to HostSource
     counts: dict = {"events": 0}
     stop = threading.Event()
-    th = threading.Thread(target=_sampler, args=(lambda: list(pids), sample_s, stop, counts), daemon=True)
+    th = threading.Thread(target=_sampler, args=(lambda: dict(pids), sample_s, stop, counts), daemon=True)
     th.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for ev in tail.poll():
             counts["events"] += 1
-            if ev.get("kind") == "rank_ready":
-                pids.append(ev.get("pid"))
+            if ev.get("kind") in ("rank_ready", "run_started") and ev.get("pid"):
+                pids[int(ev["pid"])] = ev.get("rank")  # run_started: the supervisor, rank None
         if (run_dir / "status.json").exists():
             break
         time.sleep(tail_s)
     stop.set()
     th.join(5)
+    counts["ranks_sampled"] = len(pids)
+    counts["cpu_s"] = round(time.process_time() - c0, 4)
+    counts["wall_s"] = round(time.monotonic() - t0, 3)
     return counts
 
 

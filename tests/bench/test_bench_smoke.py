@@ -41,7 +41,9 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     evp = res["engine_vs_plain"]
     assert _positive(evp["ratio"])
-    assert all(_positive(r["samples_per_s"]) and _positive(r["startup_s"]) for r in evp["engine"] + evp["plain"])
+    assert all(_positive(r["samples_per_s"]) and _positive(r["startup_s"])
+               for r in evp["engine"] + evp["plain"] + evp["plain_batched"])
+    assert _positive(evp["ratio_vs_batched"])
 
     ddp = res["ddp_vs_plain"]
     assert _positive(ddp["ratio_plain"]) and _positive(ddp["ratio_naive"])
@@ -49,7 +51,11 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     mon = res["monitoring_cost"]
     assert all(isinstance(c, float) for c in mon["costs"].values()) and len(mon["costs"]) == 3
-    assert mon["watcher"]["events"] > 0 and mon["watcher"]["samples"] > 0
+    w = mon["watcher"]
+    assert w["events"] > 0 and w["samples"] > 0 and "sampler_error" not in w, w
+    assert w["ranks_sampled"] == 2  # the supervisor and the one rank, as the Monitor samples them
+    assert 0 < mon["emit_cost_s"] < 0.01
+    assert all(_positive(r["window_s"]) and r["supervisor_cpu_s"] is not None for rs in mon["runs"].values() for r in rs)
 
     ev = res["events_rate"]
     assert all(r["written"] == r["events"] for shape in ev["runs"] for r in shape)
@@ -76,3 +82,29 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
         assert "no CUDA" in gpu["skipped"] and "NOT RUN" in gpu["text"]
     else:
         assert all(_positive(r[1]) and _positive(r[2]) for r in gpu["rows"])
+
+
+def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):
+    """The GPU benchmark cannot run here; its parts that do not need a GPU are checked so the first
+    GPU machine does not find them broken: every engine config it builds is valid for a host with
+    2 GPUs, and the plain GPU script trains (bf16 autocast, channels_last) on --device cpu."""
+    from bench import common as C
+    from bench import gpu
+    from engine.config import Hardware, from_dict
+
+    s = dict(steps=4, warm=2, batch=8, train=64)
+    hw = Hardware(gpu_count=2, mpi_available=False)
+    cfgs = [gpu._cfg(s, **train) for _, train, _ in gpu.VARIANTS]
+    cfgs += [gpu._cfg(s, "ddp", range(2), precision="bf16-mixed"),
+             gpu._cfg(s, "dp", range(2), batch=16, precision="bf16-mixed")]
+    for d in cfgs:
+        cfg = from_dict(d, hw=hw)
+        assert cfg.accelerator == "cuda" and cfg.model.name == "resnet18"
+    assert [from_dict(d, hw=hw).world_size for d in cfgs[-2:]] == [2, 1]
+
+    out = C.run_script("bench.baselines.plain_gpu", ["--device", "cpu", "--steps", "4", "--batch-size", "8",
+                                                     "--train-size", "64", "--mark-every", "2", "--bf16",
+                                                     "--channels-last"], timeout=300)
+    assert out["device"] == "cpu" and [m[0] for m in out["marks"]] == [2, 4]
+    assert 0 < out["loss"] < 100
+    assert _positive(C.script_result(out, 8, 2)["samples_per_s"])
