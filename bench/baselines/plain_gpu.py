@@ -1,6 +1,9 @@
 """The plain single-GPU script: ResNet-18 on 32x32 synthetic images with the usual speed knobs.
 
     python -m bench.baselines.plain_gpu --steps 100 --batch-size 256 [--bf16] [--channels-last] [--compile]
+
+--device cpu runs the same script without a GPU (the test suite does, so the script is known to
+work before a GPU machine is found; its numbers mean nothing there).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ def main(argv=None) -> None:
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--device", default="cuda:0")
     a = ap.parse_args(argv)
 
     import torch
@@ -32,15 +36,16 @@ def main(argv=None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
-    dev = torch.device("cuda:0")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
     train, _ = synthetic(a.train_size, 0, 10, 32)
     model = resnet18(DataInfo(3, 10, 32, "synthetic")).to(dev)
     if a.channels_last:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     fwd = torch.compile(model) if a.compile else model
-    loader = DataLoader(train, batch_size=a.batch_size, shuffle=True, drop_last=True, pin_memory=True)
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.bf16 else contextlib.nullcontext
+    loader = DataLoader(train, batch_size=a.batch_size, shuffle=True, drop_last=True, pin_memory=cuda)
+    amp = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if a.bf16 else contextlib.nullcontext
     t_ready = time.time()
     marks, step = [], 0
     while step < a.steps:
@@ -55,11 +60,13 @@ def main(argv=None) -> None:
             opt.step()
             step += 1
             if step % a.mark_every == 0 or step == a.steps:
-                torch.cuda.synchronize()
+                if cuda:
+                    torch.cuda.synchronize()
                 marks.append((step, time.time()))
             if step == a.steps:
                 break
-    print(json.dumps({"t_ready": t_ready, "marks": marks, "device": torch.cuda.get_device_name(0)}))
+    print(json.dumps({"t_ready": t_ready, "marks": marks, "loss": loss.item(),
+                      "device": torch.cuda.get_device_name(dev) if cuda else str(dev)}))
 
 
 if __name__ == "__main__":
