@@ -26,7 +26,7 @@ from app.monitor.state import FINAL, RunState
 
 POLL_S = 0.05  # events file poll while events are coming
 IDLE_POLL_S = 0.1
-POST_EVERY_S = 0.1  # at most this often a snapshot goes to the UI
+POST_EVERY_S = 0.15  # at most this often a snapshot goes to the UI (~16 ms of painting each at 8 ranks)
 SAMPLE_EVERY_S = 1.0
 PLOT_EVERY_S = 1.0
 STATUS_EVERY_S = 1.0
