@@ -31,6 +31,8 @@ class RankState:
     val_acc: float | None = None
     exited: str | None = None  # "exit 0", "signal SIGKILL", ...
     last_t: float = 0.0
+    node_rank: int | None = None
+    from_report: bool = False  # known only through rank 0's rank_report (a rank on another node)
 
     @property
     def data_wait_pct(self) -> float:
@@ -143,6 +145,8 @@ class RunView:
             self.errors.append(ev)
             out.append(f"[error] rank {ev.get('rank')} on {ev.get('host', '?')} (pid {ev.get('pid', '?')}): "
                        f"{ev.get('exception', 'Error')}: {ev.get('message', '')}")
+        elif kind == "rank_report":
+            self._report(ev, t)
         elif kind == "rank_exited":
             st = self._rank(ev.get("rank"))
             sig = ev.get("signal")
@@ -152,6 +156,30 @@ class RunView:
             self.root_cause = ev.get("root_cause")
             self.finished_t = t
         return out
+
+    def _report(self, ev: dict, t: float) -> None:
+        """Rank 0's periodic summary of every rank: on node 0 the only news of other nodes' ranks.
+        A rank whose own step events arrive here keeps those (they say more, and sooner)."""
+        for rep in ev.get("reports") or []:
+            if not isinstance(rep, dict) or rep.get("rank") is None:
+                continue
+            st = self._rank(rep.get("rank"))
+            if rep.get("host") and not st.host:
+                st.host = rep["host"]
+            if rep.get("node_rank") is not None:
+                st.node_rank = int(rep["node_rank"])
+            if st.last_t and not st.from_report:
+                continue
+            st.from_report = True
+            st.epoch = int(rep.get("epoch") or 0)
+            st.step = int(rep.get("step") or 0)
+            st.total_steps = st.total_steps or self.total_steps
+            st.samples_per_s = float(rep.get("samples_per_s") or 0.0)
+            wait = min(1.0, max(0.0, float(rep.get("data_wait") or 0.0)))  # a fraction of the window
+            st.data_wait_s, st.compute_s = wait, 1.0 - wait
+            st.last_t = float(rep.get("t") or t)
+            if st.device == "?" and st.node_rank is not None:
+                st.device = f"node {st.node_rank}"
 
     # ------------------------------------------------------------------ derived
     def elapsed(self, now: float | None = None) -> float | None:

@@ -245,6 +245,33 @@ def test_progress_one_line_per_rank_then_compact_beyond_8():
     assert "min 100  median 108  max 115  slowest rank 0" in out
 
 
+def test_progress_on_node_0_shows_other_nodes_ranks_from_rank_reports():
+    """`torchdeck run --node-rank 0` sees only its own ranks' events; rank 0's rank_report carries
+    the others. Local ranks keep their own (newer, richer) step events."""
+    import io
+
+    from engine import events
+    from engine.progress import Display
+
+    buf = io.StringIO()
+    d = Display(buf, tty=False, interval=0)
+    d.feed([events.make("run_started", strategy="ddp", world_size=4, total_steps=100, global_batch=32,
+                        devices=["cpu", "cpu"])]
+           + [events.make("rank_ready", rank=r, local_rank=r, device="cpu", pid=1, host="a", threads=1)
+              for r in (0, 1)]
+           + [_step(0, 20, 100.0), _step(1, 20, 90.0)])
+    rows = [{"rank": r, "host": "a" if r < 2 else "b", "node_rank": r // 2, "epoch": 0, "step": 7,
+             "samples_per_s": 50.0 + r, "data_wait": 0.25, "device_mem_mb": 1.0, "t": 1.0} for r in range(4)]
+    d.feed([events.make("rank_report", rank=0, reports=rows)])
+    d.finish()
+    lines = {int(ln.split()[1]): ln for ln in buf.getvalue().splitlines() if ln.startswith("rank ")}
+    assert sorted(lines) == [0, 1, 2, 3]
+    assert " 20/100" in lines[0] and " 20/100" in lines[1] and "data wait 10.0%" in lines[0]
+    for r in (2, 3):
+        assert "node 1" in lines[r] and " 7/100" in lines[r] and "data wait 25.0%" in lines[r]
+    assert f"{100 + 90 + 52 + 53:,} samples/s" in buf.getvalue()
+
+
 def test_progress_redraws_in_place_on_a_tty_at_most_4_hz():
     import io
 

@@ -108,6 +108,10 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
         assert all(r["host"] == socket.gethostname() and r["device_mem_mb"] > 0 for r in rows)
     last = reports[-1]["reports"]
     assert all(r["step"] == 4 and r["samples_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in last)
+    # what `torchdeck run` printed on node 0 ends with every rank of the job, node 1's from the reports
+    final = [ln.split() for ln in outs[0].splitlines() if ln.startswith("rank ")][-4:]
+    assert [ln[1] for ln in final] == ["0", "1", "2", "3"], outs[0]
+    assert all("4/4" in ln for ln in final) and final[2][2:4] == ["node", "1"], outs[0]
 
     assert not (runs[1] / "checkpoints").exists()  # rank 0 (node 0) writes the checkpoints
     one = small_cfg(**{"train.batch_size": 32, "train.max_steps": 4})
