@@ -1,7 +1,8 @@
 """A hand-written DDP script (mp.spawn, gloo), as a user would write it without torchdeck.
 
 `--threads per-rank` sets torch threads to cores / ranks (what torchrun's OMP_NUM_THREADS does);
-`--threads all` is the naive script that lets every rank use every core. Rank 0 records the wall
+`--threads all` is the naive script that lets every rank use every core; `--batched` fetches whole
+batches from the in-memory set (bench/baselines/batch_fetch.py). Rank 0 records the wall
 time at the steps where torchdeck emits step events.
 
     python -m bench.baselines.plain_ddp --ranks 2 --steps 200 --batch-size 64 --threads per-rank
@@ -42,7 +43,12 @@ def worker(rank, a, port, out_path):
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     sampler = DistributedSampler(train, shuffle=True, seed=0, drop_last=True)
-    loader = DataLoader(train, batch_size=a.batch_size, sampler=sampler, drop_last=True)
+    if a.batched:
+        from bench.baselines.batch_fetch import loader as batch_loader
+
+        loader = batch_loader(train, a.batch_size, sampler=sampler)
+    else:
+        loader = DataLoader(train, batch_size=a.batch_size, sampler=sampler, drop_last=True)
     t_ready = time.time()
     marks, step, epoch = [], 0, 0
     model.train()
@@ -77,6 +83,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mark-every", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--threads", choices=("per-rank", "all"), default="per-rank")
+    ap.add_argument("--batched", action="store_true", help="fetch whole batches (bench/baselines/batch_fetch.py)")
     a = ap.parse_args(argv)
 
     import torch.multiprocessing as mp

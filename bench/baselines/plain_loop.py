@@ -41,19 +41,9 @@ def main(argv=None) -> None:
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     if a.batched:
-        class Batched(torch.utils.data.Dataset):
-            def __init__(self, x, y):
-                self.x, self.y = x, y
+        from bench.baselines.batch_fetch import loader as batch_loader
 
-            def __len__(self):
-                return len(self.y)
-
-            def __getitems__(self, idx):
-                idx = torch.as_tensor(idx)
-                return self.x[idx], self.y[idx]
-
-        loader = DataLoader(Batched(*train.tensors), batch_size=a.batch_size, shuffle=True, drop_last=True,
-                            collate_fn=lambda batch: batch)
+        loader = batch_loader(train, a.batch_size, shuffle=True)
     else:
         loader = DataLoader(train, batch_size=a.batch_size, shuffle=True, drop_last=True)
     t_ready = time.time()

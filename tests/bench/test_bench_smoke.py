@@ -47,6 +47,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     ddp = res["ddp_vs_plain"]
     assert _positive(ddp["ratio_plain"]) and _positive(ddp["ratio_naive"])
+    assert all(_positive(r["samples_per_s"]) for r in ddp["plain_batched"])
     assert ddp["plain"][0]["threads"] == max(1, os.cpu_count() // 2)  # the plain script pins threads per rank
 
     mon = res["monitoring_cost"]
