@@ -200,14 +200,14 @@ def preflight(cfg, source: str) -> list[str]:
     return problems
 
 
-def _config_or_usage(args):
+def _config_or_usage(args, hw=None):
     from engine.config import ConfigError
 
     overrides = list(args.set or [])
     if getattr(args, "node_rank", None) is not None:
         overrides.append(f"nodes.node_rank={args.node_rank}")
     try:
-        cfg = load_config(args.preset, overrides)
+        cfg = load_config(args.preset, overrides, hw=hw)
     except ConfigError as exc:
         raise UsageError(str(exc).splitlines()) from None
     from engine.presets import resolve
@@ -564,7 +564,12 @@ def cmd_export(args) -> int:
     from engine import export
     from engine.presets import resolve
 
-    cfg = _config_or_usage(args)
+    # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
+    # everything but this host's GPUs and MPI build.
+    cfg = _config_or_usage(args, hw=cfgmod.Hardware(gpu_count=None, mpi_available=None))
+    if cfg.accelerator == "cuda" and cfg.devices == "all":
+        raise UsageError(["devices: all: an exported job cannot know how many GPUs its nodes have; list "
+                          "them, e.g. --set 'devices=[0,1,2,3]'"])
     if args.sbatch:
         print(export.sbatch(cfg), end="")
         return EXIT_OK

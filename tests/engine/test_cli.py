@@ -352,6 +352,27 @@ def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys)
     assert "presets/quickstart.yaml --run-dir runs/quickstart-node0" in out
 
 
+def test_export_a_gpu_preset_from_a_host_without_gpus(capsys):
+    """A cluster's login node often has no GPU: export checks everything but this host's GPUs
+    (which the job's nodes have, not this host); devices -1 cannot be exported, it names no count."""
+    import re
+
+    from engine import config as c
+
+    assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "nodes.num_nodes=2",
+                     "--set", "nodes.master_port=29411", "--set", "devices=[0,1,2,3]"]) == 0
+    script = capsys.readouterr().out
+    embedded = re.search(r"<<'TORCHDECK_CONFIG_EOF'\n(.*?)TORCHDECK_CONFIG_EOF\n", script, re.S).group(1)
+    cfg = c.loads(embedded)
+    assert cfg.accelerator == "cuda" and cfg.devices == [0, 1, 2, 3] and cfg.world_size == 8
+    assert "#SBATCH --gpus-per-node=4" in script and "TD_NPROC=4" in script, script
+
+    assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "devices=-1"]) == 2
+    assert "cannot know how many GPUs" in capsys.readouterr().err
+    assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "train.batch_size=0"]) == 2  # the rest is checked
+    assert "train.batch_size" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_exported_two_node_torchrun_commands_run_and_match_the_supervisor(tmp_path, tiny, capsys):
     """The exported lines themselves (env prefix included), run by bash as two nodes on loopback
