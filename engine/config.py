@@ -434,6 +434,9 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if n.master_port == 0 and n.num_nodes > 1:
         p.append(("nodes.master_port", "multi-node runs need a fixed master_port that every node uses"))
     at_least("nodes.timeout_s", n.timeout_s, 1)
+    if not n.master_addr.strip() or any(c.isspace() for c in n.master_addr.strip()):
+        p.append(("nodes.master_addr", f"must be node 0's host name or address (127.0.0.1 on one machine), "
+                                       f"got {n.master_addr!r}"))
     at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
     at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
 

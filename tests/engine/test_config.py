@@ -62,6 +62,8 @@ def test_wrong_type_names_field_and_expected_type(path, value, want):
     ("nodes.master_port=70000", "nodes.master_port"),
     ("nodes.node_rank=3", "nodes.node_rank"),
     ("nodes.num_nodes=0", "nodes.num_nodes"),
+    ("nodes.master_addr=", "nodes.master_addr"),
+    ("nodes.master_addr=node 0", "nodes.master_addr"),
     ("checkpoint.keep_last=0", "checkpoint.keep_last"),
     ("scheduler.gamma=2", "scheduler.gamma"),
     ("train.grad_clip=-1", "train.grad_clip"),
