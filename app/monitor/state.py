@@ -18,7 +18,7 @@ STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its repo
 STALE_INTERVALS = 5
 STEP_HISTORY = 600  # points kept of the per-step loss curve (older ones are thinned, not dropped)
 LOG_LINES = 500
-FINAL = ("finished", "failed", "stopped")
+FINAL = ("finished", "failed", "stopped", "lost")  # lost: supervisor gone without a final status
 
 
 @dataclass
@@ -118,6 +118,7 @@ class RunState:
     ranks: dict = field(default_factory=dict)
     epochs: dict = field(default_factory=dict)  # epoch -> EpochPoint (rank 0's, else the first)
     errors: list = field(default_factory=list)  # LogLine(level="error") with the traceback in detail
+    _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error events' tracebacks
     logs: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     log_seq: int = 0  # lines ever added; the UI writes those it has not seen
     events: int = 0
@@ -253,6 +254,7 @@ class RunState:
                 f"{ev.get('exception') or 'Error'}: {ev.get('message', '')}")
         line = LogLine(t, "error", rank, text, str(ev.get("traceback") or "").rstrip())
         self.errors.append(line)
+        self._traceback_lines.setdefault(rank, set()).update(ln.rstrip() for ln in line.detail.splitlines())
         self.logs.append(line)
         self.log_seq += 1
         if rank is not None:
@@ -304,18 +306,22 @@ class RunState:
 
     # ------------------------------------------------------------------ outside news
     def add_output(self, rank: int | None, text: str, t: float | None = None) -> None:
-        """A line a worker (or the supervisor) printed to its log file."""
+        """A line a worker (or the supervisor) printed to its log file. The traceback a failing
+        rank prints there is already shown with its error event: not a second time."""
+        if text.strip() and text.rstrip() in self._traceback_lines.get(rank, ()):
+            return
         self._log(t or self.last_t or time.time(), "output", rank, text)
         self.version += 1
 
     def mark_lost(self, why: str) -> None:
-        """The supervisor is gone without a run_finished: the run is over, and failed."""
+        """The supervisor is gone without a run_finished: the run is over. Called "lost", as the
+        Runs list and `torchdeck runs` call it (nothing recorded how it ended)."""
         if self.status in FINAL:
             return
-        self.status = "failed"
+        self.status = "lost"
         self.root_cause = self.root_cause or why
         self.finished_t = self.finished_t or self.last_t or time.time()
-        self._log(self.finished_t, "error", None, f"run failed: {why}")
+        self._log(self.finished_t, "error", None, f"run lost: {why}")
         self.version += 1
 
     # ------------------------------------------------------------------ derived

@@ -167,11 +167,24 @@ def test_epoch_history_prefers_rank_0_and_snapshot_is_independent():
     assert sum("epoch 0 done" in ln.text for ln in st.logs) == 1  # once, not once per rank
 
 
-def test_lost_supervisor_marks_failed_once():
+def test_a_failing_ranks_traceback_is_shown_once_not_again_from_its_log():
+    st = RunState()
+    tb = 'Traceback (most recent call last):\n  File "m.py", line 2, in build\n    raise RuntimeError("boom")\nRuntimeError: boom'
+    st.feed_all([started(), ev("error", 2, rank=0, host="box", pid=7, exception="RuntimeError", message="boom",
+                                traceback=tb)])
+    for line in tb.splitlines() + ["rank 0 printed this itself"]:
+        st.add_output(0, line)
+    st.add_output(1, "RuntimeError: boom")  # another rank's output is its own
+    out = [(ln.rank, ln.text) for ln in st.logs if ln.level == "output"]
+    assert out == [(0, "rank 0 printed this itself"), (1, "RuntimeError: boom")]
+    assert st.errors[0].detail == tb
+
+
+def test_lost_supervisor_marks_lost_once():
     st = RunState()
     st.feed_all([started(), step(0, 1, 3)])
     st.mark_lost("the supervisor exited without a final status")
-    assert st.status == "failed" and st.finished_t == T0 + 3
+    assert st.status == "lost" and st.final and st.finished_t == T0 + 3
     st.mark_lost("again")
     assert st.root_cause == "the supervisor exited without a final status"
 
@@ -311,7 +324,7 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
         text = screen_text(app)
         assert "FAILED" in text
         assert "boom from the user model" in text
-        assert "RuntimeError" in text and "Traceback" in text
+        assert "RuntimeError" in text and 'File "' in text  # the traceback's frames, on screen
         err = st.errors[0]
         from app.monitor.panes import LogPane
 
