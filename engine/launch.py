@@ -72,11 +72,12 @@ def _session_id(pid: int) -> int | None:
 
 
 def run_processes(run) -> list[psutil.Process]:
-    """Every live process of the run: the supervisor's session (ranks inherit it)."""
+    """Every live process of the run: the supervisor's session (ranks inherit it), or for a run
+    under torchrun, its agent and everything below it."""
     run = _as_run(run)
     sid = run.supervisor_pid()
     if sid is None:
-        return []
+        return _launcher_tree(run.launcher_pid())
     out = []
     for p in psutil.process_iter(["pid", "status"]):
         if p.info["status"] == psutil.STATUS_ZOMBIE:
@@ -86,25 +87,43 @@ def run_processes(run) -> list[psutil.Process]:
     return out
 
 
+def _launcher_tree(pid: int | None) -> list[psutil.Process]:
+    if pid is None:
+        return []
+    try:
+        top = psutil.Process(pid)
+        procs = [top] + top.children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
 def kill(run) -> list[int]:
     """SIGKILL every process of the run; record the run as failed if nothing else did. Returns pids."""
     run = _as_run(run)
     sid = run.supervisor_pid()
     killed = []
+    procs = run_processes(run)  # before the group kill: after it they are gone or zombies
     if sid is not None:
-        procs = run_processes(run)  # before the group kill: after it they are gone or zombies
         try:
             os.killpg(sid, signal.SIGKILL)
         except OSError:
             pass
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-            except psutil.Error:
-                continue
-            killed.append(p.pid)
+    for p in procs:  # the supervisor's session, or torchrun's agent (first: it restarts no one) and below
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.Error:
+            continue
+        killed.append(p.pid)
     if run.final_status() is None:
         cause = "killed by the user (SIGKILL to every process of the run)"
         with open(run.events_path, "a") as fh:

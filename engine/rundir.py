@@ -89,6 +89,11 @@ class RunDir:
         return self.path / "supervisor.pid"
 
     @property
+    def launcher_pid_path(self) -> Path:
+        """torchrun's agent, for a run dir written under torchrun (there is no supervisor then)."""
+        return self.path / "launcher.pid"
+
+    @property
     def stop_path(self) -> Path:
         return self.path / "stop"
 
@@ -115,16 +120,16 @@ class RunDir:
         os.replace(tmp, self.status_path)
 
     def supervisor_pid(self) -> int | None:
-        try:
-            return int(self.pid_path.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
+        return _read_pid(self.pid_path)
+
+    def launcher_pid(self) -> int | None:
+        return _read_pid(self.launcher_pid_path)
 
     def is_live(self) -> bool:
-        """True while the supervisor process of this run exists."""
+        """True while the supervisor process of this run (or torchrun's agent) exists."""
         if self.final_status() is not None:
             return False
-        pid = self.supervisor_pid()
+        pid = self.supervisor_pid() or self.launcher_pid()
         if pid is None:
             return False
         try:
@@ -142,9 +147,16 @@ class RunDir:
             return final.get("status", "failed")
         if self.is_live():
             return "running"
-        if self.supervisor_pid() is None:
+        if self.supervisor_pid() is None and self.launcher_pid() is None:
             return "starting"
         return "lost"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def list_runs(root: Path | None = None) -> list[RunDir]:

@@ -252,6 +252,9 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
     from engine import config as cfgmod
     from engine.strategies import get_strategy
 
+    tmp = rd.launcher_pid_path.with_suffix(".tmp")  # torchrun's agent: the run is live while it is
+    tmp.write_text(f"{os.getppid()}\n")
+    os.replace(tmp, rd.launcher_pid_path)
     mine = cfg.copy()
     mine.nodes.node_rank = node_rank
     mine.nodes.num_nodes = max(1, world // max(1, local_world))

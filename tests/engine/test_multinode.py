@@ -329,3 +329,45 @@ def test_rendezvous_message_for_other_hosts_points_at_master_addr(monkeypatch):
 def test_report_every_s_must_not_be_negative():
     with pytest.raises(cfgmod.ConfigError, match="train.report_every_s"):
         cfgmod.from_dict(small_cfg(**{"train.report_every_s": -1}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp_path):
+    """Under torchrun there is no supervisor: local rank 0 records torchrun's agent in
+    launcher.pid, so `torchdeck runs`, the Runs list and the Monitor see the run as running (not
+    'starting'), and kill takes down the agent and its workers and records the run as failed."""
+    from engine import launch
+    from engine.rundir import RunDir
+
+    cfg = small_cfg(strategy="ddp", devices=2, **{"train.epochs": 10_000, "train.max_steps": 0})
+    preset = write_preset(tmp_path / "long.yaml", cfg)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    before = our_descendants()
+    agent = subprocess.Popen([str(torchrun), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+                              "-m", "engine.worker", str(preset), "--run-dir", str(tmp_path / "tr")],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    rd = RunDir(tmp_path / "tr")
+    try:
+        def training():
+            return rd.events_path.exists() and any(e["kind"] == "step" for e in events.read_all(rd.events_path))
+
+        deadline = time.monotonic() + 90
+        while not training() and time.monotonic() < deadline:
+            assert agent.poll() is None, "torchrun ended early"
+            time.sleep(0.3)
+        assert rd.launcher_pid() == agent.pid and rd.supervisor_pid() is None
+        assert rd.status() == "running"
+        procs = launch.run_processes(rd)
+        assert procs[0].pid == agent.pid and len(procs) >= 3  # the agent and its two workers
+        killed = launch.kill(rd)
+        assert agent.pid in killed
+        agent.wait(15)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert rd.final_status()["status"] == "failed" and rd.status() == "failed"
+    deadline = time.monotonic() + 15
+    while our_descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert our_descendants() - before == set()
