@@ -48,10 +48,16 @@ def env_for(tmp_path):
     return dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
 
 
+def _as_in_a_terminal():
+    """SIGHUP as a login shell leaves it: the suite itself may run under nohup, which children inherit."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_cli(tmp_path, *args, log="cli.log"):
     out = open(tmp_path / log, "w")
     proc = subprocess.Popen(cli_cmd() + list(args), cwd=tmp_path, env=env_for(tmp_path),
-                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=_as_in_a_terminal)
     return proc, tmp_path / log
 
 

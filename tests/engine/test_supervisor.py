@@ -56,7 +56,10 @@ class Run:
         env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         self.proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(self.dir)], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     # SIGHUP at its default, as from a terminal (the suite may run under nohup),
+                                     # so "the supervisor ignores SIGHUP" is the supervisor's doing
+                                     preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
         self.seen_pids: set[int] = set()
 
     def events(self) -> list[dict]:
