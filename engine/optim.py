@@ -67,8 +67,30 @@ def lr_factor_fn(cfg, total_steps: int, steps_per_epoch: int):
     raise ValueError(f"scheduler.name: unknown scheduler {s.name!r}")
 
 
+class ConstantLR:
+    """scheduler.name none. Not an LRScheduler: building one wraps optimizer.step in a counting
+    wrapper that every step then pays for, to keep a constant."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        pass
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
 def build_scheduler(cfg, optimizer, total_steps: int, steps_per_epoch: int):
     s = cfg.scheduler
+    if s.name == "none":
+        return ConstantLR(optimizer)
     if s.name == "onecycle":
         pct = s.warmup_steps / total_steps if s.warmup_steps else 0.3
         return torch.optim.lr_scheduler.OneCycleLR(
