@@ -109,3 +109,11 @@ def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):
     assert out["device"] == "cpu" and [m[0] for m in out["marks"]] == [2, 4]
     assert 0 < out["loss"] < 100
     assert _positive(C.script_result(out, 8, 2)["samples_per_s"])
+
+
+def test_step_overhead_bench_measures_both_loops():
+    from bench import step_overhead
+
+    res = step_overhead.run(reps=1, steps=300)
+    assert all(0 < s < 0.1 for s in res["engine_s"] + res["plain_s"])
+    assert "torchdeck adds" in res["text"]
