@@ -19,7 +19,7 @@ import psutil
 
 from engine import events
 from engine.config import RunConfig
-from engine.rundir import RunDir
+from engine.rundir import RunDir, write_atomic
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +46,7 @@ def start(cfg: RunConfig, root: str | os.PathLike | None = None) -> RunDir:
         )
     # The supervisor writes this too; writing it now means stop/kill work from the first moment.
     if not run.pid_path.exists():
-        tmp = run.pid_path.with_suffix(".tmp")
-        tmp.write_text(f"{proc.pid}\n")
-        os.replace(tmp, run.pid_path)
+        write_atomic(run.pid_path, f"{proc.pid}\n")
     # Reap it when it ends, so a finished supervisor is not a zombie that still looks alive.
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
     return run

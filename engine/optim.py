@@ -47,8 +47,6 @@ def lr_factor_fn(cfg, total_steps: int, steps_per_epoch: int):
     def warmup(step):
         return (step + 1) / warm if warm and step < warm else 1.0
 
-    if s.name == "none":
-        return lambda step: 1.0
     if s.name == "warmup":
         return warmup
     if s.name == "step":

@@ -115,9 +115,7 @@ class RunDir:
             return None
 
     def write_status(self, status: dict) -> None:
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=2))
-        os.replace(tmp, self.status_path)
+        write_atomic(self.status_path, json.dumps(status, indent=2))
 
     def supervisor_pid(self) -> int | None:
         return _read_pid(self.pid_path)
@@ -150,6 +148,13 @@ class RunDir:
         if self.supervisor_pid() is None and self.launcher_pid() is None:
             return "starting"
         return "lost"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers (attach, the app, `torchdeck runs`) never see half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _read_pid(path: Path) -> int | None:

@@ -181,15 +181,14 @@ class Trainer:
         if d.on_device and not in_memory and ctx.rank == 0:
             emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
                                                  "tensor data set; loading batches as usual")
-        if d.on_device and in_memory:
-            self.loader = DataLoader(BatchTensors(self.train_ds, self.device), batch_size=t.batch_size,
-                                     sampler=self.sampler, drop_last=True, collate_fn=keep_batch)
-        else:
-            self.loader = DataLoader(
-                BatchTensors(self.train_ds) if in_memory else self.train_ds, batch_size=t.batch_size,
-                sampler=self.sampler, drop_last=True, collate_fn=keep_batch if in_memory else None,
-                num_workers=d.num_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
-                persistent_workers=d.persistent_workers and d.num_workers > 0)
+        on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
+        workers = 0 if on_device else d.num_workers
+        self.loader = DataLoader(
+            BatchTensors(self.train_ds, self.device if on_device else None) if in_memory else self.train_ds,
+            batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
+            collate_fn=keep_batch if in_memory else None, num_workers=workers,
+            pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
+            persistent_workers=d.persistent_workers and workers > 0)
         self.micro_per_epoch = len(inner) // t.batch_size
         self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
         if self.steps_per_epoch == 0:
@@ -364,10 +363,7 @@ class Trainer:
                 if not pend_loss:
                     return
                 losses = torch.stack(pend_loss).double()
-                if len(set(pend_b)) == 1:
-                    loss_sum = losses.sum() * pend_b[0]
-                else:
-                    loss_sum = losses @ torch.tensor(pend_b, dtype=torch.float64, device=losses.device)
+                loss_sum = losses @ torch.tensor(pend_b, dtype=torch.float64, device=losses.device)
                 correct = torch.cat(pend_pred).eq(torch.cat(pend_y)).sum()
                 log_sums.add_(torch.stack([loss_sum, correct.double()]).to(dev))
                 for pending in (pend_loss, pend_pred, pend_y, pend_b):

@@ -250,11 +250,10 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
     """Local rank 0 makes the node's run directory look like one the supervisor writes (config,
     run_started), so `torchdeck attach DIR`, `torchdeck runs` and the app can open it."""
     from engine import config as cfgmod
+    from engine.rundir import write_atomic
     from engine.strategies import get_strategy
 
-    tmp = rd.launcher_pid_path.with_suffix(".tmp")  # torchrun's agent: the run is live while it is
-    tmp.write_text(f"{os.getppid()}\n")
-    os.replace(tmp, rd.launcher_pid_path)
+    write_atomic(rd.launcher_pid_path, f"{os.getppid()}\n")  # torchrun's agent: the run is live while it is
     mine = cfg.copy()
     mine.nodes.node_rank = node_rank
     mine.nodes.num_nodes = max(1, world // max(1, local_world))
