@@ -460,7 +460,8 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if cfg.backend == "nccl" and cfg.accelerator != "cuda":
         p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
     if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:
-        p.append(("backend", "this PyTorch build has no MPI support; use gloo or nccl"))
+        p.append(("backend", "this PyTorch build has no MPI support (`torchdeck env` says mpi False); use gloo "
+                             "for CPU processes or nccl for GPUs, or a PyTorch built from source with MPI"))
     if cfg.train.precision == "16-mixed" and cfg.accelerator == "cpu":
         p.append(("train.precision", "fp16 mixed precision needs CUDA; on CPU use bf16-mixed or 32-true"))
     if cfg.data.on_device and cfg.accelerator != "cuda":

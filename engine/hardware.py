@@ -7,10 +7,15 @@ instead of raising.
 
 NVML indices are the physical ones and ignore CUDA_VISIBLE_DEVICES; torchdeck maps devices by
 that real index, so when the variable is set we say so (`visible_devices_warning`).
+
+Whether torch has MPI is read the same way, without importing torch: a build with MPI links an
+MPI library into its shared libraries (`mpi_available`).
 """
 from __future__ import annotations
 
 import os
+import struct
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -119,6 +124,104 @@ def visible_devices_warning() -> str | None:
             f"reports them: `devices: 6,7` means physical GPUs 6 and 7, whatever that variable says")
 
 
+# ----------------------------------------------------------------------------- torch's build, unimported
+
+_PT_LOAD, _PT_DYNAMIC = 1, 2
+_DT_NULL, _DT_NEEDED, _DT_STRTAB = 0, 1, 5
+_links_cache: dict[str, bool | None] = {}
+
+
+def elf_needed(path) -> list[str] | None:
+    """The libraries an ELF shared object was linked against (its DT_NEEDED entries), read from
+    its headers in a few small reads whatever the file's size; None when it is not ELF."""
+    try:
+        with open(path, "rb") as f:
+            def at(offset: int, size: int) -> bytes:
+                f.seek(offset)
+                return f.read(size)
+
+            head = at(0, 64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+                return None
+            is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
+            if is64:
+                phoff, = struct.unpack_from(e + "Q", head, 32)
+                phentsize, phnum = struct.unpack_from(e + "HH", head, 54)
+            else:
+                phoff, = struct.unpack_from(e + "I", head, 28)
+                phentsize, phnum = struct.unpack_from(e + "HH", head, 42)
+            loads, dynamic = [], None  # (vaddr, offset, filesz) of each loaded segment
+            table = at(phoff, phentsize * phnum)
+            for i in range(phnum):
+                if is64:
+                    ptype, _, off, vaddr, _, filesz = struct.unpack_from(e + "IIQQQQ", table, i * phentsize)
+                else:
+                    ptype, off, vaddr, _, filesz = struct.unpack_from(e + "IIIII", table, i * phentsize)
+                if ptype == _PT_LOAD:
+                    loads.append((vaddr, off, filesz))
+                elif ptype == _PT_DYNAMIC:
+                    dynamic = (off, filesz)
+            if dynamic is None:
+                return []  # statically linked: needs nothing
+            entry = struct.Struct(e + ("qQ" if is64 else "iI"))
+            raw = at(dynamic[0], dynamic[1])
+            needed, strtab = [], None
+            for i in range(len(raw) // entry.size):
+                tag, val = entry.unpack_from(raw, i * entry.size)
+                if tag == _DT_NULL:
+                    break
+                if tag == _DT_NEEDED:
+                    needed.append(val)
+                elif tag == _DT_STRTAB:
+                    strtab = next((val - va + off for va, off, size in loads if va <= val < va + size), None)
+            if strtab is None:
+                return None
+            names = []
+            for name_at in needed:
+                chunk = at(strtab + name_at, 256)
+                names.append(chunk.split(b"\0", 1)[0].decode("utf-8", "replace"))
+            return names
+    except (OSError, struct.error):
+        return None
+
+
+def torch_links(prefix: str) -> bool | None:
+    """Whether one of the installed torch's shared libraries links a library named prefix*
+    (libmpi: built with MPI; libnccl: with NCCL). Found without importing torch (seconds)
+    and cached; None when torch or its libraries are not where a pip/conda install puts them."""
+    if prefix in _links_cache:
+        return _links_cache[prefix]
+    import importlib.util
+
+    answer = None
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        libs = []
+        for folder in spec.submodule_search_locations:
+            lib = os.path.join(folder, "lib")
+            try:
+                libs += [os.path.join(lib, n) for n in os.listdir(lib) if ".so" in n]
+            except OSError:
+                pass
+        read = [n for n in map(elf_needed, sorted(libs)) if n is not None]
+        if read and any(os.path.basename(p).startswith("libtorch_cpu") for p in libs):
+            answer = any(name.startswith(prefix) for names in read for name in names)
+    _links_cache[prefix] = answer
+    return answer
+
+
+def mpi_available() -> bool | None:
+    """Whether `backend: mpi` can work with this torch (as torch.distributed.is_mpi_available()
+    answers), or None when we cannot tell: then the rank finds out."""
+    answer = torch_links("libmpi")  # Open MPI, MPICH and Intel MPI all name it libmpi*
+    if answer is None and "torch.distributed" in sys.modules:  # already paid for: ask it
+        answer = bool(sys.modules["torch.distributed"].is_mpi_available())
+    return answer
+
+
 def detect_hardware() -> Hardware:
-    """The host as validation sees it; never raises. MPI stays unknown (needs torch to ask)."""
-    return Hardware(gpu_count=_gpu_count(), mpi_available=None, cpu_count=os.cpu_count() or 1)
+    """The host as validation sees it; never raises."""
+    return Hardware(gpu_count=_gpu_count(), mpi_available=mpi_available(), cpu_count=os.cpu_count() or 1)

@@ -126,16 +126,19 @@ class ConfigureScreen(Screen):
     # ------------------------------------------------------------------ GPUs (thread: NVML may be slow)
     @work(thread=True, exclusive=True, group="gpus")
     def _probe_gpus(self) -> None:
+        from engine.hardware import mpi_available
+
         src = self.app.gpu_source
         try:
             ok, reason = src.status()
             samples = src.sample() if ok else []
         except Exception as exc:  # a sampler bug must not take the form down
             ok, reason, samples = False, f"GPU probe failed: {exc}", []
-        self.app.call_from_thread(self._gpus_arrived, samples, ok, reason)
+        mpi = mpi_available()  # torch's libraries read, not imported: a millisecond
+        self.app.call_from_thread(self._gpus_arrived, samples, ok, reason, mpi)
 
-    def _gpus_arrived(self, samples, ok, reason) -> None:
-        self.hw = Hardware(gpu_count=len(samples) if ok else 0)
+    def _gpus_arrived(self, samples, ok, reason, mpi=None) -> None:
+        self.hw = Hardware(gpu_count=len(samples) if ok else 0, mpi_available=mpi)
         self.form.set_gpus(samples, ok, reason)
         self.gpus_loaded = True
         self.revalidate()

@@ -158,6 +158,24 @@ async def test_impossible_combinations_are_marked_with_the_reason(tmp_path, pres
         assert screen.cfg is not None and invalid(screen, "backend") is None
 
 
+async def test_mpi_backend_is_marked_where_torch_has_none(tmp_path, presets_dir):
+    """The form asks the same detector as `torchdeck validate` (torch's libraries, not torch)."""
+    import torch.distributed as dist
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-backend", "m")
+        assert screen.query_one("#f-backend", Select).value == "mpi"
+        if dist.is_mpi_available():
+            assert screen.cfg is not None and invalid(screen, "backend") is None
+            return
+        assert "no MPI support" in invalid(screen, "backend") and screen.cfg is None
+        await pilot.press("f5")
+        await pilot.pause(0.2)
+        assert app.said("Cannot launch: backend") and not (tmp_path / "runs").exists()
+
+
 async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     app = make_app(tmp_path, gpus=two_fake_gpus())
     async with app.run_test(size=SIZE) as pilot:

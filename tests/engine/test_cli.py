@@ -430,7 +430,10 @@ def test_hardware_probe_never_raises_and_explains_a_missing_gpu(monkeypatch):
     ok, why = hardware.nvml_status()
     hw = hardware.detect_hardware()
     gpus = hardware.list_gpus()
-    assert hw.gpu_count == len(gpus) and hw.mpi_available is None and hw.cpu_count >= 1
+    assert hw.gpu_count == len(gpus) and hw.cpu_count >= 1
+    import torch.distributed as dist
+
+    assert hw.mpi_available is dist.is_mpi_available()
     if ok:
         assert why == "" and all(g.name and g.memory_total_mb > 0 for g in gpus)
         assert [g.index for g in gpus] == list(range(len(gpus)))
@@ -450,3 +453,80 @@ def test_hardware_probe_without_nvidia_ml_py():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "(False, 'nvidia-ml-py is not installed') 0 []"
+
+
+# ----------------------------------------------------------------------------- MPI, found without torch
+
+MPI_PROBE = ("import sys\nfrom engine import hardware\n"
+             "print(hardware.detect_hardware().mpi_available, hardware.torch_links('libnccl'), 'torch' in sys.modules)")
+
+
+def test_mpi_probe_agrees_with_torch_without_importing_it():
+    """The detector reads torch's shared libraries (an MPI build links libmpi) instead of importing
+    torch, which costs the CLI and the app seconds. Its answers equal torch's own, for MPI and, as
+    a check that the reader sees real links, for NCCL (which a CUDA build of torch links)."""
+    import torch.distributed as dist
+
+    r = subprocess.run([sys.executable, "-c", MPI_PROBE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    mpi, nccl, imported = r.stdout.split()
+    assert imported == "False", "the probe imported torch"
+    assert mpi == str(dist.is_mpi_available())
+    assert nccl == str(dist.is_nccl_available())
+
+
+def test_elf_reader_lists_what_readelf_lists():
+    import re
+    import shutil
+
+    from engine import hardware
+
+    if shutil.which("readelf") is None:
+        pytest.skip("no readelf here to compare with")
+    import importlib.util
+
+    lib = Path(importlib.util.find_spec("torch").origin).parent / "lib"
+    sos = sorted(lib.glob("libtorch*.so*")) + [Path(sys.executable).resolve()]
+    for so in sos:
+        out = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, timeout=60).stdout
+        assert hardware.elf_needed(so) == re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out), so
+    assert hardware.elf_needed(__file__) is None  # not ELF: no answer rather than a wrong one
+
+
+def test_mpi_probe_sees_a_torch_built_with_mpi(tmp_path):
+    """This host's torch has no MPI: a stand-in torch whose libtorch_cpu.so links a libmpi, built
+    with the real toolchain, must be seen as an MPI build and its config accepted."""
+    import shutil
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the stand-in libraries")
+    lib = tmp_path / "fake" / "torch" / "lib"
+    lib.mkdir(parents=True)
+    (lib.parent / "__init__.py").write_text("raise ImportError('the probe must not import torch')\n")
+    (tmp_path / "empty.c").write_text("int td_probe_symbol(void) { return 0; }\n")
+    for cmd in (["gcc", "-shared", "-fPIC", "-Wl,-soname,libmpi.so.40", "-o", str(lib / "libmpi.so.40"), "empty.c"],
+                ["gcc", "-shared", "-fPIC", "-o", str(lib / "libtorch_cpu.so"), "empty.c", f"-L{lib}", "-Wl,--no-as-needed",
+                 "-l:libmpi.so.40"]):
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    code = MPI_PROBE + ("\nfrom engine.config import from_dict\n"
+                        "print(from_dict({'strategy': 'ddp', 'devices': 2, 'backend': 'mpi'},"
+                        " hw=hardware.detect_hardware()).backend)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "False", "mpi"]
+
+
+def test_validate_refuses_mpi_where_torch_has_none(tmp_path):
+    """`backend: mpi` is refused before anything starts, on the field, with what to use instead."""
+    import torch.distributed as dist
+
+    r = torchdeck("validate", "quickstart", "--set", "backend=mpi", cwd=tmp_path)
+    if dist.is_mpi_available():
+        assert r.returncode == 0, r.stderr
+        return
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "backend: this PyTorch build has no MPI support" in r.stderr and "use gloo" in r.stderr, r.stderr
+    r = torchdeck("run", "quickstart", "--set", "backend=mpi", cwd=tmp_path)
+    assert r.returncode == 2 and "backend:" in r.stderr and not (tmp_path / "runs").exists()
