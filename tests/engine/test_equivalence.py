@@ -208,16 +208,38 @@ def test_lr_schedules_follow_their_definition():
     assert max(one) == pytest.approx(0.1) and one.index(max(one)) in (4, 5) and one[0] < 0.01 and one[-1] < 1e-3
 
 
+def recorded(run_dir: Path, cfg: dict) -> tuple[list[dict], list[dict]]:
+    """Run in-process with the recording model; (events, what each forward saw)."""
+    from tests.engine import probes
+
+    probes.SEEN.clear()
+    ev = run_in_process(run_dir, {**cfg, "model": {**cfg.get("model", {}), "name": "tests.engine.probes:recording"}})
+    return ev, list(probes.SEEN)
+
+
 def test_bf16_autocast_and_channels_last_train_on_cpu(tmp_path):
+    """What the engine's own step does with them: every training and eval forward runs under bf16
+    autocast (the convolution and the logits come out bf16) on channels-last batches and weights;
+    the weights themselves stay fp32. The same run in 32-true is seen as fp32 and contiguous."""
     cfg = small_cfg(**{"model.name": "cnn", "data.image_size": 16, "train.precision": "bf16-mixed",
                        "train.channels_last": True, "train.max_steps": 3, "train.log_every_n_steps": 1,
                        "train.eval_every_epoch": True})
-    ev = run_in_process(tmp_path, cfg)
+    ev, seen = recorded(tmp_path / "bf16", cfg)
     steps = [e for e in ev if e["kind"] == "step"]
     assert [e["step"] for e in steps] == [1, 2, 3] and all(math.isfinite(e["loss"]) for e in steps)
     end = next(e for e in ev if e["kind"] == "epoch_end")
     assert end.get("partial") is True and 0 <= end["val_acc"] <= 1  # max_steps ended it mid-epoch
-    assert final_model(tmp_path)["model"]["0.weight"].dtype == torch.float32  # weights stay fp32
+    assert final_model(tmp_path / "bf16")["model"]["0.weight"].dtype == torch.float32  # weights stay fp32
+    train = [s for s in seen if s["training"]]
+    assert len(train) == 3 and len(seen) > 3, "three training forwards and the eval pass"
+    for s in seen:
+        assert s["autocast"] and s["first_layer_dtype"] == s["output_dtype"] == torch.bfloat16, s
+        assert s["input_dtype"] == torch.float32 and s["input_channels_last"] and s["weights_channels_last"], s
+
+    plain = {**cfg, "train": {**cfg["train"], "precision": "32-true", "channels_last": False}}
+    _, seen = recorded(tmp_path / "fp32", plain)
+    assert seen and all(not s["autocast"] and s["output_dtype"] == torch.float32 and not s["input_channels_last"]
+                        and not s["weights_channels_last"] for s in seen)
 
 
 def test_batch_fetch_gives_the_same_batches():

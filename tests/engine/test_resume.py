@@ -23,6 +23,11 @@ def test_resume_from_mid_epoch_checkpoint_equals_uninterrupted(tmp_path, opt, sc
     cfg = small_cfg(**{"train.max_steps": 12, "checkpoint.every_n_steps": 3, "scheduler.name": sched,
                        "scheduler.warmup_steps": 2, "scheduler.min_lr": 0.001, "optimizer.name": opt,
                        "optimizer.lr": 0.01, "train.precision": precision, "train.grad_clip": 1.0})
+    if precision == "bf16-mixed":  # the mlp, recording each forward's output dtype
+        cfg["model"] = {"name": "tests.engine.probes:recording", "kwargs": {"base": "mlp", "hidden": 32}}
+    from tests.engine import probes
+
+    probes.SEEN.clear()
     full = tmp_path / "full"
     ev = run_in_process(full, cfg)
     saved = [e["step"] for e in ev if e["kind"] == "checkpoint"]
@@ -41,6 +46,8 @@ def test_resume_from_mid_epoch_checkpoint_equals_uninterrupted(tmp_path, opt, sc
         assert out["step"] == 12
         assert_same_weights(out["model"], ref["model"], atol=1e-6)
         assert out["scheduler"]["_last_lr"] == pytest.approx(ref["scheduler"]["_last_lr"])
+    if precision == "bf16-mixed":  # both ways ran under autocast, before and after the resume
+        assert len(probes.SEEN) == 12 + 9 + 3 and all(s["output_dtype"] == torch.bfloat16 for s in probes.SEEN)
 
 
 def test_stop_after_max_steps_then_resume_with_more_steps(tmp_path):

@@ -1,0 +1,43 @@
+"""A model for tests that records what the engine's own training step hands it.
+
+`model.name: tests.engine.probes:recording` builds the cnn (or, with kwargs base: mlp, the mlp)
+unchanged: same weights, same numbers. Each forward appends one entry to SEEN: the batch's device,
+dtype and memory format, the weights' memory format, whether autocast was on, and the dtypes the
+first layer and the whole model put out. SEEN lives in the process that trains, so only in-process
+runs (run_in_process, a Trainer built in the test's own process or rank) can read it.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.models import cnn, mlp
+
+SEEN: list[dict] = []
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Laid out channels-last, not merely compatible with it (a C=1 tensor is both)."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
+    net = cnn(info) if base == "cnn" else mlp(info, hidden)
+    first = next(m for m in net if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
+
+    def before(mod, args):
+        x = args[0]
+        SEEN.append({"training": mod.training, "device": x.device.type, "input_dtype": x.dtype,
+                     "input_channels_last": _channels_last(x),
+                     "weights_channels_last": _channels_last(first.weight),
+                     "autocast": torch.is_autocast_enabled(x.device.type)})
+
+    def first_out(mod, args, out):
+        SEEN[-1]["first_layer_dtype"] = out.dtype
+
+    def after(mod, args, out):
+        SEEN[-1]["output_dtype"] = out.dtype
+
+    net.register_forward_pre_hook(before)
+    first.register_forward_hook(first_out)
+    net.register_forward_hook(after)
+    return net
