@@ -192,19 +192,60 @@ def test_sigkill_of_a_rank_fails_the_run_and_leaves_nothing(tmp_path):
                         within=max(1.0, 15 - (time.monotonic() - t0)))
 
 
+SLEEPY = """\
+import os, time
+from pathlib import Path
+from engine.models import mlp
+
+
+def net(info, folder):
+    \"\"\"The mlp, whose training forward falls asleep for 10 minutes once folder/slow exists: a
+    step far longer than the supervisor's stop grace period, so a graceful stop cannot finish.\"\"\"
+    model = mlp(info, 32)
+    folder = Path(folder)
+
+    def hook(mod, args):
+        if mod.training and (folder / "slow").exists():
+            (folder / f"asleep-{os.environ['RANK']}").touch()
+            time.sleep(600)
+    model.register_forward_pre_hook(hook)
+    return model
+"""
+
+
 def test_second_ctrl_c_kills(tmp_path):
-    proc, log = start_cli(tmp_path, "run", str(preset(tmp_path)))
+    """The first Ctrl-C asks for a graceful stop that cannot finish (both ranks are inside a 10-minute
+    step); the second kills every process of the run at once: no waiting out the stop grace period."""
+    from engine.supervisor import STOP_GRACE_S
+
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    p = preset(tmp_path)
+    p.write_text(p.read_text().replace("model: {name: mlp, hidden: 32}",
+                                       f"model: {{name: 'sleepy:net', kwargs: {{folder: '{tmp_path}'}}}}"))
+    proc, log = start_cli(tmp_path, "run", str(p))
     run = the_run(tmp_path)
-    wait_for(lambda: steps_seen(run), 120, "training steps")
-    pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
-    proc.send_signal(signal.SIGINT)
-    wait_for(lambda: "Ctrl-C again to kill" in log.read_text(), 10, "the stop message")
-    proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=60)
-    out = log.read_text()
-    final = run.final_status()
-    # the ranks may have finished the graceful stop before the second Ctrl-C landed: then "stopped"
-    assert (code, final["status"]) in ((1, "failed"), (0, "stopped")), out
-    if final["status"] == "failed":
-        assert "killed by the user" in final["root_cause"] and "killed 0 process" not in out
-    assert_nothing_left(run, pids, within=15)
+    try:
+        wait_for(lambda: steps_seen(run), 120, "training steps")
+        pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
+        (tmp_path / "slow").touch()
+        wait_for(lambda: (tmp_path / "asleep-0").exists() and (tmp_path / "asleep-1").exists(), 30,
+                 "both ranks inside their long step")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "Ctrl-C again to kill" in log.read_text(), 10, "the stop message")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=STOP_GRACE_S + 30)
+        took = time.monotonic() - t0
+        out = log.read_text()
+        final = run.final_status()
+        assert (code, final["status"]) == (1, "failed"), out
+        assert "killed by the user" in final["root_cause"], final
+        killed = [ln for ln in out.splitlines() if ln.startswith("killed ") and "process(es) of the run" in ln]
+        assert killed and int(killed[0].split()[1]) >= 3, out  # the supervisor and both ranks
+        assert took < 10, f"{took:.1f} s from the second Ctrl-C to exit (the grace period is {STOP_GRACE_S:.0f} s)"
+        assert_nothing_left(run, pids, within=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if launch.run_processes(run):  # a failed assertion must not leave a sleeping run behind
+            launch.kill(run)
