@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from engine import cli
 from engine import config as c
+from engine.hardware import detect_hardware
 
 BASE = {
     "name": "broken",
@@ -63,6 +64,9 @@ WRONG = {  # values that are never of the declared type
     list: ["x", 3, {"a": 1}],
     dict: ["x", [1], 2],
 }
+# accelerator cuda is refused for that reason only where there is no GPU (with one GPU, `devices` is the
+# field refused); where there are two, BASE would be valid and start a run.
+NO_GPU = detect_hardware().gpu_count == 0
 BAD_VALUES = [  # (path, values the schema must refuse)
     ("train.batch_size", [0, -1, -64]),
     ("train.grad_accum", [0, -3]),
@@ -88,7 +92,7 @@ BAD_VALUES = [  # (path, values the schema must refuse)
     ("data.pin_memory", [True]),  # on a CPU run
     ("strategy", ["ddpp", "deepspeed", "gpu"]),  # gpu: needs cuda
     ("backend", ["nccl", "ucc"]),  # nccl: needs CUDA
-    ("accelerator", ["tpu", "cuda"]),  # cuda: this host has no GPU
+    ("accelerator", ["tpu"] + (["cuda"] if NO_GPU else [])),  # cuda with devices 2: valid on a 2-GPU host
     ("devices", [0, 1, "0,1", [0, 1]]),  # ddp needs >= 2 CPU processes, given as a count
     ("init_method", ["http://host", "tcp://nohost"]),
     ("model.name", ["transformer", "resnet50"]),

@@ -462,9 +462,16 @@ def test_shipped_presets_run_headless_and_agree(tmp_path):
 
 
 def test_dp_preset_refuses_here_naming_the_missing_gpu(tmp_path):
-    if torch.cuda.device_count() >= 2:
+    """The dp preset lists GPUs 0 and 1: with none here accelerator cuda is refused, with one GPU 1 is."""
+    from engine.hardware import detect_hardware
+
+    gpus = detect_hardware().gpu_count
+    if gpus >= 2:
         pytest.skip("this host has 2 GPUs: dp would run")
     proc = cli_run("dp", tmp_path / "runs", [], timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "GPU" in proc.stderr and "accelerator" in proc.stderr
+    if gpus == 0:
+        assert "accelerator: cuda needs an NVIDIA GPU" in proc.stderr, proc.stderr
+    else:
+        assert "devices: GPU 1 does not exist: this host has GPUs 0-0" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
