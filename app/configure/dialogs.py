@@ -75,12 +75,20 @@ class LoadPresetDialog(ModalScreen["object | None"]):
                 Binding("delete,ctrl+d", "delete", "Delete user preset")]
 
     def compose(self):
-        with Vertical(classes="dialog dialog-wide"):
+        with Vertical(classes="dialog dialog-wide", id="load-dialog"):
             yield Label("enter: load   delete: remove a user preset   escape: cancel")
             yield OptionList(id="preset-list")
 
     def on_mount(self) -> None:
         self.refresh_list()
+
+    def on_resize(self) -> None:
+        """Fit the list inside the dialog at any terminal height: a list taller than the dialog is
+        cut off, and its cursor can move below the bottom edge (the list scrolls only itself)."""
+        box = self.query_one("#load-dialog")
+        room = box.styles.max_height.resolve(self.size, self.size) - box.styles.gutter.height
+        others = sum(w.outer_size.height for w in box.children if w.id != "preset-list")
+        self.query_one("#preset-list").styles.max_height = max(3, min(20, int(room) - others))
 
     def refresh_list(self) -> None:
         from engine.presets import list_presets

@@ -538,3 +538,36 @@ async def test_export_of_an_invalid_form_is_refused_with_the_reason(tmp_path, pr
         assert app.said("Cannot export: nodes.master_port: multi-node runs need a fixed master_port")
         assert app.screen is screen and app.focused.id == "f-nodes-master_port"
         assert not any(tmp_path.glob("*.sbatch"))
+
+
+# ----------------------------------------------------------------------------- 80x24
+
+
+async def test_preset_list_scrolls_to_its_cursor_at_every_size(tmp_path, presets_dir):
+    """Issue 14 bug 2: at 80x24 the list was taller than the dialog, so End highlighted a preset
+    below the dialog's bottom edge and Enter loaded it blind."""
+    from screen_helpers import inside, screen_text
+
+    presets_dir.mkdir()
+    for name in ("alpha", "beta", "zeta"):
+        (presets_dir / f"{name}.yaml").write_text(f"name: {name}\ndescription: user preset {name}\n")
+    for size in [(80, 24), (80, 16), (140, 45), (100, 12)]:
+        app = make_app(tmp_path)
+        async with app.run_test(size=size) as pilot:
+            screen = await ready(pilot)
+            await pilot.press("ctrl+o")
+            await pilot.pause(0.2)
+            dialog = app.screen
+            ol = dialog.query_one("#preset-list")
+            box = dialog.query_one("#load-dialog")
+            for key, name in [("end", "zeta"), ("home", "quickstart"), ("end", "zeta")]:
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert dialog.presets[ol.highlighted].name == name
+                assert inside(box.region, dialog.region), f"{size}: the dialog is cut by the screen"
+                assert inside(ol.region, box.content_region), f"{size}: the list is cut by the dialog"
+                text = screen_text(app)
+                assert f"{name}  " in text, f"{size}: {name} highlighted but not shown:\n{text}"
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert screen.preset_name == "zeta"

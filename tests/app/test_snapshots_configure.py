@@ -84,3 +84,20 @@ async def two_nodes(pilot):
 def test_configure_two_nodes_80x24(snap_compare, app):
     """Multi-node fields: node rank appears with a second node; the summary names this node's ranks."""
     assert snap_compare(app, terminal_size=(80, 24), run_before=two_nodes)
+
+
+async def preset_list_end(pilot):
+    """Ctrl+O with user presets, End: the last one is highlighted, inside the dialog's border."""
+    await settle(pilot)
+    await pilot.press("ctrl+o")
+    await pilot.pause(0.3)
+    await pilot.press("end")
+    await pilot.pause(0.3)
+
+
+def test_load_preset_dialog_end_80x24(snap_compare, app, tmp_path):
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    for name in ("alpha", "beta", "zeta"):
+        (presets / f"{name}.yaml").write_text(f"name: {name}\ndescription: user preset {name}\n")
+    assert snap_compare(app, terminal_size=(80, 24), run_before=preset_list_end)

@@ -1,0 +1,27 @@
+"""Helpers for app tests that read the screen as a person does (not collected as tests)."""
+from __future__ import annotations
+
+import html
+import re
+
+
+def screen_text(app) -> str:
+    """What the screen shows, as plain text lines (the SVG screenshot's text runs, in order)."""
+    svg = app.export_screenshot()
+    rows: dict[int, list] = {}
+    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="[\d.]+" '
+                         r'clip-path="url\(#[^)]*-line-(\d+)\)">(.*?)</text>', svg):
+        rows.setdefault(int(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
+    out = []
+    for line in sorted(rows):
+        s = ""
+        for x, txt in sorted(rows[line]):
+            s = s.ljust(int(round(x / 12.2))) + txt
+        out.append(s.replace("\xa0", " "))
+    return "\n".join(out)
+
+
+def inside(inner, outer) -> bool:
+    """Whether region `inner` lies wholly within region `outer` (nothing of it clipped)."""
+    return (inner.x >= outer.x and inner.y >= outer.y and inner.right <= outer.right
+            and inner.bottom <= outer.bottom)
