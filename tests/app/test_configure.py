@@ -571,3 +571,24 @@ async def test_preset_list_scrolls_to_its_cursor_at_every_size(tmp_path, presets
             await pilot.press("enter")
             await pilot.pause(0.3)
             assert screen.preset_name == "zeta"
+
+
+async def test_footer_keeps_no_residue_with_a_dropdown_open_at_80_columns(tmp_path, presets_dir):
+    """Issue 14 bug 8: with a Select open the footer's keys overflow 80 columns, and the last
+    column showed a letter of the keys scrolled under the palette key (`^p paletteu`)."""
+    from screen_helpers import screen_text
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        for wid in ("f-strategy", "f-optimizer-name"):
+            screen.query_one("#" + wid, Select).focus()
+            await pilot.pause(0.1)
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            footer = screen_text(app).splitlines()[-1]
+            assert "Dismiss menu" in footer, footer  # the dropdown is open: its key is in the footer
+            assert footer.rstrip().endswith("▏^p palette"), repr(footer)
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+            assert screen_text(app).splitlines()[-1].rstrip().endswith("▏^p palette")

@@ -115,3 +115,19 @@ def test_launch_from_the_app_until_finished(term, tmp_path):
     import json
 
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_footer_has_no_residue_with_a_dropdown_open_at_80x24(term):
+    """Issue 14 bug 8, in a real terminal: with a dropdown open the footer's keys overflow 80
+    columns; the last column used to show a letter of the keys beneath (`^p paletteu`)."""
+    term.start(f"{TORCHDECK} app tiny", width=80, height=24)
+    term.wait_for("global batch 128", timeout=60)
+    term.keys("Tab", "Tab", "Enter")  # name -> description -> strategy; Enter opens its list
+    screen = term.wait_for("Dismiss menu", timeout=20)
+    footer = screen.rstrip("\n").splitlines()[-1]
+    assert footer.rstrip().endswith("▏^p palette"), repr(footer)
+    term.keys("Escape")
+    time.sleep(0.5)
+    assert term.screen().rstrip("\n").splitlines()[-1].rstrip().endswith("▏^p palette")
