@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -25,11 +26,29 @@ class DataError(Exception):
 
 
 @dataclass
-class DataInfo:
+class DataInfo(Mapping):
+    """What a model needs to know about the data. A user's model callable gets it, and may read
+    it as `info.in_channels` or `info["in_channels"]` (a read-only mapping of these four keys)."""
+
     in_channels: int
     num_classes: int
     image_size: int
     name: str
+
+    def __getitem__(self, key: str):
+        if key not in self._keys():
+            raise KeyError(f"{key!r}: data info has {', '.join(self._keys())}")
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    @classmethod
+    def _keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
 
 
 # ----------------------------------------------------------------------------- synthetic

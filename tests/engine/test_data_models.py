@@ -282,6 +282,10 @@ def tiny(info, width=3):
     return nn.Sequential(nn.Flatten(), nn.Linear(info.in_channels * info.image_size ** 2, width),
                          nn.Linear(width, info.num_classes))
 
+def tiny_by_key(info, width=3):
+    return nn.Sequential(nn.Flatten(), nn.Linear(info["in_channels"] * info["image_size"] ** 2, width),
+                         nn.Linear(width, info["num_classes"]))
+
 def not_a_model(info):
     return 42
 '''
@@ -323,6 +327,20 @@ def test_user_model_callable_gets_info_and_kwargs(user_module):
     model = build_model(cfg, DataInfo(1, 4, 6, "x"))
     assert model[1].out_features == 5
     assert model(torch.zeros(2, 1, 6, 6)).shape == (2, 4)
+
+
+def test_user_model_callable_reads_info_by_key_or_attribute(user_module):
+    """Issue 14 bug 10: the README promised `info` "has in_channels ..."; `info["in_channels"]`
+    failed with 'DataInfo' object is not subscriptable. Both spellings work."""
+    cfg = RunConfig()
+    cfg.model.name = f"{user_module}:tiny_by_key"
+    info = DataInfo(1, 4, 6, "x")
+    model = build_model(cfg, info)
+    assert model(torch.zeros(2, 1, 6, 6)).shape == (2, 4)
+    assert dict(info) == {"in_channels": 1, "num_classes": 4, "image_size": 6, "name": "x"}
+    assert "in_channels" in info and info.get("depth", 7) == 7
+    with pytest.raises(KeyError, match="in_channels, num_classes, image_size, name"):
+        info["channels"]
 
 
 def test_user_model_failures_are_model_errors(user_module):
