@@ -3,7 +3,6 @@ the event writer keeps up with many ranks; a checkpoint evaluates on its own."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -110,22 +109,18 @@ def test_event_writer_keeps_up_with_many_ranks(tmp_path):
     procs = [ctx.Process(target=_produce, args=(q, r, n, go)) for r in range(4)]
     for p in procs:
         p.start()
-    time.sleep(1.0)  # let the producers import; time only the stream
-    t0 = time.monotonic()
-    go.set()
+    go.set()  # all four at once, as fast as they can
     for p in procs:
         p.join(120)
         assert p.exitcode == 0  # a producer blocked on a full pipe would hang here
     writer.stop()
-    elapsed = time.monotonic() - t0
     writer.close()
     evs = events.read_all(tmp_path / "events.jsonl")
     assert len(evs) == 4 * n
     for r in range(4):
         assert [e["step"] for e in evs if e["rank"] == r] == list(range(n))
-    # Generous on a loaded 2-core CI box; the target (>= 10,000 events/s, seen ~14,000 here with
-    # the machine loaded) is measured in bench/.
-    assert 4 * n / elapsed > 2000, f"{4 * n / elapsed:.0f} events/s"
+    # How fast is bench/events_rate's to measure (>= 10,000 events/s, recorded in BENCHMARKS.md): a
+    # bound here loose enough for a loaded machine would prove little.
 
 
 @pytest.mark.slow
