@@ -74,6 +74,10 @@ class LoadPresetDialog(ModalScreen["object | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"),
                 Binding("delete,ctrl+d", "delete", "Delete user preset")]
 
+    def __init__(self, on_deleted=None):
+        super().__init__()
+        self.on_deleted = on_deleted  # called with the path of a preset this dialog deleted
+
     def compose(self):
         with Vertical(classes="dialog dialog-wide", id="load-dialog"):
             yield Label("enter: load   delete: remove a user preset   escape: cancel")
@@ -131,6 +135,8 @@ class LoadPresetDialog(ModalScreen["object | None"]):
                 self.notify(str(exc), severity="error")
                 return
             self.notify(f"deleted user preset {info.name}")
+            if self.on_deleted is not None:
+                self.on_deleted(info.path)
             self.refresh_list()
 
         self.app.push_screen(ConfirmDialog(f"Delete user preset {info.name!r} ({info.path})?"), done)

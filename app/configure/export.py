@@ -50,7 +50,8 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
 
     folder = (folder or Path.cwd()).resolve()
     name = _safe(cfg.name)
-    write_config = modified or preset_path is None
+    # a preset file that went away (deleted from another shell) cannot be what torchrun reads
+    write_config = modified or preset_path is None or not Path(preset_path).is_file()
     config_path = folder / f"{name}.yaml" if write_config else Path(preset_path).resolve()
     cli = ["torchdeck", "export", shlex.quote(preset_name or "PRESET.yaml")]
     if write_config:

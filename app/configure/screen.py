@@ -73,7 +73,8 @@ class ConfigureScreen(Screen):
         self._preset_arg = preset
         self.preset_path: Path | None = None
         self.preset_name = ""
-        self.preset_source = ""
+        self.preset_source = ""  # user | shipped | file | defaults | deleted (the loaded user preset)
+        self.deleted_name = ""
         self.base: dict = {}  # the loaded preset, normalized
         self.baseline: dict = {}  # what the form showed right after loading it
         self.problems: dict[str, str] = {}
@@ -162,7 +163,18 @@ class ConfigureScreen(Screen):
 
     @property
     def modified(self) -> bool:
-        return self.form.to_dict() != self.baseline
+        """The form differs from its preset file, or that file is gone (the form is saved nowhere)."""
+        return self.preset_source == "deleted" or self.form.to_dict() != self.baseline
+
+    def preset_deleted(self, path: Path) -> None:
+        """A user preset was deleted. If the form came from it, the form now stands alone: nothing
+        may name the file (header, command line) or read it (Export writes the form's own YAML)."""
+        if self.preset_path is None or Path(path).resolve() != self.preset_path.resolve():
+            return
+        self.deleted_name = self.preset_name
+        self.preset_path, self.preset_source, self.preset_name = None, "deleted", ""
+        self.base = cfgmod.RunConfig().to_dict()  # the command line sets what differs from the defaults
+        self.revalidate()
 
     def action_load_preset(self) -> None:
         from app.configure.dialogs import ConfirmDialog, LoadPresetDialog  # not needed for the first frame
@@ -181,7 +193,7 @@ class ConfigureScreen(Screen):
                                                f"and load {info.name}?"),
                                  lambda yes: load(info) if yes else None)
 
-        self.app.push_screen(LoadPresetDialog(), chosen)
+        self.app.push_screen(LoadPresetDialog(on_deleted=self.preset_deleted), chosen)
 
     def action_save_preset(self) -> None:
         try:
@@ -192,7 +204,10 @@ class ConfigureScreen(Screen):
             return
         from app.configure.dialogs import SavePresetDialog
 
-        suggested = self.preset_name if self.preset_source == "user" else f"my-{cfg.name}"
+        if self.preset_source == "deleted":
+            suggested = self.deleted_name
+        else:
+            suggested = self.preset_name if self.preset_source == "user" else f"my-{cfg.name}"
 
         def named(name: str | None) -> None:
             if name:
@@ -260,6 +275,8 @@ class ConfigureScreen(Screen):
     def _update_bar(self) -> None:
         mark = "  [b]● modified[/b]" if self.modified else ""
         src = f" ({self.preset_source})" if self.preset_source else ""
+        if self.preset_source == "deleted":
+            src, mark = "", "  [b]● deleted: Ctrl+S saves the form[/b]"
         self.query_one("#preset-bar", Static).update(
             f"[b]torchdeck[/b] · Configure · preset [b]{self.preset_name or '-'}[/b]{src}{mark}")
 

@@ -592,3 +592,78 @@ async def test_footer_keeps_no_residue_with_a_dropdown_open_at_80_columns(tmp_pa
             await pilot.press("escape")
             await pilot.pause(0.2)
             assert screen_text(app).splitlines()[-1].rstrip().endswith("▏^p palette")
+
+
+async def test_deleting_the_loaded_preset_unties_the_form_from_it(tmp_path, presets_dir, monkeypatch):
+    """Issue 14 bug 6: after deleting the loaded user preset the header and the command line still
+    named it, and Export wrote a torchrun script reading the deleted file, and no YAML."""
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    presets_dir.mkdir()
+    (presets_dir / "other.yaml").write_text("name: other\nstrategy: cpu\n")
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "1")
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        name_in = app.screen.query_one("#preset-name", Input)
+        await pilot.press("end", *["backspace"] * len(name_in.value), *"mine", "enter")
+        await pilot.pause(0.3)
+        assert screen.preset_name == "mine" and (presets_dir / "mine.yaml").is_file()
+        want = screen.form.to_dict()
+
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        dialog = app.screen
+        for name in ("other", "mine"):  # deleting another preset changes nothing here
+            idx = next(i for i, p in enumerate(dialog.presets) if p.name == name)
+            dialog.query_one("#preset-list").highlighted = idx
+            await pilot.press("delete")
+            await pilot.pause(0.2)
+            await pilot.press("y")
+            await pilot.pause(0.3)
+            if name == "other":
+                assert screen.preset_name == "mine"
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert not (presets_dir / "mine.yaml").exists()
+        bar = str(screen.query_one("#preset-bar").render())
+        command = str(screen.query_one("#command").render())
+        assert "preset mine" not in bar and "deleted" in bar, bar
+        assert command.startswith("$ torchdeck run PRESET.yaml --set"), command  # no file named
+        argv = shlex.split(command[2:])
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]  # over an empty preset
+        assert cfgmod.from_dict(cfgmod.apply_overrides({}, sets)).to_dict() == cfgmod.from_dict(want).to_dict()
+        assert screen.form.to_dict() == want  # the form keeps what it showed
+
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        exp = app.screen
+        config = work / "mine.yaml"
+        assert f"-m engine.worker {config}" in shown(exp, "export-torchrun")
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert config.is_file() and (work / "mine.torchrun.sh").is_file()
+        assert cfgmod.load(config).to_dict() == cfgmod.from_dict(want).to_dict()
+
+
+async def test_export_writes_the_form_when_its_preset_file_went_away(tmp_path, presets_dir, monkeypatch):
+    """A preset removed behind the app's back (another shell) cannot be what torchrun reads."""
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    presets_dir.mkdir()
+    (presets_dir / "ext.yaml").write_text("name: ext\nstrategy: cpu\n")
+    app = make_app(tmp_path, preset="ext")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert screen.preset_name == "ext" and not screen.modified
+        (presets_dir / "ext.yaml").unlink()
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        assert f"-m engine.worker {work / 'ext.yaml'}" in shown(app.screen, "export-torchrun")
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert cfgmod.load(work / "ext.yaml").to_dict() == screen.cfg.to_dict()
