@@ -2,9 +2,10 @@
 
 `model.name: tests.engine.probes:recording` builds the cnn (or, with kwargs base: mlp, the mlp)
 unchanged: same weights, same numbers. Each forward appends one entry to SEEN: the batch's device,
-dtype and memory format, the weights' memory format, whether autocast was on, and the dtypes the
-first layer and the whole model put out. SEEN lives in the process that trains, so only in-process
-runs (run_in_process, a Trainer built in the test's own process or rank) can read it.
+dtype and memory format, the weights' memory format, whether autocast was on, the process group's
+backend, and the dtypes the first layer and the whole model put out. SEEN lives in the process
+that trains, so only in-process runs (run_in_process, a Trainer built in the test's own process or
+rank) can read it.
 """
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
     first = next(m for m in net if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
 
     def before(mod, args):
+        import torch.distributed as dist
+
         x = args[0]
         SEEN.append({"training": mod.training, "device": x.device.type, "input_dtype": x.dtype,
                      "input_channels_last": _channels_last(x),
                      "weights_channels_last": _channels_last(first.weight),
-                     "autocast": torch.is_autocast_enabled(x.device.type)})
+                     "autocast": torch.is_autocast_enabled(x.device.type),
+                     "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None})
 
     def first_out(mod, args, out):
         SEEN[-1]["first_layer_dtype"] = out.dtype

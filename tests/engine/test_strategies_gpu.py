@@ -5,6 +5,7 @@ Run on a CUDA machine with `python -m pytest -m gpu tests/engine/test_strategies
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -129,4 +130,9 @@ def test_fp16_with_grad_scaler_trains_a_few_steps():
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert losses[-1] < losses[0] * 0.5, losses  # fp32 on the CPU: 2.31 -> 0.02
     assert any((before[k] != v).any() for k, v in model.state_dict().items())
-    assert prec.state_dict()["scale"] > 0
+    # Every step went through the scaler: update() counts finite steps since the last overflow
+    # (each overflow halves the scale from 2**16 and restarts the count); a bypassed scaler leaves 0.
+    state = prec.state_dict()
+    backoffs = math.log2(65536.0 / state["scale"])
+    assert backoffs == int(backoffs) and 0 <= backoffs <= 10, state
+    assert state["_growth_tracker"] >= 20, state
