@@ -469,6 +469,8 @@ def cmd_validate(args) -> int:
     warn = visible_devices_warning() if cfg.accelerator == "cuda" else None
     if warn:
         print("  warning: " + warn)
+    from engine.config import advice  # valid, but probably not meant (issue 14)
+    print("".join(f"  warning: {field}: {why}\n" for field, why in advice(cfg)), end="")
     return EXIT_OK
 
 

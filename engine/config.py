@@ -476,6 +476,37 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     return p
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def advice(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Valid but probably not meant: (field, why) pairs that validate and the form show as
+    warnings and never refuse. Call it on a config that passed validation."""
+    out: list[tuple[str, str]] = []
+    n = cfg.nodes
+    from engine.strategies import get_strategy
+
+    if n.num_nodes > 1 and get_strategy(cfg.strategy).distributed:
+        if cfg.init_method.startswith("tcp://"):
+            field, host = "init_method", cfg.init_method[len("tcp://"):].rpartition(":")[0]
+        else:
+            field, host = "nodes.master_addr", n.master_addr
+        if cfg.init_method.startswith(("env://", "tcp://")) and _is_loopback(host):
+            # a warning, not an error: several nodes on one host is a fair rehearsal
+            out.append((field, f"{host.strip()} is this host itself: nodes on other machines need "
+                               "node 0's network address here"))
+    return out
+
+
 # ----------------------------------------------------------------------------- YAML
 
 

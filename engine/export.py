@@ -52,6 +52,7 @@ def torchrun(cfg, config_path: str, run_root: str = "runs") -> str:
     lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
              f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
              f"# every node needs the same config at {config_path} and torchdeck installed"]
+    lines += [f"# warning: {field}: {why}" for field, why in cfgmod.advice(cfg)]
     for k, env, argv in torchrun_commands(cfg, config_path, run_root):
         if cfg.nodes.num_nodes > 1:
             host = f" (master: {cfg.nodes.master_addr})" if k == 0 else ""

@@ -329,27 +329,32 @@ class ConfigForm(VerticalScroll):
         self._w[msg.id] = msg
         return msg
 
-    def show_problems(self, problems: dict[str, str]) -> None:
+    def show_problems(self, problems: dict[str, str], warnings: dict[str, str] | None = None) -> None:
+        """Mark fields with errors (they refuse Launch) and warnings (they only advise)."""
         self.problems = problems
+        warnings = warnings or {}
         strategy = self.value_of("strategy")
         for f in FIELDS:
             if not self._mounted(f):
                 continue
             why = problems.get(f.path)
+            warn = warnings.get(f.path) if why is None else None
             shown = why is not None or f.shown(self.value_of)
             parts = self._parts(f)
             for w in parts:
                 w.display = shown
                 w.set_class(why is not None, "-invalid")
+                w.set_class(warn is not None, "-warning")
             if f.kind == "devices":
                 continue
             hint = f.hint
             if f.path == "train.batch_size":
                 hint = "batch size is the total across GPUs (dp splits each batch)" if strategy == "dp" else "per process"
-            if why is not None or hint:
+            if why is not None or warn is not None or hint:
                 msg = self._message_widget(f)
-                msg.update(why or hint)
+                msg.update(why or warn or hint)
                 msg.set_class(why is not None, "-error")
+                msg.set_class(warn is not None, "-warning")
                 msg.display = shown
             elif "msg-" + _slug(f.path) in self._w:  # a fixed error on a field without a hint
                 self._w["msg-" + _slug(f.path)].display = False

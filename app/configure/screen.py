@@ -78,6 +78,7 @@ class ConfigureScreen(Screen):
         self.base: dict = {}  # the loaded preset, normalized
         self.baseline: dict = {}  # what the form showed right after loading it
         self.problems: dict[str, str] = {}
+        self.warnings: dict[str, str] = {}  # valid, but probably not meant (engine.config.advice)
         self.cfg: cfgmod.RunConfig | None = None  # the form as a valid config (with hardware), else None
         self.hw = Hardware(gpu_count=None)
         self.gpus_loaded = False
@@ -87,6 +88,7 @@ class ConfigureScreen(Screen):
         yield Static("", id="preset-bar")
         yield ConfigForm(self._initial[0], id="form")  # built with the preset's values: no second pass
         yield Static("", id="problems")
+        yield Static("", id="warnings")
         yield Static("", id="summary")
         yield Static("", id="command")
         yield Footer(compact=True)
@@ -254,7 +256,11 @@ class ConfigureScreen(Screen):
         else:
             problems = host_problems(self.cfg)  # valid, but it cannot start here (export still can)
         self.problems = problems
-        self.form.show_problems(problems)
+        self.warnings = dict(cfgmod.advice(self.cfg)) if self.cfg is not None else {}
+        self.form.show_problems(problems, self.warnings)
+        warn = self.query_one("#warnings", Static)
+        warn.update("\n".join(f"warning: {k}: {v}" for k, v in self.warnings.items()))
+        warn.display = bool(self.warnings)
         stray = [f"{k or 'preset'}: {v}" for k, v in problems.items() if k not in BY_PATH]
         box = self.query_one("#problems", Static)
         box.update("\n".join(stray))

@@ -667,3 +667,22 @@ async def test_export_writes_the_form_when_its_preset_file_went_away(tmp_path, p
         await pilot.press("w")
         await pilot.pause(0.3)
         assert cfgmod.load(work / "ext.yaml").to_dict() == screen.cfg.to_dict()
+
+
+async def test_several_nodes_at_loopback_are_warned_on_the_field(tmp_path, presets_dir):
+    """Issue 14 rough edge 9: two nodes meeting at 127.0.0.1 passed the form silently. It is valid
+    (a rehearsal on one host), so Launch stays possible, but the field and the summary say it."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert not screen.query_one("#warnings").display
+        await type_into(pilot, "f-nodes-num_nodes", "2")
+        assert screen.cfg is not None and not screen.problems  # valid: nothing refused
+        assert invalid(screen, "nodes.master_addr") is None
+        msg = screen.form.message("nodes.master_addr")
+        assert "127.0.0.1 is this host itself" in msg
+        assert screen.query_one("#msg-nodes-master_addr").has_class("-warning")
+        box = screen.query_one("#warnings")
+        assert box.display and "nodes.master_addr: 127.0.0.1 is this host itself" in str(box.render())
+        await type_into(pilot, "f-nodes-master_addr", "10.1.2.3")
+        assert screen.form.message("nodes.master_addr") == "" and not box.display

@@ -536,3 +536,18 @@ def test_validate_refuses_mpi_where_torch_has_none(tmp_path):
     assert "backend: this PyTorch build has no MPI support" in r.stderr and "use gloo" in r.stderr, r.stderr
     r = torchdeck("run", "quickstart", "--set", "backend=mpi", cwd=tmp_path)
     assert r.returncode == 2 and "backend:" in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_validate_and_export_warn_of_several_nodes_at_loopback(tmp_path):
+    """Issue 14 rough edge 9: valid (several nodes on one host is a rehearsal), but said up front."""
+    r = torchdeck("validate", "quickstart", "--set", "nodes.num_nodes=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning: nodes.master_addr: 127.0.0.1 is this host itself" in r.stdout, r.stdout
+    two = tmp_path / "two.yaml"
+    two.write_text("strategy: ddp\ndevices: 2\nnodes: {num_nodes: 2}\n")
+    r = torchdeck("export", str(two), "--torchrun", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "# warning: nodes.master_addr: 127.0.0.1 is this host itself" in r.stdout, r.stdout
+    r = torchdeck("validate", "quickstart", "--set", "nodes.num_nodes=2", "--set", "nodes.master_addr=10.1.2.3",
+                  cwd=tmp_path)
+    assert r.returncode == 0 and "warning" not in r.stdout, r.stdout

@@ -211,3 +211,28 @@ def test_scientific_notation_is_a_number():
     assert cfg.optimizer.lr == pytest.approx(5e-4) and cfg.optimizer.weight_decay == pytest.approx(0.01)
     fields, _ = problems({"optimizer": {"lr": "1e-3x"}})
     assert "number" in fields["optimizer.lr"]
+
+
+@pytest.mark.parametrize("over,field", [
+    (["nodes.num_nodes=2"], "nodes.master_addr"),
+    (["nodes.num_nodes=2", "nodes.master_addr=localhost"], "nodes.master_addr"),
+    (["nodes.num_nodes=3", "nodes.master_addr=::1"], "nodes.master_addr"),
+    (["nodes.num_nodes=2", "init_method=tcp://127.0.0.2:29511"], "init_method"),
+])
+def test_several_nodes_meeting_at_loopback_are_warned_not_refused(over, field):
+    """Issue 14 rough edge 9: two nodes at 127.0.0.1 passed silently; only the rendezvous, minutes
+    later on the other node, said that the address is this host itself. Several nodes on one host
+    is legitimate (a rehearsal), so it is a warning, not a refusal."""
+    cfg = c.from_dict(c.apply_overrides({"strategy": "ddp", "devices": 2}, over))
+    (got,) = c.advice(cfg)
+    assert got[0] == field and "this host itself" in got[1] and "node 0's network address" in got[1]
+
+
+@pytest.mark.parametrize("over", [
+    [], ["nodes.master_addr=localhost"],  # one node: loopback is right
+    ["nodes.num_nodes=2", "nodes.master_addr=10.0.0.5"],
+    ["nodes.num_nodes=2", "nodes.master_addr=node0.cluster"],
+    ["nodes.num_nodes=2", "nodes.master_addr=10.0.0.5", "init_method=env://"],
+])
+def test_no_advice_where_nothing_looks_wrong(over):
+    assert c.advice(c.from_dict(c.apply_overrides({"strategy": "ddp", "devices": 2}, over))) == []
