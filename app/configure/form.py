@@ -297,7 +297,10 @@ class ConfigForm(VerticalScroll):
         if "devices" in self.problems:
             text = self.problems["devices"]
         elif mode == "procs":
-            text = "number of CPU processes"
+            from engine.strategies import get_strategy, names
+
+            strategy = self.value_of("strategy")
+            text = get_strategy(strategy).cpu_devices_hint() if strategy in names() else ""
         elif mode == "text":
             text = f"no GPU list: {self.gpu_reason}" if self.gpus_known else "looking for GPUs…"
         else:

@@ -43,6 +43,10 @@ class Strategy:
             problems.append(("nodes.num_nodes", f"strategy {self.name} runs in one process; use ddp, fsdp or zero for several nodes"))
         return problems
 
+    def cpu_devices_hint(self) -> str:
+        """What `devices` counts with accelerator cpu (the form's hint under the field)."""
+        return "number of CPU processes (ranks)" if self.distributed else "one process on the CPU"
+
     def local_devices(self, cfg, local_rank: int) -> list[str]:
         """Devices a local rank uses (for the summary line and the GPU pane)."""
         return [cfg.device_for(local_rank)]

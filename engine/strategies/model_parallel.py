@@ -18,6 +18,9 @@ class ModelParallelStrategy(Strategy):
             p.append(("model_parallel.micro_batches", f"at most the batch size ({cfg.train.batch_size}), got {mp.micro_batches}"))
         return p
 
+    def cpu_devices_hint(self) -> str:
+        return "pipeline stages, all on the CPU, in one process (2 or more)"
+
     def stage_count(self, cfg) -> int:
         if cfg.accelerator == "cpu":
             return cfg.devices if isinstance(cfg.devices, int) else 1

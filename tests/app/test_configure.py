@@ -686,3 +686,19 @@ async def test_several_nodes_at_loopback_are_warned_on_the_field(tmp_path, prese
         assert box.display and "nodes.master_addr: 127.0.0.1 is this host itself" in str(box.render())
         await type_into(pilot, "f-nodes-master_addr", "10.1.2.3")
         assert screen.form.message("nodes.master_addr") == "" and not box.display
+
+
+async def test_devices_hint_says_what_the_count_means_for_the_strategy(tmp_path, presets_dir):
+    """Issue 14 rough edge 11: model-parallel runs one process, yet the devices hint said
+    "number of CPU processes"; there the count is the number of pipeline stages."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert screen.form.message("devices") == "number of CPU processes (ranks)"
+        await choose(pilot, "f-strategy", "mo")
+        assert screen.query_one("#f-strategy", Select).value == "model-parallel"
+        hint = screen.form.message("devices")
+        assert "one process" in hint and "stages" in hint and "CPU processes" not in hint, hint
+        await choose(pilot, "f-strategy", "cp")
+        await type_into(pilot, "f-devices-procs", "1")
+        assert screen.form.message("devices") == "one process on the CPU"
