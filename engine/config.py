@@ -231,6 +231,26 @@ def _type_name(tp) -> str:
             list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+def _said(value) -> str:
+    """A value as the user wrote it, in YAML's words rather than Python's."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, dict)):
+        kind = "list" if isinstance(value, list) else "mapping"
+        return f"the {kind} " + yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    return str(value)
+
+
+def _wrong_type(wanted: str, value) -> str:
+    if value is None or value == "":
+        return f"must be {wanted}; it is empty"
+    return f"must be {wanted}, got {_said(value)}"
+
+
 def _coerce(value, tp, path: str, problems: list):
     """Check one scalar against its declared type; YAML already gives us typed values."""
     if tp is Any:
@@ -257,7 +277,7 @@ def _coerce(value, tp, path: str, problems: list):
     elif tp is dict:
         if isinstance(value, dict):
             return value
-    problems.append((path, f"must be {_type_name(tp)}, got {value!r} ({type(value).__name__})"))
+    problems.append((path, _wrong_type(_type_name(tp), value)))
     return dataclasses.MISSING
 
 
@@ -267,7 +287,7 @@ def _build(cls, data, prefix: str, problems: list):
     if data is None:
         return obj
     if not isinstance(data, dict):
-        problems.append((prefix.rstrip("."), f"must be a mapping of settings, got {type(data).__name__}"))
+        problems.append((prefix.rstrip("."), _wrong_type("a mapping of settings (key: value lines)", data)))
         return obj
     names = [f.name for f in fields(cls)]
     for key, value in data.items():
@@ -296,7 +316,8 @@ def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None 
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError([("", f"a preset must be a mapping of settings, got {type(data).__name__}")], source)
+        raise ConfigError([("", "a preset " + _wrong_type("a mapping of settings (key: value lines)", data))],
+                          source)
     version = data.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         problems.append(("schema_version", f"this torchdeck reads version {SCHEMA_VERSION}, got {version!r}"))

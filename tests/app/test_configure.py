@@ -702,3 +702,14 @@ async def test_devices_hint_says_what_the_count_means_for_the_strategy(tmp_path,
         await choose(pilot, "f-strategy", "cp")
         await type_into(pilot, "f-devices-procs", "1")
         assert screen.form.message("devices") == "one process on the CPU"
+
+
+async def test_an_emptied_field_is_said_in_words(tmp_path, presets_dir):
+    """Issue 14 rough edge 11: an emptied number field said `must be an integer, got '' (str)`."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-epochs", "")
+        await type_into(pilot, "f-optimizer-lr", "")
+        assert invalid(screen, "train.epochs") == "must be an integer; it is empty"
+        assert invalid(screen, "optimizer.lr") == "must be a number; it is empty"

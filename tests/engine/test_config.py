@@ -236,3 +236,23 @@ def test_several_nodes_meeting_at_loopback_are_warned_not_refused(over, field):
 ])
 def test_no_advice_where_nothing_looks_wrong(over):
     assert c.advice(c.from_dict(c.apply_overrides({"strategy": "ddp", "devices": 2}, over))) == []
+
+
+@pytest.mark.parametrize("data,field,said", [
+    ({"train": {"epochs": ""}}, "train.epochs", "must be an integer; it is empty"),
+    ({"train": {"epochs": None}}, "train.epochs", "must be an integer; it is empty"),
+    ({"train": {"epochs": "abc"}}, "train.epochs", 'must be an integer, got "abc"'),
+    ({"train": {"epochs": 1.5}}, "train.epochs", "must be an integer, got 1.5"),
+    ({"optimizer": {"lr": [1, 2]}}, "optimizer.lr", "must be a number, got the list [1, 2]"),
+    ({"train": {"compile": 3}}, "train.compile", "must be true or false, got 3"),
+    ({"model": {"kwargs": "depth"}}, "model.kwargs", 'must be a mapping, got "depth"'),
+    ({"model": "cnn"}, "model", 'must be a mapping of settings (key: value lines), got "cnn"'),
+    ({"nodes": [1]}, "nodes", "must be a mapping of settings (key: value lines), got the list [1]"),
+])
+def test_wrong_types_are_said_in_the_words_of_the_preset(data, field, said):
+    """Issue 14 rough edge 11: `must be an integer, got '' (str)` read like Python; the message
+    says what the user wrote, in YAML's words."""
+    fields, text = problems(data)
+    assert fields[field] == said
+    for python in ("(str)", "(int)", "(list)", "(NoneType)", "'abc'", "got ''"):
+        assert python not in text
