@@ -558,17 +558,45 @@ def load(path: str | os.PathLike, hw: Hardware | None = None) -> RunConfig:
     return loads(text, source=str(path), hw=hw)
 
 
-def dumps(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
+class _Dumper(yaml.SafeDumper):
+    """The shipped presets' style: mappings as indented blocks, lists inline (`devices: [0, 1]`)."""
 
 
-def save(cfg: RunConfig, path: str | os.PathLike) -> None:
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+
+
+def changes(cfg: RunConfig) -> dict:
+    """What differs from the defaults, in schema order, with schema_version and name always kept:
+    a preset a person can read at a glance."""
+    def diff(now: dict, default: dict) -> dict:
+        out = {}
+        for key, value in now.items():
+            if isinstance(value, dict) and isinstance(default.get(key), dict) and key != "kwargs":
+                sub = diff(value, default[key])
+                if sub:
+                    out[key] = sub
+            elif value != default.get(key):
+                out[key] = value
+        return out
+
+    data = cfg.to_dict()
+    return {"schema_version": data["schema_version"], "name": data["name"],
+            **diff(data, RunConfig().to_dict())}
+
+
+def dumps(cfg: RunConfig, changes_only: bool = False) -> str:
+    """YAML of the whole config (what a run holds), or of its changes from the defaults (a preset)."""
+    data = changes(cfg) if changes_only else cfg.to_dict()
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def save(cfg: RunConfig, path: str | os.PathLike, changes_only: bool = False) -> None:
     """Write atomically: a crash mid-write never leaves a half preset behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as fh:
-        fh.write(dumps(cfg))
+        fh.write(dumps(cfg, changes_only))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -115,7 +115,7 @@ def save_user_preset(cfg: "cfgmod.RunConfig", name: str, overwrite: bool = False
         raise PresetExists([("name", f"user preset {name!r} exists; overwrite it to replace")], str(path))
     out = cfg.copy()
     out.name = name
-    cfgmod.save(out, path)
+    cfgmod.save(out, path, changes_only=True)  # what differs from the defaults, as a person writes it
     return path
 
 

@@ -132,3 +132,28 @@ def test_user_file_with_a_shipped_name_is_listed_separately(user_dir):
     with pytest.raises(ConfigError) as err:
         c.load(presets.resolve("broken"))
     assert "broken YAML at line 2, column 1" in str(err.value)
+
+
+def test_a_saved_preset_holds_what_differs_from_the_defaults_in_one_style(user_dir):
+    """Issue 14 rough edge 11: a saved preset held every setting, some sections as `{...}` flow
+    mappings and others as blocks. Now: only what differs from the defaults (plus schema_version
+    and name), mappings as blocks and lists inline, as the shipped presets are written."""
+    import yaml
+
+    cfg = c.load(presets.resolve("quickstart"))
+    cfg.train.batch_size = 32
+    cfg.optimizer.betas = [0.8, 0.99]
+    cfg.model.kwargs = {"depth": 4}
+    text = presets.save_user_preset(cfg, "mine").read_text()
+    assert yaml.safe_load(text) == {
+        "schema_version": 1, "name": "mine",
+        "description": "CPU quick start: 2 DDP ranks over gloo, small CNN on built-in synthetic images",
+        "strategy": "ddp", "devices": 2, "backend": "gloo",
+        "model": {"kwargs": {"depth": 4}}, "optimizer": {"betas": [0.8, 0.99]}, "train": {"batch_size": 32}}
+    assert "optimizer:\n  betas: [0.8, 0.99]\n" in text and "model:\n  kwargs:\n    depth: 4\n" in text
+    cfg.name = "mine"
+    assert c.load(presets.resolve("mine")) == cfg
+    # the resolved configs a run directory and an sbatch script hold are complete, in the same style
+    full = c.dumps(cfg)
+    assert "{" not in full.replace("kwargs: {}", "") and "betas: [0.8, 0.99]" in full
+    assert c.loads(full) == cfg
