@@ -15,6 +15,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from engine.network import host_problem
+
 SCHEMA_VERSION = 1
 
 STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero")
@@ -455,9 +457,10 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if n.master_port == 0 and n.num_nodes > 1:
         p.append(("nodes.master_port", "multi-node runs need a fixed master_port that every node uses"))
     at_least("nodes.timeout_s", n.timeout_s, 1)
-    if not n.master_addr.strip() or any(c.isspace() for c in n.master_addr.strip()):
-        p.append(("nodes.master_addr", f"must be node 0's host name or address (127.0.0.1 on one machine), "
-                                       f"got {n.master_addr!r}"))
+    bad_addr = host_problem(n.master_addr)
+    if bad_addr:
+        p.append(("nodes.master_addr", f"must be node 0's host name or IPv4/IPv6 address (127.0.0.1 on one "
+                                       f"machine); {n.master_addr!r} {bad_addr}"))
     at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
     at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
 

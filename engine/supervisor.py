@@ -21,7 +21,7 @@ import time
 from multiprocessing import connection as mp_connection
 from pathlib import Path
 
-from engine import events
+from engine import events, network
 from engine.config import ConfigError, Hardware, load, resolve_all_gpus
 from engine.rundir import RunDir
 
@@ -156,28 +156,59 @@ def choose_port(cfg) -> tuple[int, str | None]:
     return n.master_port, None
 
 
+def meeting_point(cfg, port: int) -> tuple[str, int, bool]:
+    """(host, port, fixed) where the ranks meet: nodes.master_addr and the chosen port for env://,
+    or what a tcp:// init method names (fixed: the port may not move to a free one)."""
+    if cfg.init_method.startswith("tcp://"):
+        host, _, p = cfg.init_method[len("tcp://"):].rpartition(":")
+        return host, int(p), True
+    return cfg.nodes.master_addr, port, cfg.nodes.num_nodes > 1
+
+
 def host_store(cfg, port: int, msg: str | None):
-    """Bind the rendezvous store in the supervisor (as torchrun's agent does) so the port is held
+    """Host the rendezvous store in the supervisor (as torchrun's agent does), so the port is held
     from the moment it is chosen: no other run can take it while the ranks import torch.
-    Returns (store, port, message); the ranks join it as clients (TORCHELASTIC_USE_AGENT_STORE)."""
+
+    The store listens only where the ranks need it (engine/network.py): loopback on one node, so
+    the ranks are sent there whatever nodes.master_addr says. It is handed an already listening
+    socket (master_listen_fd), since TCPStore itself always binds every interface.
+    Returns (store, address the ranks use, port, message); the ranks join it as clients
+    (TORCHELASTIC_USE_AGENT_STORE)."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
     n = cfg.nodes
-
-    def bind(p):
-        return TCPStore(n.master_addr, p, world_size=cfg.world_size, is_master=True,
-                        wait_for_workers=False, timeout=timedelta(seconds=n.timeout_s))
-
+    host, port, fixed = meeting_point(cfg, port)
+    ours = cfg.init_method == "env://"
+    bind, connect, note = network.store_address(host, n.num_nodes, n.ifname, ours=ours)
     try:
-        return bind(port), port, msg
-    except RuntimeError as exc:  # DistNetworkError: EADDRINUSE (taken since we looked)
-        if n.num_nodes > 1:
-            raise PortError(f"nodes.master_port {port} is in use on this host (node 0); free it "
-                            "(a leftover run?) or pick another port on every node") from exc
-    store = bind(0)
-    return store, store.port, f"port {port} in use; using {store.port}"
+        sock = network.listener(bind, port)
+    except OSError as exc:
+        if fixed or not network.address_in_use(exc):
+            raise PortError(_port_problem(cfg, port, bind, exc)) from exc
+        sock = network.listener(bind, 0)
+        msg = f"port {port} in use; using {sock.getsockname()[1]}"
+    port = sock.getsockname()[1]
+    if note:
+        msg = f"{msg}; {note}" if msg else note
+    fd = sock.detach()  # the store owns it from here and closes it when it goes
+    try:
+        store = TCPStore(connect, port, world_size=cfg.world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=n.timeout_s), master_listen_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    return store, (connect if n.num_nodes == 1 and ours else host), port, msg
+
+
+def _port_problem(cfg, port: int, bind: str, exc: OSError) -> str:
+    where = "init_method's port" if cfg.init_method.startswith("tcp://") else "nodes.master_port"
+    if network.address_in_use(exc):
+        return (f"{where} {port} is in use on this host (node 0); free it (a leftover run?) or pick "
+                f"another port" + (" on every node" if cfg.nodes.num_nodes > 1 else ""))
+    return f"{where} {port}: cannot listen on {bind or 'every interface'}: {exc.strerror or exc}"
 
 
 # ----------------------------------------------------------------------------- supervisor
@@ -316,9 +347,10 @@ class Supervisor:
         child_env = {"OMP_NUM_THREADS": str(threads)}
         strategy = get_strategy(cfg.strategy)
         store = None  # held for the life of the run
-        if strategy.distributed and cfg.init_method == "env://" and cfg.nodes.node_rank == 0:
+        meet = cfg.nodes.master_addr
+        if strategy.distributed and not cfg.init_method.startswith("file://") and cfg.nodes.node_rank == 0:
             try:
-                store, port, port_msg = host_store(cfg, port, port_msg)
+                store, meet, port, port_msg = host_store(cfg, port, port_msg)
             except PortError as exc:
                 return self._finish(None, "failed", [], str(exc))
             child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
@@ -354,7 +386,7 @@ class Supervisor:
         print(f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
               f"port {port}, {threads} thread(s) per rank", flush=True)
         with _environ(child_env):  # the children inherit it; this process (maybe a test) keeps its own
-            pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port),
+            pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port, meet),
                                       nprocs=nproc, join=False, start_method="spawn")
         try:
             died_first, reported = self._join(pctx, stop_event, writer)

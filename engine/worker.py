@@ -177,6 +177,14 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         if (strategy.distributed and cfg.resolved_backend == "gloo"
                 and os.environ["GLOO_SOCKET_IFNAME"] == cfg.nodes.ifname):
             check_ifname(cfg.nodes.ifname)
+    elif strategy.distributed and world_size == local_world_size:
+        # One node: the ranks' sockets need not be reachable from elsewhere (gloo would otherwise
+        # listen on the address this host's name resolves to, NCCL on its first network interface).
+        from engine.network import loopback_ifname
+
+        lo = loopback_ifname()
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, lo)
     if strategy.distributed:
         init_group(cfg, rank, world_size, node_rank)
     try:
@@ -203,8 +211,9 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
             dist.destroy_process_group()
 
 
-def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port) -> None:
-    """Started once per local rank by the supervisor (torch.multiprocessing, spawn)."""
+def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None) -> None:
+    """Started once per local rank by the supervisor (torch.multiprocessing, spawn); `addr` is
+    where the supervisor's store listens (loopback on one node), else nodes.master_addr."""
     cfg = from_dict(cfg_dict)
     nproc = cfg.nproc_per_node
     rank = cfg.nodes.node_rank * nproc + local_rank
@@ -214,7 +223,7 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _die_with_parent()
-    os.environ.update(MASTER_ADDR=cfg.nodes.master_addr, MASTER_PORT=str(port), RANK=str(rank),
+    os.environ.update(MASTER_ADDR=addr or cfg.nodes.master_addr, MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(cfg.world_size),
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
     emit = QueueReporter(queue, rank)

@@ -176,6 +176,23 @@ async def test_mpi_backend_is_marked_where_torch_has_none(tmp_path, presets_dir)
         assert app.said("Cannot launch: backend") and not (tmp_path / "runs").exists()
 
 
+async def test_a_master_addr_no_host_can_have_is_marked_on_its_field(tmp_path, presets_dir):
+    """`a;touch${IFS}/tmp/x` used to pass and surface only at rendezvous on another node."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-nodes-master_addr", "node")
+        await pilot.press("semicolon", "t", "o", "u", "c", "h", "dollar_sign")
+        await pilot.pause(0.1)
+        assert screen.query_one("#f-nodes-master_addr", Input).value == "node;touch$"
+        assert "characters a host name cannot have" in invalid(screen, "nodes.master_addr")
+        await pilot.press("f5")
+        await pilot.pause(0.2)
+        assert app.said("Cannot launch: nodes.master_addr") and not (tmp_path / "runs").exists()
+        await type_into(pilot, "f-nodes-master_addr", "gpu01.cluster.local")
+        assert invalid(screen, "nodes.master_addr") is None and screen.cfg is not None
+
+
 async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     app = make_app(tmp_path, gpus=two_fake_gpus())
     async with app.run_test(size=SIZE) as pilot:

@@ -284,8 +284,9 @@ def test_rendezvous_store_is_held_by_the_supervisor_and_moves_off_a_taken_port()
         s.listen()
         busy = s.getsockname()[1]
         cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": busy}))
-        store, port, msg = host_store(cfg, busy, None)
+        store, addr, port, msg = host_store(cfg, busy, None)
         assert port != busy and msg == f"port {busy} in use; using {port}"
+        assert addr == "127.0.0.1"  # one node: the ranks meet on loopback
         assert port_in_use(port)  # held while the run lives
         store.set("k", "v")
         assert store.get("k") == b"v"
