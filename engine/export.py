@@ -11,6 +11,7 @@ import shlex
 from engine import config as cfgmod
 
 SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
+AUTO_THREADS_ASKED = 4  # CPUs per rank an sbatch script asks for when train.threads_per_rank is 0 (auto)
 
 
 def _env(cfg) -> dict:
@@ -38,12 +39,29 @@ def torchrun_argv(cfg, config_path: str, run_dir: str, node_rank: int | None = N
     return argv + ["-m", "engine.worker", str(config_path), "--run-dir", str(run_dir)]
 
 
+def _name(text: str) -> str:
+    """A run name as a directory name: letters, digits, '.', '_' and '-' (as run directories are named)."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip(".-") or "run"
+
+
+def _in_double_quotes(text: str) -> str:
+    return "".join("\\" + c if c in '\\"$`' else c for c in text)
+
+
+def run_dir_shell(run_root: str, name: str, node_rank: int) -> str:
+    """Shell text naming a new run directory at each launch, by the launch time as `torchdeck run`
+    names its own (<root>/<YYYYmmdd-HHMMSS>-<name>-node<k>): a fixed name made a second launch
+    append to the first run's events."""
+    return f'"{_in_double_quotes(run_root)}/$(date +%Y%m%d-%H%M%S)-{_name(name)}-node{node_rank}"'
+
+
 def torchrun_commands(cfg, config_path: str, run_root: str = "runs") -> list[tuple[int, dict, list[str]]]:
-    """(node rank, extra environment, argv) for every node; each node writes its own run directory."""
+    """(node rank, extra environment, argv) for every node; each node writes its own run directory.
+    The last argument is shell text (the run directory, named when the line runs): join the rest
+    with shlex and append it as is."""
     out = []
     for k in range(cfg.nodes.num_nodes):
-        run_dir = f"{run_root}/{cfg.name}-node{k}"
-        out.append((k, _env(cfg), torchrun_argv(cfg, config_path, run_dir, k)))
+        out.append((k, _env(cfg), torchrun_argv(cfg, config_path, run_dir_shell(run_root, cfg.name, k), k)))
     return out
 
 
@@ -58,7 +76,7 @@ def torchrun(cfg, config_path: str, run_root: str = "runs") -> str:
             host = f" (master: {cfg.nodes.master_addr})" if k == 0 else ""
             lines.append(f"# node {k}{host}")
         prefix = "".join(f"{key}={shlex.quote(v)} " for key, v in env.items())
-        lines.append(prefix + shlex.join(argv))
+        lines.append(prefix + shlex.join(argv[:-1]) + " " + argv[-1])
     return "\n".join(lines) + "\n"
 
 
@@ -71,6 +89,9 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
     nproc = cfg.nproc_per_node
     port = cfg.nodes.master_port or 29500
     gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
+    # one task per node runs torchrun and all its ranks: without this SLURM gives them one CPU
+    threads = cfg.train.threads_per_rank or AUTO_THREADS_ASKED
+    cpus = nproc * (threads + cfg.data.num_workers)
     env_lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _env(cfg).items())
     yaml_text = cfgmod.dumps(cfg)
     if SLURM_CONFIG_MARK in yaml_text:  # would end the heredoc early
@@ -81,6 +102,8 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
 #SBATCH --job-name={shlex.quote(name)}
 #SBATCH --nodes={cfg.nodes.num_nodes}
 #SBATCH --ntasks-per-node=1
+# CPUs: {nproc} rank(s) x ({threads} thread(s){' (train.threads_per_rank: auto)' if not cfg.train.threads_per_rank else ''} + {cfg.data.num_workers} data loader worker(s))
+#SBATCH --cpus-per-task={cpus}
 {gpu_lines}#SBATCH --time={time_limit}
 #SBATCH --output=%x-%j.out
 set -euo pipefail
@@ -102,7 +125,8 @@ export TD_TIMEOUT={cfg.nodes.timeout_s}  # nodes.timeout_s: how long the nodes w
 {env_lines}mkdir -p "$TD_RUN_ROOT"
 
 # One torchrun per node; c10d rendezvous on the first node. Each node writes its own run directory.
-srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
+# srun inherits no --cpus-per-task from sbatch since Slurm 22.05: pass it on.
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
     --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
     --rdzv-conf "join_timeout=$TD_TIMEOUT" \\
     -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID"'

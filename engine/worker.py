@@ -49,10 +49,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: SLURM's --cpus-per-task, taskset and container cpusets give
+    fewer than the host has (os.cpu_count() counts the host)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS
+        return os.cpu_count() or 1
+
+
 def threads_for(cfg, local_world_size: int | None = None) -> int:
-    """Cores / local processes (as torchrun's OMP_NUM_THREADS), unless train.threads_per_rank says."""
+    """Usable cores / local processes (as torchrun's OMP_NUM_THREADS), unless train.threads_per_rank says."""
     local = local_world_size or cfg.nproc_per_node
-    return cfg.train.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, local))
+    return cfg.train.threads_per_rank or max(1, usable_cpus() // max(1, local))
 
 
 class QueueReporter:

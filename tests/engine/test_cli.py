@@ -355,7 +355,46 @@ def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys)
     assert cli.main(["export", "quickstart", "--torchrun"]) == 0
     out = capsys.readouterr().out
     assert "torchrun --standalone --nnodes 1 --nproc-per-node 2 -m engine.worker" in out
-    assert "presets/quickstart.yaml --run-dir runs/quickstart-node0" in out
+    assert 'presets/quickstart.yaml --run-dir "runs/$(date +%Y%m%d-%H%M%S)-quickstart-node0"' in out
+
+
+def test_each_launch_of_an_exported_torchrun_line_gets_a_new_run_directory(tmp_path, capsys):
+    """Issue 14 rough edge 11: every launch of the exported line used runs/<name>-node0, so a second
+    launch appended to the first run's events. The line names the directory by the launch time,
+    as `torchdeck run` names its own: bash expands it when the line runs."""
+    import re
+    import time
+
+    assert cli.main(["export", "quickstart", "--torchrun", "--run-root", str(tmp_path / "my runs")]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("torchrun")]
+    # torchrun stands in as a shell function printing the directory it was given, as torchrun would
+    # hand it to engine.worker; the line itself is run by bash as the user would run it
+    probe = 'torchrun() { while [ "$1" != --run-dir ]; do shift; done; printf "%s\\n" "$2"; }\n' + line
+    dirs = []
+    for _ in range(2):
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        dirs.append(r.stdout.strip())
+        time.sleep(1.1)
+    assert dirs[0] != dirs[1], dirs
+    for d in dirs:
+        assert re.fullmatch(re.escape(str(tmp_path / "my runs")) + r"/\d{8}-\d{6}-quickstart-node0", d), d
+
+
+def test_export_sbatch_asks_for_the_cpus_its_ranks_use(capsys):
+    """Issue 14 rough edge 11: without --cpus-per-task SLURM gives the one task (torchrun and all
+    its ranks) a single CPU. Each rank gets its threads plus its data loader workers."""
+    def cpus(*sets):
+        assert cli.main(["export", "quickstart", "--sbatch", *sum((["--set", s] for s in sets), [])]) == 0
+        script = capsys.readouterr().out
+        found = [ln for ln in script.splitlines() if ln.startswith("#SBATCH --cpus-per-task=")]
+        assert len(found) == 1, script
+        return int(found[0].split("=")[1])
+
+    assert cpus() == 2 * 4  # 2 ranks x 4 threads (threads_per_rank 0: auto, 4 asked for each)
+    assert cli.main(["export", "quickstart", "--sbatch"]) == 0
+    assert 'srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"' in capsys.readouterr().out
+    assert cpus("train.threads_per_rank=3", "data.num_workers=2") == 2 * (3 + 2)
 
 
 def test_export_a_gpu_preset_from_a_host_without_gpus(capsys):
@@ -406,16 +445,17 @@ def test_exported_two_node_torchrun_commands_run_and_match_the_supervisor(tmp_pa
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
     for k in (0, 1):
-        node = tmp_path / "tr" / f"tn-node{k}"
+        (node,) = (tmp_path / "tr").glob(f"*-tn-node{k}")  # <launch time>-<name>-node<k>
         evs = read_all(node / "events.jsonl")
         assert evs[0]["kind"] == "run_started" and evs[0]["node_rank"] == k and evs[0]["world_size"] == 2
         assert max(e["step"] for e in evs if e["kind"] == "step" and e["rank"] == k) == 4
         assert {e["rank"] for e in evs if e["kind"] == "rank_ready"} == {k}
         assert evs[-1]["kind"] == "run_finished" and evs[-1]["status"] == "finished"
         assert json.loads((node / "status.json").read_text())["status"] == "finished"
-    reports = [e for e in read_all(tmp_path / "tr" / "tn-node0" / "events.jsonl") if e["kind"] == "rank_report"]
+    (node0,) = (tmp_path / "tr").glob("*-tn-node0")
+    reports = [e for e in read_all(node0 / "events.jsonl") if e["kind"] == "rank_report"]
     assert reports and [r["node_rank"] for r in reports[-1]["reports"]] == [0, 1]
-    ckpt_tr = tmp_path / "tr" / "tn-node0" / "checkpoints" / "ckpt-00000004.pt"
+    ckpt_tr = node0 / "checkpoints" / "ckpt-00000004.pt"
 
     r = torchdeck("run", str(tiny), "--set", "strategy=ddp", "--set", "devices=2", "--set", "train.max_steps=4",
                   "--set", "nodes.master_port=0", cwd=tmp_path)

@@ -317,3 +317,23 @@ def test_unwritable_events_file_fails_clearly_and_starts_nothing(tmp_path):
     assert st["status"] == "failed" and "events.jsonl" in st["root_cause"] and "No space left" in st["root_cause"]
     assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
     assert not (run / "rank0.log").exists()
+
+
+def test_auto_threads_per_rank_count_the_cpus_this_process_may_use(tmp_path):
+    """Under SLURM (--cpus-per-task), taskset or a container's cpuset the ranks may use fewer CPUs
+    than the host has; auto threads split those, not os.cpu_count(), or every rank oversubscribes
+    the few it got (issue 14 rough edge 11, with the sbatch script's --cpus-per-task)."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and 2 or more usable CPUs")
+    code = ("import os\n"
+            "from engine.config import RunConfig\n"
+            "from engine.worker import threads_for\n"
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "print(os.cpu_count() > 1, threads_for(RunConfig(), 1))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1"]
