@@ -50,7 +50,7 @@ def import_time() -> dict:
 
 def _torchdeck_argv() -> list[str]:
     script = Path(sys.executable).parent / "torchdeck"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "engine.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
 
 
 def live(seconds: float, ranks: int = 8, rate: float = 50.0, warm_s: float = 4.0,

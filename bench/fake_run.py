@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from engine import events
-from engine.rundir import RunDir
+from engine.runs.layout import RunDir
 
 BASE = 100_000
 TOTAL = 9_999_999

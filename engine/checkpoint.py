@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.errors import TorchdeckError
+
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 _TMP = re.compile(r"^\.ckpt-\d{8,}\.pt\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(TorchdeckError, OSError):
     """Disk full, over quota, file too large, read-only: said in one line with what to do."""
 
 
@@ -29,7 +31,9 @@ def file_name(step: int) -> str:
 
 
 def checkpoint_dir(cfg, run_dir) -> Path:
-    return Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
+    from engine.runs.layout import RunDir
+
+    return Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else RunDir(run_dir).checkpoint_dir
 
 
 # ----------------------------------------------------------------------------- RNG

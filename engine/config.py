@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from engine.errors import TorchdeckError
 from engine.network import host_problem
 
 SCHEMA_VERSION = 1
@@ -31,14 +32,19 @@ _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-class ConfigError(ValueError):
+class ConfigError(TorchdeckError, ValueError):
     """All problems found in one config; each is (field path, reason)."""
 
-    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None,
+                 field_sources: dict[str, str] | None = None):
         self.problems = problems
         self.source = source
-        where = f"{source}: " if source else ""
-        lines = [f"{where}{f}: {why}" if f else f"{where}{why}" for f, why in problems]
+        self.field_sources = field_sources or {}  # field -> where its value came from, if not `source`
+        lines = []
+        for f, why in problems:
+            where = self.field_sources.get(f, source)
+            where = f"{where}: " if where else ""
+            lines.append(f"{where}{f}: {why}" if f else f"{where}{why}")
         super().__init__("\n".join(lines))
 
     def by_field(self) -> dict[str, str]:

@@ -17,11 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from engine.errors import TorchdeckError
+
 # Fixed, so the synthetic set is the same in every process and every run, whatever train.seed is.
 SYNTHETIC_SEED = 20240917
 
 
-class DataError(Exception):
+class DataError(TorchdeckError):
     """One clear message naming the data set/root and what to do."""
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.errors import TorchdeckError
 
-class EvalError(Exception):
+
+class EvalError(TorchdeckError):
     """A checkpoint that cannot be evaluated, with what to do about it."""
 
 

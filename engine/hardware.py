@@ -225,3 +225,61 @@ def mpi_available() -> bool | None:
 def detect_hardware() -> Hardware:
     """The host as validation sees it; never raises."""
     return Hardware(gpu_count=_gpu_count(), mpi_available=mpi_available(), cpu_count=os.cpu_count() or 1)
+
+
+def env_report() -> list[str]:
+    """A paste-able description of this host, for bug reports."""
+    import importlib.metadata as md
+    import platform
+
+    def version(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    lines = [
+        f"- torchdeck: {version('torchdeck')}",
+        f"- python: {platform.python_version()} ({sys.executable})",
+        f"- platform: {platform.platform()}",
+        f"- textual: {version('textual')}",
+    ]
+    try:
+        import torch
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available()
+        lines += [
+            f"- torch: {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})",
+            f"- CUDA available: {cuda}" + (f", {torch.cuda.device_count()} device(s) visible to torch" if cuda else ""),
+            f"- distributed: {dist.is_available()}; gloo {dist.is_gloo_available()}, "
+            f"nccl {dist.is_nccl_available()}, mpi {dist.is_mpi_available()}",
+        ]
+        if cuda and dist.is_nccl_available():
+            try:
+                lines.append(f"- NCCL version: {'.'.join(map(str, torch.cuda.nccl.version()))}")
+            except Exception:
+                pass
+    except Exception as exc:
+        lines.append(f"- torch: cannot import ({type(exc).__name__}: {exc})")
+    ok, why = nvml_status()
+    if ok:
+        gpus = list_gpus()
+        lines.append(f"- GPUs (NVML): {len(gpus)}")
+        for g in gpus:
+            lines.append(f"  - {g.index}: {g.name}, {g.memory_used_mb}/{g.memory_total_mb} MiB used"
+                         + (f", busy ({len(g.processes)} process(es))" if g.busy else ""))
+    else:
+        lines.append(f"- GPUs (NVML): none ({why})")
+    warn = visible_devices_warning()
+    if warn:
+        lines.append(f"- note: {warn}")
+    import psutil
+
+    lines.append(f"- CPUs: {os.cpu_count()} logical, {psutil.cpu_count(logical=False) or '?'} physical; "
+                 f"RAM {psutil.virtual_memory().total / 2**30:.1f} GiB")
+    for var in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHDECK_RUNS", "TORCHDECK_PRESETS"):
+        if var in os.environ:
+            lines.append(f"- {var}={os.environ[var]}")
+    return lines

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from engine.data import DataInfo, _load_callable
+from engine.errors import TorchdeckError
 
 
-class ModelError(Exception):
+class ModelError(TorchdeckError):
     """A model that cannot be built for this data, with what to change."""
 
 

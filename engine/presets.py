@@ -1,7 +1,7 @@
 """Shipped and user presets: find them, describe them, save and delete the user's own.
 
 Shipped presets live in the package's `presets/` folder and are never written to; a user's
-presets go to `engine.rundir.user_presets_dir()` (XDG config dir), so an upgrade never clobbers
+presets go to `user_presets_dir()` (XDG config dir), so an upgrade never clobbers
 them and saving never clobbers ours. A plain name resolves to the shipped preset first (so
 `torchdeck run quickstart` means the same everywhere); `user:NAME` or `shipped:NAME` picks one.
 No torch here: the app lists presets on its first frame.
@@ -18,9 +18,21 @@ import yaml
 
 from engine import config as cfgmod
 from engine.config import ConfigError
-from engine.rundir import shipped_presets_dir, user_presets_dir
 
 DEFAULT_PRESET = "quickstart"
+
+
+def user_presets_dir() -> Path:
+    """User presets live apart from the shipped ones, so saving never overwrites those."""
+    base = os.environ.get("TORCHDECK_PRESETS") or os.path.join(
+        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "torchdeck", "presets")
+    return Path(base)
+
+
+def shipped_presets_dir() -> Path:
+    """The presets/ folder beside the engine package: in a checkout, and in site-packages when
+    installed from the wheel (it ships as package data)."""
+    return Path(__file__).resolve().parent.parent / "presets"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from engine import events, network
 from engine.config import ConfigError, Hardware, load, resolve_all_gpus
-from engine.rundir import RunDir
+from engine.errors import TorchdeckError
+from engine.runs.layout import RunDir
 
 FLUSH_EVERY_S = 0.2
 POLL_S = 0.5
 STOP_GRACE_S = 30.0
-RESERVE_NAME, RESERVE_BYTES = ".reserve", 64 << 10
+RESERVE_BYTES = 64 << 10
 FAIL_GRACE_S = 2.0
 
 
@@ -135,8 +136,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class PortError(RuntimeError):
-    pass
+class PortError(TorchdeckError, RuntimeError):
+    """The master port cannot be had (multi-node runs never move it silently)."""
 
 
 def choose_port(cfg) -> tuple[int, str | None]:
@@ -288,41 +289,31 @@ class Supervisor:
         """Hold RESERVE_BYTES of real disk in the run directory while the run lives: when the disk
         fills up, releasing it leaves room for the final status (and the log line saying why)."""
         try:
-            with open(self.rd.path / RESERVE_NAME, "wb") as fh:
+            with open(self.rd.reserve_path, "wb") as fh:
                 fh.write(b"\0" * RESERVE_BYTES)
         except OSError:
             self._release_reserve()
 
     def _release_reserve(self) -> None:
         try:
-            (self.rd.path / RESERVE_NAME).unlink(missing_ok=True)
+            self.rd.reserve_path.unlink(missing_ok=True)
         except OSError:
             pass
 
     def _finish(self, writer, status, exit_codes, root_cause) -> int:
         self._release_reserve()
-        elapsed = round(time.time() - self.started, 3)
-        final = {"status": status, "exit_codes": exit_codes, "root_cause": root_cause, "elapsed_s": elapsed}
-        ev = events.make("run_finished", **final)
-        try:
-            if writer is not None:
-                writer.write(ev)
-            else:
-                with open(self.rd.events_path, "a") as fh:
-                    fh.write(events.dumps(ev) + "\n")
-        except OSError:
-            pass  # the status file below still says how it ended
         try:
             print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
         except OSError:
             pass  # supervisor.log on the disk that is full
-        self.rd.write_status(final)
+        self.rd.write_final(status, root_cause, exit_codes, round(time.time() - self.started, 3),
+                            emit=writer.write if writer is not None else None)
         return 0 if status in ("finished", "stopped") else 1
 
     def run(self) -> int:
         self._install_signals()
         rd = self.rd
-        rd.pid_path.write_text(str(os.getpid()))
+        rd.write_pid(os.getpid())
         self._reserve()
         try:
             cfg = load(rd.config_path)
@@ -370,7 +361,7 @@ class Supervisor:
             global_batch=cfg.global_batch,
             devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(nproc)],
             master_addr=cfg.nodes.master_addr, master_port=port, pid=os.getpid(),
-            host=socket.gethostname(), total_steps=total, threads_per_rank=threads))
+            host=socket.gethostname(), total_steps=total, threads_per_rank=threads, epochs=cfg.train.epochs))
         if port_msg:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
                                      message=port_msg))
@@ -383,8 +374,9 @@ class Supervisor:
         q = writer.q = ctx_mp.Queue()
         stop_event = ctx_mp.Event()
         writer.start()
-        print(f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
-              f"port {port}, {threads} thread(s) per rank", flush=True)
+        writer.write(events.make("log", rank=None, level="info", message=(
+            f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, port {port}, "
+            f"{threads} thread(s) per rank")))
         with _environ(child_env):  # the children inherit it; this process (maybe a test) keeps its own
             pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port, meet),
                                       nprocs=nproc, join=False, start_method="spawn")
@@ -536,8 +528,7 @@ def supervise(run_dir) -> int:
         except OSError:
             pass
         try:
-            sup.rd.write_status({"status": "failed", "exit_codes": [], "root_cause": cause,
-                                 "elapsed_s": round(time.time() - sup.started, 3)})
+            sup.rd.write_final("failed", cause, [], round(time.time() - sup.started, 3))
         except OSError:
             pass
         return 1

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from engine import checkpoint as ckpt
+from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
 from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_flags
 
@@ -27,7 +28,7 @@ MAX_STOP_INTERVAL = 50  # steps
 REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t")
 
 
-class TrainError(Exception):
+class TrainError(TorchdeckError):
     """A config that cannot train on this data (e.g. batch larger than the data set)."""
 
 

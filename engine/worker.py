@@ -20,6 +20,8 @@ from pathlib import Path
 
 from engine import events
 from engine.config import from_dict
+from engine.errors import TorchdeckError
+from engine.runs.layout import RunDir, write_atomic
 
 
 def _redirect_output(path: Path) -> None:
@@ -86,7 +88,10 @@ class FileReporter:
 
     def __call__(self, kind: str, **fields) -> None:
         fields.setdefault("rank", self.rank)
-        os.write(self.fd, (events.dumps(events.make(kind, **fields)) + "\n").encode())
+        self.write_event(events.make(kind, **fields))
+
+    def write_event(self, ev: dict) -> None:
+        os.write(self.fd, (events.dumps(ev) + "\n").encode())
 
 
 def error_event(emit, rank: int, exc: BaseException) -> None:
@@ -94,7 +99,7 @@ def error_event(emit, rank: int, exc: BaseException) -> None:
          message=str(exc), traceback=traceback.format_exc())
 
 
-class RendezvousError(RuntimeError):
+class RendezvousError(TorchdeckError, RuntimeError):
     """The ranks could not meet: said with the address, the port and what to check."""
 
 
@@ -227,7 +232,8 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None)
     nproc = cfg.nproc_per_node
     rank = cfg.nodes.node_rank * nproc + local_rank
     run_dir = Path(run_dir)
-    _redirect_output(run_dir / f"rank{rank}.log")
+    rd = RunDir(run_dir)
+    _redirect_output(rd.rank_log(rank))
     # Ctrl-C and a closed terminal reach the supervisor, which stops the ranks in step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -238,7 +244,7 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None)
     emit = QueueReporter(queue, rank)
     try:
         if train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set):
-            (run_dir / "stop").touch()  # stopped (maybe asked on another node): the run is 'stopped'
+            rd.stop_path.touch()  # stopped (maybe asked on another node): the run is 'stopped'
     except BaseException as exc:
         error_event(emit, rank, exc)
         traceback.print_exc()
@@ -268,7 +274,6 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
     """Local rank 0 makes the node's run directory look like one the supervisor writes (config,
     run_started), so `torchdeck attach DIR`, `torchdeck runs` and the app can open it."""
     from engine import config as cfgmod
-    from engine.rundir import write_atomic
     from engine.strategies import get_strategy
 
     write_atomic(rd.launcher_pid_path, f"{os.getppid()}\n")  # torchrun's agent: the run is live while it is
@@ -296,9 +301,7 @@ def _close_torchrun_run(rd, emit, status: str, started: float) -> None:
         if errors:
             e = errors[0]
             cause = f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
-    final = {"status": status, "exit_codes": [], "root_cause": cause, "elapsed_s": round(time.time() - started, 3)}
-    emit("run_finished", rank=None, **final)
-    rd.write_status(final)
+    rd.write_final(status, cause, [], round(time.time() - started, 3), emit=emit.write_event)
 
 
 def main(argv=None) -> int:
@@ -307,7 +310,6 @@ def main(argv=None) -> int:
     Every rank of a node appends to DIR/events.jsonl; local rank 0 also writes DIR/config.yaml
     (with this node's rank), run_started, and at the end run_finished and status.json."""
     from engine.config import load
-    from engine.rundir import RunDir
 
     ap = argparse.ArgumentParser(prog="python -m engine.worker")
     ap.add_argument("config")

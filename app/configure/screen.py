@@ -17,7 +17,7 @@ from engine.config import ConfigError, Hardware
 
 def preset_label(path: Path) -> str:
     """How the headless command names a preset: its name when it is a known one, else its path."""
-    from engine.rundir import shipped_presets_dir, user_presets_dir
+    from engine.presets import shipped_presets_dir, user_presets_dir
 
     path = Path(path).resolve()
     for folder in (shipped_presets_dir(), user_presets_dir()):
@@ -31,31 +31,11 @@ def preset_label(path: Path) -> str:
 
 def preset_source(path: Path) -> str:
     """user | shipped | file: where a preset comes from, for the preset bar."""
-    from engine.rundir import user_presets_dir
+    from engine.presets import user_presets_dir
 
     if preset_label(path) == str(Path(path).resolve()):
         return "file"
     return "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
-
-
-def host_problems(cfg: cfgmod.RunConfig) -> dict[str, str]:
-    """What stops a valid config from starting on this host. Such a config may be meant for
-    other nodes, so it still saves and exports; only Launch is refused."""
-    import socket
-
-    from engine.strategies import get_strategy
-
-    out: dict[str, str] = {}
-    ifname = cfg.nodes.ifname
-    # NCCL-style patterns (^docker, =eth0) are NCCL's to read; plain names must exist here
-    if ifname and get_strategy(cfg.strategy).distributed and not any(c in ifname for c in "^="):
-        have = [name for _, name in socket.if_nameindex()]
-        missing = [n for n in ifname.split(",") if n and n not in have]
-        if missing:
-            out["nodes.ifname"] = (f"this host has no network interface {', '.join(missing)} (it has: "
-                                   f"{', '.join(have)}); pick the one that reaches the other nodes, or "
-                                   "leave it empty")
-    return out
 
 
 class ConfigureScreen(Screen):
@@ -254,7 +234,11 @@ class ConfigureScreen(Screen):
         except ConfigError as exc:
             problems = exc.by_field()
         else:
-            problems = host_problems(self.cfg)  # valid, but it cannot start here (export still can)
+            from engine import preflight  # valid; can it start here? (saving and export still can)
+
+            problems = {}
+            for field, why in preflight.check(self.cfg):
+                problems.setdefault(field, why)
         self.problems = problems
         self.warnings = dict(cfgmod.advice(self.cfg)) if self.cfg is not None else {}
         self.form.show_problems(problems, self.warnings)
@@ -316,10 +300,12 @@ class ConfigureScreen(Screen):
     def action_launch(self) -> None:
         if self._refused("launch"):
             return
-        from engine import launch
+        from engine.runs import control
 
+        origin = {"preset": self.preset_name or str(self.preset_path or ""),
+                  "overrides": summary.overrides(self.form.to_dict(), self.base)}
         try:
-            run = launch.start(self.cfg, self.app.runs_root)
+            run = control.start(self.cfg, self.app.runs_root, origin)
         except (OSError, ConfigError) as exc:
             self.notify(f"Cannot launch: {exc}", severity="error", timeout=10)
             return

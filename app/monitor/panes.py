@@ -10,7 +10,8 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
-from app.monitor.state import RunState, fmt_duration
+from engine.runs import fmt
+from engine.runs.view import RunView
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about
@@ -89,7 +90,7 @@ class TextPane(Static):
 # ----------------------------------------------------------------------------- header
 
 
-def header_text(state: RunState, now: float, run_name: str) -> Text:
+def header_text(state: RunView, now: float, run_name: str) -> Text:
     st = state.status
     t = Text()
     t.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
@@ -101,13 +102,24 @@ def header_text(state: RunState, now: float, run_name: str) -> Text:
     if state.stop_requested and not state.final:
         t.append("  ·  stop requested", style="yellow")
     t.append("\n")
-    ranks = state.rank_list()
-    step = min((r.step for r in ranks), default=0)
-    total = state.total_steps or max((r.total_steps for r in ranks), default=0)
-    t.append(f" elapsed {fmt_duration(state.elapsed(now))}  ·  ETA ")
-    eta = state.eta(now)
-    t.append("done" if st == "finished" else fmt_duration(eta) if eta is not None else "--:--")
-    t.append(f"  ·  {state.global_samples_per_s():,.0f} samples/s  ·  step {step}/{total or '?'}")
+    step, total = state.progress()
+    t.append(f" elapsed {fmt.duration(state.elapsed(now))}  ·  ")
+    stale = state.stale_ranks(now)
+    if stale:
+        who = ",".join(str(r.rank) for r in stale)
+        t.append(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", style="bold red")
+    else:
+        eta = state.eta(now)
+        t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
+    t.append(f"  ·  {fmt.rate(state.global_samples_per_s(now))} samples/s  ·  step {step}/{total or '?'}")
+    if state.total_epochs:
+        t.append(f"  ·  epoch {max(1, state.epoch())}/{state.total_epochs}")
+    val = state.latest_val_acc()
+    if val is not None:
+        t.append("  ·  val acc ")
+        t.append(fmt.pct(val), style="bold")
+        if state.best_val_acc is not None and state.best_val_acc > val + 1e-9:
+            t.append(f" (best {fmt.pct(state.best_val_acc)})")
     if state.root_cause and st in ("failed", "stopped", "lost"):
         t.append("\n")
         t.append(f" root cause: {state.root_cause}", style="red" if st != "stopped" else "yellow")
@@ -117,7 +129,7 @@ def header_text(state: RunState, now: float, run_name: str) -> Text:
 # ----------------------------------------------------------------------------- GPUs
 
 
-def gpu_ranks(gpu, state: RunState) -> list[int]:
+def gpu_ranks(gpu, state: RunView) -> list[int]:
     """Ranks of this run on a GPU: its process list, else the device each rank reported."""
     pids = state.rank_pids()
     out = {pids[p] for p in (getattr(gpu, "pids", None) or []) if pids.get(p) is not None}
@@ -129,7 +141,7 @@ def gpu_ranks(gpu, state: RunState) -> list[int]:
     return sorted(out)
 
 
-def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunState, width: int) -> Text:
+def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: int) -> Text:
     if not ok:
         return Text(f"no GPU view: {reason or 'NVML is not available'}", style="yellow")
     if not gpus:
@@ -211,7 +223,7 @@ def imbalance_text(used, gpus) -> Text:
 # ----------------------------------------------------------------------------- host
 
 
-def host_text(host, state: RunState, width: int, why_none: str = "") -> Text:
+def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
     if host is None:
         return Text(why_none or "host sampling is not available", style="yellow")
     t = Text()
@@ -250,7 +262,7 @@ def rank_header(width: int) -> Text:
     dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
     mem = f" {'mem':>6}" if cols["dev"] else ""
     return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
-                f"{'loss':>8} {'acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>11}", style="bold")
+                f"{'loss':>8} {'tr.acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>11}", style="bold")
 
 
 def _rank_cols(width: int) -> dict:
@@ -260,7 +272,7 @@ def _rank_cols(width: int) -> dict:
     return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
-def rank_text(state: RunState, r, now: float, width: int) -> Text:
+def rank_text(state: RunView, r, now: float, width: int) -> Text:
     cols = _rank_cols(width)
     total = r.total_steps or state.total_steps
     frac = (r.step / total) if total else None
@@ -282,6 +294,8 @@ def rank_text(state: RunState, r, now: float, width: int) -> Text:
         t.append(f" {'-' if r.device_mem_mb is None else _mb(r.device_mem_mb):>6}")
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
+    elif state.is_gone(r):  # the run was lost: its last figures are old news
+        t.append(f" {'gone':>11}", style="bold red")
     elif state.is_stale(r, now):
         t.append(" ")
         t.append(f"{'STALE ' + _seen(now - r.last_seen, whole=True):>11}", style="bold red reverse")
@@ -300,10 +314,10 @@ def _seen(s: float | None, whole: bool = False) -> str:
         return "-"
     if s < 60:
         return f"{s:.0f}s" if whole else f"{s:.1f}s"
-    return fmt_duration(s)
+    return fmt.duration(s)
 
 
-def rank_spread_text(state: RunState) -> Text:
+def rank_spread_text(state: RunView) -> Text:
     pair = state.rank_spread()
     if pair is None:
         return Text("rank balance: fewer than two ranks reporting", style="dim")
@@ -326,7 +340,7 @@ class RanksPane(Vertical):
         yield Vertical(id="rank-rows")
         yield TextPane(id="rank-spread")
 
-    def show(self, state: RunState, now: float) -> None:
+    def show(self, state: RunView, now: float) -> None:
         width = self.query_one("#rank-head", TextPane).width(120)
         self.query_one("#rank-head", TextPane).show(rank_header(width))
         rows = self.query_one("#rank-rows", Vertical)
@@ -369,7 +383,7 @@ class Curves(Horizontal):
     def on_mount(self) -> None:
         self._drawn = -1
 
-    def show(self, state: RunState) -> None:
+    def show(self, state: RunView) -> None:
         if state.curve_version == self._drawn:
             return
         self._drawn = state.curve_version
@@ -433,21 +447,41 @@ def log_lines(line) -> list[Text]:
 
 
 class LogPane(RichLog):
-    """Log events and errors as they come; errors in red with rank, host and traceback."""
+    """Log events and errors in time order; errors in red with rank, host and traceback. Lines are
+    wrapped to the pane's width when written, so a resize writes them all again at the new width
+    (nothing is cut), as does a line that arrived out of time order."""
 
     def __init__(self, **kw):
         super().__init__(max_lines=2000, min_width=1, wrap=True, markup=False, highlight=False, auto_scroll=True, **kw)
         self._seq = 0
+        self._rewrites = 0
+        self._state: RunView | None = None
+        self._width = 0
 
-    def show(self, state: RunState) -> None:
-        fresh = state.log_seq - self._seq
-        if fresh <= 0:
+    def show(self, state: RunView) -> None:
+        self._state = state
+        if state.log_rewrites != self._rewrites:
+            self._rewrite()
             return
-        self._seq = state.log_seq
-        lines = list(state.logs)[-fresh:] if fresh < len(state.logs) else list(state.logs)
-        for line in lines:
-            for text in log_lines(line):
-                self.write(text)
+        for line in state.logs:
+            if line.seq > self._seq:
+                self._seq = line.seq
+                for text in log_lines(line):
+                    self.write(text)
+
+    def _rewrite(self) -> None:
+        state = self._state
+        self.clear()
+        self._seq, self._rewrites = 0, 0 if state is None else state.log_rewrites
+        if state is not None:
+            self.show(state)
+
+    def on_resize(self) -> None:
+        width = self.scrollable_content_region.width
+        if width != self._width:
+            self._width = width
+            if self._state is not None:
+                self.call_after_refresh(self._rewrite)
 
 
 class GPUHistory:

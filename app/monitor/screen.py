@@ -1,8 +1,9 @@
 """The Monitor screen: one run, live or finished, with its GPUs, host, ranks, curves and log.
 
-Two thread workers do the work off the event loop: one tails events.jsonl and folds events into
-a RunState, posting a snapshot at most ~10 times a second (coalescing a busy run's hundreds of
-events per second); one samples NVML and the host every second. The loop only paints.
+Two thread workers do the work off the event loop: one follows the run through the engine's
+run core (engine.runs.follow: events, log tails, whether its processes live), posting a snapshot
+of its RunView at most ~7 times a second (coalescing a busy run's hundreds of events per second);
+one samples NVML and the host every second. The loop only paints.
 """
 from __future__ import annotations
 
@@ -22,15 +23,13 @@ from textual.worker import get_current_worker
 
 from app.monitor.panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
                                host_text)
-from app.monitor.state import FINAL, RunState
+from engine.runs.view import RunView
 
 POLL_S = 0.05  # events file poll while events are coming
 IDLE_POLL_S = 0.1
 POST_EVERY_S = 0.15  # at most this often a snapshot goes to the UI (~16 ms of painting each at 8 ranks)
 SAMPLE_EVERY_S = 1.0
 PLOT_EVERY_S = 1.0
-STATUS_EVERY_S = 1.0
-OUTPUT_EVERY_S = 0.5  # worker log files  # how often the reader asks whether the supervisor still lives
 
 
 class MonitorCommands(Provider):
@@ -73,7 +72,7 @@ class MonitorScreen(Screen):
     ]
 
     class Update(Message):
-        def __init__(self, state: RunState):
+        def __init__(self, state: RunView):
             super().__init__()
             self.run_state = state
 
@@ -84,13 +83,13 @@ class MonitorScreen(Screen):
 
     def __init__(self, run_path: str | Path, now: Callable[[], float] | None = None,
                  sample_every: float = SAMPLE_EVERY_S):
-        from engine.rundir import RunDir
+        from engine.runs.layout import RunDir
 
         super().__init__()  # no id: the runs list may stack a second Monitor of another run
         self.run_dir = RunDir(Path(run_path))
         self.now = now or time.time
         self.sample_every = sample_every
-        self.run_state = RunState()
+        self.run_state = RunView()
         self._quit_evt = threading.Event()
         self._pids: dict = {}
         self._gpus, self._gpu_ok, self._gpu_reason = [], True, "sampling GPUs..."
@@ -130,48 +129,22 @@ class MonitorScreen(Screen):
     # ------------------------------------------------------------------ workers
     @work(thread=True, exclusive=True, group="monitor-events")
     def _read_events(self) -> None:
-        """Tail events.jsonl, fold every event in, post a snapshot when something changed
-        (at most every POST_EVERY_S). A finished run's whole file is read in one go here."""
-        from app.monitor.output import OutputTail
-        from engine.events import Tail
+        """Follow the run, post a snapshot when something changed (at most every POST_EVERY_S).
+        A finished run's whole file is read in one go here."""
+        from engine.runs.follow import Follower
 
         worker = get_current_worker()
-        tail = Tail(self.run_dir.events_path)
-        output = OutputTail(self.run_dir.path)
-        state = RunState()
-        posted, last_post, last_check, last_output = -1, 0.0, 0.0, 0.0
-        final_seen_at = None
+        follower = Follower(self.run_dir)
+        view = follower.view
+        posted, last_post = -1, 0.0
         while not worker.is_cancelled and not self._quit_evt.is_set():
-            evs = tail.poll()
-            if evs:
-                state.feed_all(evs)
+            n = follower.poll()
             mono = time.monotonic()
-            if mono - last_output >= OUTPUT_EVERY_S:
-                last_output = mono
-                for rank, line in output.poll():
-                    state.add_output(rank, line)
-            if not state.final and mono - last_check >= STATUS_EVERY_S:
-                last_check = mono
-                status = self.run_dir.status()
-                if status == "lost":
-                    state.feed_all(tail.poll())  # its last words, if any
-                    if not state.final:
-                        state.mark_lost(f"the supervisor exited without a final status; see "
-                                        f"{self.run_dir.path / 'supervisor.log'}")
-                elif status in FINAL:
-                    # status.json is written after run_finished; give the event a moment to land
-                    final_seen_at = final_seen_at or mono
-                    if mono - final_seen_at > 2.0:
-                        final = self.run_dir.final_status() or {}
-                        state.status = status
-                        state.root_cause = state.root_cause or final.get("root_cause")
-                        state.finished_t = state.finished_t or state.last_t or time.time()
-                        state.version += 1
-            if state.version != posted and mono - last_post >= POST_EVERY_S:
-                self.post_message(self.Update(state.snapshot()))
-                posted, last_post = state.version, mono
+            if view.version != posted and mono - last_post >= POST_EVERY_S:
+                self.post_message(self.Update(view.snapshot()))
+                posted, last_post = view.version, mono
                 continue
-            self._quit_evt.wait(POLL_S if evs else IDLE_POLL_S)
+            self._quit_evt.wait(POLL_S if n else IDLE_POLL_S)
 
     @work(thread=True, exclusive=True, group="monitor-samples")
     def _sample(self) -> None:
@@ -267,10 +240,10 @@ class MonitorScreen(Screen):
     # ------------------------------------------------------------------ actions
     def _live(self, what: str) -> bool:
         status = self.run_dir.status()
-        if status in ("running", "starting") and not self.run_state.final:
+        if status.live and not self.run_state.final:
             return True
-        self.notify(f"Cannot {what}: the run is not running (status {self.run_state.status if self.run_state.final else status})",
-                    severity="warning")
+        self.notify(f"Cannot {what}: the run is not running (status "
+                    f"{self.run_state.status if self.run_state.final else status})", severity="warning")
         return False
 
     def action_stop(self) -> None:
@@ -281,7 +254,7 @@ class MonitorScreen(Screen):
         def answer(yes: bool | None) -> None:
             if not yes:
                 return
-            from engine.launch import request_stop
+            from engine.runs.control import request_stop
 
             try:
                 request_stop(self.run_dir)
@@ -309,7 +282,7 @@ class MonitorScreen(Screen):
 
     @work(thread=True, exclusive=True, group="monitor-kill")
     def _kill(self) -> None:
-        from engine.launch import kill
+        from engine.runs.control import kill
 
         try:
             pids = kill(self.run_dir)

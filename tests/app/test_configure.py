@@ -384,7 +384,7 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
         launched = cfgmod.load(app.last_run / "config.yaml")
         assert launched.train.epochs == 1 and launched.data.train_size == 1024
         from app.monitor.screen import MonitorScreen
-        from engine.rundir import RunDir
+        from engine.runs.layout import RunDir
 
         monitor = app.screen
         assert isinstance(monitor, MonitorScreen) and monitor.run_dir.path == app.last_run
@@ -459,7 +459,7 @@ async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
 
 def cli(*args: str, cwd: Path) -> str:
     """`torchdeck ARGS` as a user runs it (same presets dir: the fixture sets it in the env)."""
-    out = subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True,
                          text=True, timeout=180, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     return out.stdout

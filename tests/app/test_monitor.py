@@ -2,6 +2,8 @@
 runs the engine produced (finished, failed, stopped from the screen) and on a run fed live."""
 from __future__ import annotations
 
+import json
+
 import asyncio
 import os
 import textwrap
@@ -11,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from app.main import TorchdeckApp
-from app.monitor.state import STEP_HISTORY, RunState
 from app.sources.host import FakeHostSource, HostSample, ProcSample
 from app.sources.nvml import FakeGPUSource, GPUSample
 from engine import events
 from engine.config import from_dict
-from engine.rundir import RunDir
+from engine.runs.layout import RunDir
 
 T0 = 1_700_000_000.0
 
@@ -41,152 +42,6 @@ def started(total=100, world=2, t=0.0):
 def step(rank, s, t, sps=100.0, total=100, wait=0.01, comp=0.09, loss=1.0):
     return ev("step", t, rank=rank, epoch=0, step=s, total_steps=total, loss=loss, accuracy=0.5,
               samples_per_s=sps, data_wait_s=wait, compute_s=comp, lr=0.1)
-
-
-# ----------------------------------------------------------------------------- the reducer
-
-
-def test_ranks_throughput_and_eta_from_steps():
-    st = RunState()
-    st.feed_all([started(total=101)]
-                + [ev("rank_ready", 0.5, rank=r, local_rank=r, device="cpu", pid=4001 + r, host="box", threads=1)
-                   for r in range(2)])
-    # rank 0 at 2 steps/s, rank 1 (the slow one) at 1 step/s, from t=10
-    st.feed_all([step(0, 1 + 2 * i, 10 + i, sps=200.0, total=101) for i in range(11)])
-    st.feed_all([step(1, 1 + i, 10 + i, sps=100.0, wait=0.03, comp=0.07, total=101) for i in range(11)])
-    assert st.status == "running"
-    r0, r1 = st.rank_list()
-    assert (r0.step, r1.step) == (21, 11)
-    assert r1.data_wait == pytest.approx(0.3)
-    assert st.global_samples_per_s() == 300.0
-    # the slowest rank did 10 steps in 10 s and has 90 to go
-    assert st.eta(T0 + 20) == pytest.approx(90.0)
-    slow, fast = st.rank_spread()
-    assert (slow.rank, fast.rank) == (1, 0)
-    assert st.rank_pids() == {4000: None, 4001: 0, 4002: 1}
-    assert st.elapsed(T0 + 20) == 20.0
-    st.feed(ev("run_finished", 25, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=25.0))
-    assert st.final and st.eta(T0 + 30) is None and st.elapsed(T0 + 99) == 25.0
-
-
-def test_stale_rank_is_flagged_only_while_running():
-    st = RunState()
-    st.feed(started())
-    st.feed_all([step(r, i, i) for i in range(1, 21) for r in (0, 1)])  # both every 1 s until t=20
-    st.feed_all([step(0, i, i) for i in range(21, 41)])  # rank 1 falls silent at t=20
-    r0, r1 = st.rank_list()
-    now = T0 + 40.5
-    assert not st.is_stale(r0, now)
-    assert st.is_stale(r1, now)  # 20 s of silence > max(10 s, 5 x 1 s)
-    assert not st.is_stale(r1, T0 + 29)  # 9 s: not yet
-    st.feed(ev("run_finished", 41, status="stopped", exit_codes=[0, 0], root_cause=None, elapsed_s=41))
-    assert not st.is_stale(r1, T0 + 100)  # a run that is over has no stale ranks
-
-
-def test_stale_threshold_follows_a_slow_log_interval():
-    st = RunState()
-    st.feed(started())
-    st.feed_all([step(0, i, 8 * i) for i in range(1, 6)])  # one event every 8 s
-    (r0,) = st.rank_list()
-    assert st.stale_after(r0) == pytest.approx(40.0)
-    assert not st.is_stale(r0, T0 + 40 + 30)
-    assert st.is_stale(r0, T0 + 40 + 41)
-
-
-def test_errors_keep_rank_host_and_traceback():
-    tb = 'Traceback (most recent call last):\n  File "model.py", line 3, in build\nRuntimeError: boom\n'
-    st = RunState()
-    st.feed_all([started(), step(0, 1, 1), step(1, 1, 1),
-                 ev("error", 2, rank=1, host="gpu-node-7", pid=4002, exception="RuntimeError", message="boom",
-                    traceback=tb),
-                 ev("rank_exited", 3, rank=1, exitcode=1, signal=None),
-                 ev("rank_exited", 3, rank=0, exitcode=-9, signal="SIGKILL"),
-                 ev("run_finished", 4, status="failed", exit_codes=[-9, 1], root_cause="rank 1 raised RuntimeError: boom",
-                    elapsed_s=4.0)])
-    (err,) = st.errors
-    assert err.rank == 1 and "gpu-node-7" in err.text and "RuntimeError: boom" in err.text
-    assert err.detail.endswith("RuntimeError: boom") and 'File "model.py"' in err.detail
-    assert st.status == "failed" and st.root_cause == "rank 1 raised RuntimeError: boom"
-    assert st.ranks[1].exited == "exit 1" and st.ranks[0].exited == "signal SIGKILL"
-    assert [ln.level for ln in st.logs][-1] == "error"
-
-
-def test_rank_report_updates_ranks_of_other_nodes_only():
-    st = RunState()
-    st.feed_all([started(world=4, total=50),
-                 ev("rank_ready", 0, rank=0, local_rank=0, device="cuda:0", pid=4001, host="box", threads=1),
-                 step(0, 10, 5, sps=500.0)])
-    st.feed(ev("rank_report", 6, reports=[
-        {"rank": 0, "host": "box", "node_rank": 0, "epoch": 0, "step": 3, "samples_per_s": 1.0, "data_wait": 0.5,
-         "device_mem_mb": 1234.0, "t": T0 + 6},
-        {"rank": 2, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 9, "samples_per_s": 480.0,
-         "data_wait": 0.25, "device_mem_mb": 2000.0, "t": T0 + 5.5},
-        {"rank": 3, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 7, "samples_per_s": 300.0,
-         "data_wait": 0.6, "device_mem_mb": 2100.0, "t": T0 + 5.5},
-    ]))
-    r0 = st.ranks[0]
-    assert (r0.step, r0.samples_per_s, r0.device_mem_mb) == (10, 500.0, 1234.0)  # own events win; memory taken
-    r2, r3 = st.ranks[2], st.ranks[3]
-    assert (r2.host, r2.node_rank, r2.step, r2.samples_per_s, r2.data_wait) == ("node-b", 1, 9, 480.0, 0.25)
-    assert r3.from_report and r3.last_seen == T0 + 5.5 and r3.total_steps == 50
-    assert st.rank_spread()[0].rank == 3  # the straggler on the other node is the slowest
-    assert 2 not in st.rank_pids().values()  # no local pid for remote ranks
-
-
-def test_unknown_and_malformed_events_are_skipped():
-    st = RunState()
-    st.feed(started())
-    v = st.version
-    assert st.feed({"v": 9, "kind": "telemetry_from_the_future", "t": T0 + 1, "rank": 0, "x": [1, 2]}) is False
-    assert st.feed({"kind": "step", "t": T0 + 1, "rank": "zero?", "step": {"not": "a number"}}) is False
-    assert st.feed(["not", "a", "dict"]) is False
-    assert st.version == v and st.ranks == {}
-    assert st.feed(step(0, 1, 2)) is True and st.ranks[0].step == 1
-
-
-def test_step_curve_stays_bounded_and_keeps_the_whole_run():
-    st = RunState()
-    st.feed(started(total=10_000))
-    n = 5 * STEP_HISTORY
-    st.feed_all([step(0, i, i * 0.01, loss=1.0 / i) for i in range(1, n + 1)])
-    pts = st.steps.points
-    assert STEP_HISTORY // 2 <= len(pts) <= STEP_HISTORY
-    assert pts[0][0] == 1 and pts[-1][0] == n  # first and newest step both kept
-    assert [x for x, _ in pts] == sorted(x for x, _ in pts)
-
-
-def test_epoch_history_prefers_rank_0_and_snapshot_is_independent():
-    st = RunState()
-    st.feed(started())
-    st.feed(ev("epoch_end", 5, rank=1, epoch=0, step=10, train_loss=0.9, train_acc=0.7, val_loss=0.8, val_acc=0.75))
-    st.feed(ev("epoch_end", 5, rank=0, epoch=0, step=10, train_loss=1.0, train_acc=0.6, val_loss=0.85, val_acc=0.7))
-    assert st.epochs[0].train_loss == 1.0
-    snap = st.snapshot()
-    st.feed(step(0, 11, 6))
-    assert 0 not in snap.ranks or snap.ranks[0].step != 11
-    assert sum("epoch 0 done" in ln.text for ln in st.logs) == 1  # once, not once per rank
-
-
-def test_a_failing_ranks_traceback_is_shown_once_not_again_from_its_log():
-    st = RunState()
-    tb = 'Traceback (most recent call last):\n  File "m.py", line 2, in build\n    raise RuntimeError("boom")\nRuntimeError: boom'
-    st.feed_all([started(), ev("error", 2, rank=0, host="box", pid=7, exception="RuntimeError", message="boom",
-                                traceback=tb)])
-    for line in tb.splitlines() + ["rank 0 printed this itself"]:
-        st.add_output(0, line)
-    st.add_output(1, "RuntimeError: boom")  # another rank's output is its own
-    out = [(ln.rank, ln.text) for ln in st.logs if ln.level == "output"]
-    assert out == [(0, "rank 0 printed this itself"), (1, "RuntimeError: boom")]
-    assert st.errors[0].detail == tb
-
-
-def test_lost_supervisor_marks_lost_once():
-    st = RunState()
-    st.feed_all([started(), step(0, 1, 3)])
-    st.mark_lost("the supervisor exited without a final status")
-    assert st.status == "lost" and st.final and st.finished_t == T0 + 3
-    st.mark_lost("again")
-    assert st.root_cause == "the supervisor exited without a final status"
 
 
 # ----------------------------------------------------------------------------- the screen
@@ -243,7 +98,7 @@ TINY = {"name": "tiny", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "
 
 
 def launch(tmp_path, **over):
-    from engine import launch as L
+    from engine.runs import control as L
 
     data = {**TINY, **over}
     return L.start(from_dict(data), tmp_path / "runs")
@@ -253,7 +108,7 @@ def launch(tmp_path, **over):
 def cleanup():
     runs = []
     yield runs
-    from engine.launch import kill
+    from engine.runs.control import kill
 
     for run in runs:
         if run.is_live():
@@ -263,7 +118,7 @@ def cleanup():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cleanup):
-    from engine.launch import wait
+    from engine.runs.control import wait
 
     run = launch(tmp_path)
     cleanup.append(run)
@@ -288,7 +143,7 @@ async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cle
         for r in (0, 1):
             row = next(ln for ln in text.splitlines() if ln.startswith(f"│ {r}    cpu"))
             assert "4/4" in row
-        assert "epoch 0 done at step 4" in text  # the log pane replayed the history
+        assert "epoch 1/1 done at step 4" in text  # the log pane replayed the history (epochs from 1)
         assert "A100" in text  # the fake GPU pane
         assert "supervisor" in text  # host pane process rows
         await pilot.press("escape")
@@ -299,7 +154,7 @@ async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cle
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monkeypatch):
-    from engine.launch import wait
+    from engine.runs.control import wait
 
     (tmp_path / "badmodel_mon.py").write_text(textwrap.dedent("""\
         def build(info, **kw):
@@ -368,7 +223,7 @@ async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_kill_key_kills_every_process_of_a_live_real_run(tmp_path, cleanup):
-    from engine.launch import run_processes
+    from engine.runs.control import run_processes
 
     run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
     cleanup.append(run)
@@ -416,7 +271,7 @@ async def test_live_events_appear_on_screen(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         screen = MonitorScreen(run.path)
         await app.push_screen(screen)
-        await until(pilot, lambda: "RUNNING" in screen_text(app), 10, "running shown")
+        await until(pilot, lambda: "STARTING" in screen_text(app), 10, "starting shown (no step yet)")
         for k in range(3):
             s = 123450 + k
             put(*[events.make("step", rank=r, epoch=0, step=s, total_steps=987654, loss=0.5, accuracy=0.9,
@@ -441,7 +296,7 @@ async def test_stop_and_kill_refuse_a_run_that_is_over(tmp_path):
     with open(run.events_path, "w") as fh:
         fh.write(events.dumps(events.make("run_finished", status="finished", exit_codes=[0], root_cause=None,
                                           elapsed_s=1.0)) + "\n")
-    run.write_status({"status": "finished", "exit_codes": [0], "root_cause": None})
+    run.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0], "root_cause": None}))
     app = make_app(tmp_path)
     said = []
     notify = app.notify
@@ -498,32 +353,18 @@ async def test_without_nvml_the_gpu_pane_says_why(tmp_path):
         assert "no GPU view: no NVIDIA driver library (libnvidia-ml) on this host" in screen_text(app)
 
 
-def test_worker_output_tail_reads_new_lines_only(tmp_path):
-    from app.monitor.output import FIRST_BYTES, OutputTail
-
-    (tmp_path / "supervisor.log").write_text("supervisor 1: ddp x2\n")
-    (tmp_path / "rank0.log").write_text("x" * (FIRST_BYTES + 10) + "\nold line 1\nold line 2\npart")
-    tail = OutputTail(tmp_path)
-    assert tail.poll() == [(None, "supervisor 1: ddp x2"), (0, "old line 1"), (0, "old line 2")]
-    with open(tmp_path / "rank0.log", "a") as fh:
-        fh.write("ial line\n")
-    (tmp_path / "rank1.log").write_text("hello from rank 1\n")
-    assert tail.poll() == [(0, "partial line"), (1, "hello from rank 1")]
-    assert tail.poll() == []
-
-
 def test_monitor_modules_do_not_import_torch():
     """The Monitor opens from the app's first screen: torch (seconds to import) stays out of it."""
     import subprocess
     import sys
 
-    code = ("import sys, app.monitor.screen, app.monitor.state, app.monitor.panes, app.monitor.output\n"
+    code = ("import sys, app.monitor.screen, app.monitor.panes, engine.runs.view, engine.runs.follow\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "[]"
-    code = "import sys, app.monitor.state; print('textual' in sys.modules)"  # the reducer stays UI-free
+    code = "import sys, engine.runs.view, engine.runs.follow; print('textual' in sys.modules)"  # UI-free core
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False", out.stderr

@@ -1,6 +1,6 @@
 """The Runs list, driven with Pilot over real run directories.
 
-One run is real (a tiny CPU run started the way the app starts one, through engine.launch);
+One run is real (a tiny CPU run started the way the app starts one, through engine.runs.control);
 failed, stopped, live and lost runs are written with RunDir's own API, a "live" one by pointing
 supervisor.pid at a real sleeping child process.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,11 +18,12 @@ import pytest
 from textual.widgets import DataTable
 
 from app.main import TorchdeckApp
-from app.runs.screen import HEAD_BYTES, TAIL_BYTES, RunsScreen, collect, deletable, read_head_tail
+from app.runs.screen import RunsScreen
 from app.sources.nvml import FakeGPUSource
 from engine import config as cfgmod
 from engine import events
-from engine.rundir import RunDir
+from engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
+from engine.runs.layout import RunDir
 
 SIZE = (80, 24)  # the smallest terminal we promise to be usable in
 TINY = """\
@@ -42,11 +44,11 @@ def tiny_cfg(name: str) -> cfgmod.RunConfig:
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A real finished run, made once for the module: (runs root, run path)."""
-    from engine import launch
+    from engine.runs import control
 
     root = tmp_path_factory.mktemp("real") / "runs"
-    run = launch.start(tiny_cfg("real-tiny"), root)
-    final = launch.wait(run, timeout=240)
+    run = control.start(tiny_cfg("real-tiny"), root)
+    final = control.wait(run, timeout=240)
     assert final is not None and final["status"] == "finished", (final, (run.path / "supervisor.log").read_text())
     return root, run.path
 
@@ -87,14 +89,14 @@ def make_runs(root: Path, live_pid: int) -> dict[str, Path]:
     rd = RunDir.create(tiny_cfg("broke"), root)
     write_events(rd, [started_event(t0), step_event(t0 + 5, 3)])
     rd.pid_path.write_text("999999999\n")
-    rd.write_status({"status": "failed", "exit_codes": [1, -9], "root_cause": "rank 1 killed by signal 9 (SIGKILL)",
-                     "elapsed_s": 12.5})
+    rd.status_path.write_text(json.dumps({"status": "failed", "exit_codes": [1, -9], "root_cause": "rank 1 killed by signal 9 (SIGKILL)",
+                     "elapsed_s": 12.5}))
     out["failed"] = rd.path
 
     rd = RunDir.create(tiny_cfg("halted"), root)
     ep = events.make("epoch_end", rank=0, epoch=0, step=7, train_loss=1.0, train_acc=0.4, val_loss=1.1, val_acc=0.5)
     write_events(rd, [started_event(t0 + 10), step_event(t0 + 20, 7), ep])
-    rd.write_status({"status": "stopped", "exit_codes": [0, 0], "root_cause": None, "elapsed_s": 30.0})
+    rd.status_path.write_text(json.dumps({"status": "stopped", "exit_codes": [0, 0], "root_cause": None, "elapsed_s": 30.0}))
     out["stopped"] = rd.path
 
     rd = RunDir.create(tiny_cfg("going"), root)
@@ -174,21 +176,21 @@ async def test_lists_every_run_with_its_status(real_run, tmp_path, sleeper):
         assert set(rows) == {real_path.name, *(p.name for p in made.values())}
         status = {k: v["status"] for k, v in rows.items()}
         assert status == {real_path.name: "finished", made["failed"].name: "failed",
-                          made["stopped"].name: "stopped", made["live"].name: "live",
+                          made["stopped"].name: "stopped", made["live"].name: "running",
                           made["lost"].name: "lost"}
 
         real = rows[real_path.name]
         assert real["run"] == "real-tiny" and real["strategy"] == "cpu" and real["world"] == "1"
         assert real["progress"].startswith("4/4")  # max_steps 4, read from the events file's tail
-        assert "val " in real["progress"]
+        assert real["val"].endswith("%")
         final = json.loads((real_path / "status.json").read_text())
         m, s = divmod(int(final["elapsed_s"]), 60)
         assert real["duration"] == f"{m}:{s:02d}"
 
         stopped = rows[made["stopped"].name]
         assert (stopped["strategy"], stopped["world"]) == ("ddp", "2")
-        assert stopped["progress"] == "7/20  val 50.0%" and stopped["duration"] == "0:30"
-        assert rows[made["live"].name]["duration"].startswith("1:")  # live: counted to now (65 s +)
+        assert stopped["progress"] == "7/20" and stopped["val"] == "50.0%" and stopped["duration"] == "00:30"
+        assert rows[made["live"].name]["duration"].startswith("01:")  # live: counted to now (65 s +)
 
         # newest first
         table = screen.query_one(DataTable)
@@ -209,16 +211,18 @@ async def test_status_follows_the_run_without_a_keypress(tmp_path, sleeper):
     app = make_app(root)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_runs(pilot)
-        assert table_rows(screen)[rd.name]["status"] == "live"
+        assert table_rows(screen)[rd.name]["status"] == "starting"  # alive, no training step yet
+        write_events(rd, [step_event(time.time(), 1, 9)])
+        assert await until(pilot, lambda: table_rows(screen)[rd.name]["status"] == "running", timeout=15)
         polls = screen.polls
         write_events(rd, [step_event(time.time(), 9, 9)])
-        rd.write_status({"status": "finished", "exit_codes": [0], "root_cause": None, "elapsed_s": 75.0})
+        rd.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0], "root_cause": None, "elapsed_s": 75.0}))
         sleeper.kill()
         sleeper.wait()
         assert await until(pilot, lambda: table_rows(screen)[rd.name]["status"] == "finished", timeout=15)
         assert screen.polls > polls
         row = table_rows(screen)[rd.name]
-        assert row["progress"] == "9/9" and row["duration"] == "1:15"
+        assert row["progress"] == "9/9" and row["duration"] == "01:15"
 
 
 async def test_delete_asks_first_and_refuses_a_live_run(tmp_path, sleeper):
@@ -303,7 +307,7 @@ async def test_refresh_key_picks_up_a_new_run(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_runs(pilot)
         rd = RunDir.create(tiny_cfg("newcomer"), root)
-        rd.write_status({"status": "finished", "exit_codes": [0], "root_cause": None, "elapsed_s": 3.0})
+        rd.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0], "root_cause": None, "elapsed_s": 3.0}))
         polls = screen.polls
         await pilot.press("r")
         assert await until(pilot, lambda: screen.polls > polls, timeout=5)
@@ -325,7 +329,7 @@ def test_large_events_file_is_read_at_its_ends_only(tmp_path):
     assert head[0]["kind"] == "run_started" and tail[-1]["step"] == 39_999
     assert sum(len(events.dumps(e)) + 1 for e in head + tail) <= HEAD_BYTES + TAIL_BYTES
     (row,) = collect(tmp_path)
-    assert row.world == 8 and row.progress == "39999/50000" and row.status == "starting"
+    assert row.world == 8 and row.progress == "39999/50000" and row.status == "running"  # young, no pid yet
     assert row.started == pytest.approx(t0)
 
 
@@ -361,7 +365,7 @@ def fixed_run(root: Path, dirname: str, evs: list[dict], status: dict | None = N
     if pid is not None:
         rd.pid_path.write_text(f"{pid}\n")
     if status is not None:
-        rd.write_status(status)
+        rd.status_path.write_text(json.dumps(status))
     return rd
 
 
@@ -397,3 +401,35 @@ async def _show_runs(pilot):
 
 def test_runs_screen_80x24(snap_compare, snapshot_app):
     assert snap_compare(snapshot_app, terminal_size=(80, 24), run_before=_show_runs)
+
+
+async def test_torchdeck_runs_and_the_runs_screen_say_the_same_of_every_run(tmp_path, sleeper, capsys):
+    """One run of each status in one directory: the CLI's table and the app's rows agree on each
+    (one catalog, one status rule, one formatter)."""
+    from cli.main import main
+
+    root = tmp_path / "runs"
+    made = make_runs(root, sleeper.pid)
+    rd = RunDir.create(tiny_cfg("waking"), root)  # alive, no step yet
+    write_events(rd, [started_event(time.time())])
+    rd.pid_path.write_text(f"{os.getpid()}\n")
+    made["starting"] = rd.path
+    rd = RunDir.create(tiny_cfg("done"), root)
+    write_events(rd, [started_event(time.time() - 50), step_event(time.time() - 10, 20)])
+    rd.write_final("finished", None, [0], 40.0)
+    made["finished"] = rd.path
+    assert main(["runs", "--runs-dir", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cli_rows = {ln.split()[1]: ln.split()[0] for ln in lines[1:] if ln.split() and ln.split()[0] in (
+        "starting", "running", "finished", "failed", "stopped", "lost")}
+    app = make_app(root)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_runs(pilot)
+        app_rows = {k: v["status"] for k, v in table_rows(screen).items()}
+        cells = {r.key: r.cells() for r in screen.rows}
+    assert cli_rows == app_rows
+    assert {app_rows[p.name] for p in made.values()} == (set(made) | {"running"}) - {"live"}
+    for key, c in cells.items():  # the same words in every column the two share
+        line = next(ln for ln in lines if ln.split() and ln.split()[1] == key)
+        for col in ("strategy", "duration", "progress"):
+            assert c[col] in line, (key, col, c[col], line)

@@ -16,7 +16,7 @@ from app.sources.host import FakeHostSource, HostSample, ProcSample
 from app.sources.nvml import FakeGPUSource, GPUSample
 from engine import config as cfgmod
 from engine import events
-from engine.rundir import RunDir
+from engine.runs.layout import RunDir
 
 T0 = 1_750_000_000.0
 NOW = T0 + 95.0  # the frozen clock: 95 s into the run

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from engine import events
-from engine import launch
-from engine.rundir import RunDir
+from engine.runs import control
+from engine.runs.layout import RunDir
 from tests.engine.test_lifecycle import port_free
 from tests.engine.test_supervisor import Run, ddp_cfg, runs  # noqa: F401  (runs: the fixture)
 
@@ -60,7 +60,7 @@ def write_models(tmp_path: Path) -> None:
 
 def session_left(run_dir: Path) -> list[psutil.Process]:
     """Processes still in the run's session (the supervisor's pid is the session id)."""
-    return launch.run_processes(RunDir(run_dir))
+    return control.run_processes(RunDir(run_dir))
 
 
 def assert_clean(r: Run, within: float = 5.0) -> None:
@@ -140,7 +140,7 @@ def test_rank_raises_torchdeck_run_shows_root_cause_and_traceback_and_leaves_not
         assert proc.wait(timeout=120) == 1, log.read_text()
     finally:
         if proc.poll() is None:
-            launch.kill(run)
+            control.kill(run)
     ended = time.time()
     evs = events.read_all(run.events_path)
     errors = [e for e in evs if e["kind"] == "error"]
@@ -175,7 +175,7 @@ def test_sigkill_of_rank_0_frees_the_port_and_leaves_nothing(tmp_path):
         assert time.monotonic() - t0 < 15
     finally:
         if proc.poll() is None:
-            launch.kill(run)
+            control.kill(run)
     assert run.final_status()["root_cause"] == "rank 0 killed by signal 9 (SIGKILL)"
     assert "rank 0 killed by signal 9" in log.read_text()
     wait_gone(run)
@@ -384,9 +384,9 @@ def read_all_events(run: RunDir) -> list[dict]:
 
 def wait_gone(run: RunDir, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
-    while launch.run_processes(run) and time.monotonic() < deadline:
+    while control.run_processes(run) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not launch.run_processes(run), f"left in the run's session: {launch.run_processes(run)}"
+    assert not control.run_processes(run), f"left in the run's session: {control.run_processes(run)}"
 
 
 def _tiny_disk(path: Path, size: str) -> bool:
@@ -419,9 +419,9 @@ def test_a_full_disk_fails_the_run_with_one_message_and_keeps_its_checkpoints(tm
             "nodes.master_port": 0, "train.batch_size": 8, "train.max_steps": 0, "train.epochs": 500,
             "train.log_every_n_steps": 1, "data.image_size": 16, "checkpoint.every_n_steps": every_n,
             "checkpoint.keep_last": 2}))
-        run = launch.start(cfg, root=disk)
+        run = control.start(cfg, root=disk)
         t0 = time.monotonic()
-        final = launch.wait(run, timeout=150)
+        final = control.wait(run, timeout=150)
         assert final is not None, "the run did not end"
         assert time.monotonic() - t0 < 120
         cause = final["root_cause"]
@@ -503,7 +503,7 @@ def _started_anything(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["run", "validate"])
 @pytest.mark.parametrize("override,field,words", BAD_ARGS, ids=[b[0].split("=")[0] + ":" + b[2][:20] for b in BAD_ARGS])
 def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypatch, command, override, field, words):
-    from engine import cli
+    from cli import main as cli
 
     preset = tmp_path / "tiny.yaml"
     preset.write_text(TINY)
@@ -526,7 +526,7 @@ def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypa
 
 
 def test_bad_arguments_from_the_real_command_and_debug_shows_the_traceback(tmp_path):
-    from tests.engine.test_cli import torchdeck
+    from tests.cli.test_cli import torchdeck
 
     preset = tmp_path / "tiny.yaml"
     preset.write_text(TINY)
@@ -544,7 +544,7 @@ def test_bad_arguments_from_the_real_command_and_debug_shows_the_traceback(tmp_p
 
 def test_a_valid_user_model_passes_the_static_check(tmp_path, monkeypatch):
     """No false alarms: names bound by imports, assignments, classes, loops and try blocks count."""
-    from engine.cli import _callable_problem
+    from engine.preflight import callable_problem as _callable_problem
 
     (tmp_path / "fine_mod.py").write_text(
         "import os\ntry:\n    import optional_zz\nexcept ImportError:\n    optional_zz = None\n"
@@ -564,7 +564,7 @@ def test_a_real_checkpoint_passes_the_resume_preflight(tmp_path):
     import torch
 
     from engine import checkpoint as ckpt
-    from engine.cli import _looks_like_checkpoint
+    from engine.preflight import looks_like_checkpoint as _looks_like_checkpoint
 
     path = ckpt.save({"model": {"w": torch.ones(3)}, "step": 7}, tmp_path, 7, keep_last=1)
     assert _looks_like_checkpoint(path)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import launch
+from engine.runs import control
 from engine.events import read_all
-from engine.rundir import RunDir
+from engine.runs.layout import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def preset(tmp_path, name="life", epochs=100, max_steps=0, port=0):
 
 def cli_cmd():
     exe = Path(sys.executable).with_name("torchdeck")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
 
 
 def env_for(tmp_path):
@@ -92,7 +92,7 @@ def port_of(run: RunDir) -> int:
 
 
 def assert_nothing_left(run: RunDir, pids, within):
-    wait_for(lambda: not launch.run_processes(run), within, f"every process of {run.name} to exit")
+    wait_for(lambda: not control.run_processes(run), within, f"every process of {run.name} to exit")
     import psutil
 
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def torchdeck_cmd(*args) -> list[str]:
-    return ([str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "engine.cli"]) + list(args)
+    return ([str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]) + list(args)
 
 
 def write_preset(path: Path, cfg: dict) -> Path:
@@ -48,18 +48,18 @@ def our_descendants() -> set[int]:
 
 def assert_nothing_left(run: Path, before: set[int], within_s: float = 15) -> None:
     """The CLI returns once the run is recorded; the supervisor's own teardown may take a moment."""
-    from engine import launch
+    from engine.runs import control
 
     deadline = time.monotonic() + within_s
-    while (launch.run_processes(run) or our_descendants() - before) and time.monotonic() < deadline:
+    while (control.run_processes(run) or our_descendants() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert launch.run_processes(run) == []
+    assert control.run_processes(run) == []
     assert our_descendants() - before == set()
 
 
 def test_global_rank_is_node_rank_times_nproc_per_node_plus_local_rank():
     """devices is the per-node process count (torchrun's --nproc-per-node); world = nodes x devices."""
-    from engine.cli import summary_lines
+    from engine.preflight import describe as summary_lines
 
     cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=3,
                                      **{"nodes.num_nodes": 2, "nodes.node_rank": 1, "nodes.master_port": 29411}))
@@ -254,7 +254,7 @@ def test_exported_sbatch_script_runs_as_two_nodes(tmp_path):
     """The exported SLURM script itself, run by bash with stand-ins for srun and scontrol (the
     cluster is the one thing this machine lacks): two torchrun agents meet through c10d
     rendezvous, each node writes its run directory, and the weights equal one process."""
-    from engine import cli
+    from cli import main as cli
 
     cfg = small_cfg(strategy="ddp", devices=1, **{
         "train.batch_size": 16, "train.max_steps": 4, "nodes.num_nodes": 2, "nodes.master_port": free_port()})
@@ -337,8 +337,8 @@ def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp
     """Under torchrun there is no supervisor: local rank 0 records torchrun's agent in
     launcher.pid, so `torchdeck runs`, the Runs list and the Monitor see the run as running (not
     'starting'), and kill takes down the agent and its workers and records the run as failed."""
-    from engine import launch
-    from engine.rundir import RunDir
+    from engine.runs import control
+    from engine.runs.layout import RunDir
 
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.epochs": 10_000, "train.max_steps": 0})
     preset = write_preset(tmp_path / "long.yaml", cfg)
@@ -358,9 +358,9 @@ def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp
             time.sleep(0.3)
         assert rd.launcher_pid() == agent.pid and rd.supervisor_pid() is None
         assert rd.status() == "running"
-        procs = launch.run_processes(rd)
+        procs = control.run_processes(rd)
         assert procs[0].pid == agent.pid and len(procs) >= 3  # the agent and its two workers
-        killed = launch.kill(rd)
+        killed = control.kill(rd)
         assert agent.pid in killed
         agent.wait(15)
     finally:

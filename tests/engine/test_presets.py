@@ -6,7 +6,7 @@ import pytest
 from engine import config as c
 from engine import presets
 from engine.config import ConfigError, Hardware
-from engine.rundir import shipped_presets_dir
+from engine.presets import shipped_presets_dir
 
 GPU8 = Hardware(gpu_count=8, mpi_available=True)
 NO_GPU = Hardware(gpu_count=0, mpi_available=False)

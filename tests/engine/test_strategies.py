@@ -434,7 +434,7 @@ def cli_run(preset: str, runs: Path, extra: list[str], timeout=240):
     import subprocess
     import sys
 
-    args = [sys.executable, "-m", "engine.cli", "run", preset, "--runs-dir", str(runs)]
+    args = [sys.executable, "-m", "cli", "run", preset, "--runs-dir", str(runs)]
     for item in extra:
         args += ["--set", item]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli
+from cli import main as cli
 from engine.events import read_all
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
@@ -23,7 +23,7 @@ train: {batch_size: 32, epochs: 1, log_every_n_steps: 1}
 
 
 def torchdeck(*args, cwd, env=None, timeout=180):
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "engine.cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
     full_env = dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs"), **(env or {}))
     return subprocess.run(cmd + list(args), cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
@@ -54,7 +54,7 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     assert steps and max(e["step"] for e in steps) == 5  # --set train.max_steps=5 took effect
     assert "max_steps: 5" in (run / "config.yaml").read_text()
     assert "run finished" in r.stdout
-    assert "rank   0 cpu" in r.stdout  # the per-rank line of the final display
+    assert "rank  0 cpu" in r.stdout  # the per-rank line of the final display
     assert "Traceback" not in r.stdout + r.stderr
 
     ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
@@ -185,7 +185,7 @@ def test_help_is_fast_and_lists_commands(tmp_path):
     assert r.returncode == 0
     for c in ("run", "attach", "runs", "stop", "presets", "validate", "eval", "env", "export"):
         assert c in r.stdout
-    code = ("import sys, engine.cli; engine.cli.build_parser(); "
+    code = ("import sys, cli.main; cli.main.build_parser(); "
             "assert 'torch' not in sys.modules and 'textual' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -194,7 +194,7 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     """attach replays a finished run from its events alone; runs lists it."""
     from engine import config as c
     from engine import events
-    from engine.rundir import RunDir
+    from engine.runs.layout import RunDir
 
     run = RunDir.create(c.from_dict({"name": "old"}), tmp_path)
     evs = [events.make("run_started", strategy="cpu", world_size=1, total_steps=2, global_batch=64, devices=["cpu"]),
@@ -204,7 +204,7 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
            events.make("epoch_end", rank=0, epoch=0, step=2, train_loss=0.5, train_acc=0.8, val_loss=0.4, val_acc=0.93),
            events.make("run_finished", status="finished", exit_codes=[0], root_cause=None, elapsed_s=3.0)]
     run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
-    run.write_status({"status": "finished", "exit_codes": [0], "root_cause": None})
+    run.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0], "root_cause": None}))
     assert cli.main(["attach", "latest", "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "val loss 0.4000 acc 93.0%" in out and "run finished" in out and "val accuracy 93.0%" in out
@@ -214,111 +214,6 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     assert cli.main(["stop", run.name, "--runs-dir", str(tmp_path)]) == 1
     assert "not running" in capsys.readouterr().out
     assert cli.main(["attach", "nope", "--runs-dir", str(tmp_path)]) == 2
-
-
-# ----------------------------------------------------------------------------- progress display
-
-def _step(rank, step, sps, wait=0.1, total=100):
-    from engine import events
-
-    return events.make("step", rank=rank, epoch=0, step=step, total_steps=total, loss=1.0 / (rank + 1),
-                       samples_per_s=sps, data_wait_s=wait, compute_s=1.0 - wait, lr=0.1, accuracy=None)
-
-
-def test_progress_one_line_per_rank_then_compact_beyond_8():
-    import io
-
-    from engine import events
-    from engine.progress import Display
-
-    def shown(n):
-        buf = io.StringIO()
-        d = Display(buf, tty=False, interval=0)
-        d.feed([events.make("run_started", strategy="ddp", world_size=n, total_steps=100, global_batch=8 * n,
-                            devices=["cpu"] * n)])
-        d.feed([_step(r, 10 + r, 100.0 + r, wait=0.5 if r == 3 else 0.1) for r in range(n)])
-        d.finish()
-        return buf.getvalue()
-
-    out = shown(4)
-    assert sum(ln.startswith("rank ") for ln in out.splitlines()) == 4
-    assert "rank   3" in out and "data wait 50.0%" in out and "13/100" in out
-    assert "world 4" in out and f"{sum(100 + r for r in range(4)):,} samples/s" in out
-
-    out = shown(16)
-    assert not any(ln.startswith("rank ") for ln in out.splitlines())
-    assert "16 ranks  steps 10-25/100" in out
-    assert "min 100  median 108  max 115  slowest rank 0" in out
-
-
-def test_progress_on_node_0_shows_other_nodes_ranks_from_rank_reports():
-    """`torchdeck run --node-rank 0` sees only its own ranks' events; rank 0's rank_report carries
-    the others. Local ranks keep their own (newer, richer) step events."""
-    import io
-
-    from engine import events
-    from engine.progress import Display
-
-    buf = io.StringIO()
-    d = Display(buf, tty=False, interval=0)
-    d.feed([events.make("run_started", strategy="ddp", world_size=4, total_steps=100, global_batch=32,
-                        devices=["cpu", "cpu"])]
-           + [events.make("rank_ready", rank=r, local_rank=r, device="cpu", pid=1, host="a", threads=1)
-              for r in (0, 1)]
-           + [_step(0, 20, 100.0), _step(1, 20, 90.0)])
-    rows = [{"rank": r, "host": "a" if r < 2 else "b", "node_rank": r // 2, "epoch": 0, "step": 7,
-             "samples_per_s": 50.0 + r, "data_wait": 0.25, "device_mem_mb": 1.0, "t": 1.0} for r in range(4)]
-    d.feed([events.make("rank_report", rank=0, reports=rows)])
-    d.finish()
-    lines = {int(ln.split()[1]): ln for ln in buf.getvalue().splitlines() if ln.startswith("rank ")}
-    assert sorted(lines) == [0, 1, 2, 3]
-    assert " 20/100" in lines[0] and " 20/100" in lines[1] and "data wait 10.0%" in lines[0]
-    for r in (2, 3):
-        assert "node 1" in lines[r] and " 7/100" in lines[r] and "data wait 25.0%" in lines[r]
-    assert f"{100 + 90 + 52 + 53:,} samples/s" in buf.getvalue()
-
-
-def test_progress_redraws_in_place_on_a_tty_at_most_4_hz():
-    import io
-
-    from engine import events
-    from engine.progress import Display
-
-    buf = io.StringIO()
-    d = Display(buf, tty=True)
-    d.feed([events.make("run_started", strategy="ddp", world_size=2, total_steps=100, global_batch=16,
-                        devices=["cpu", "cpu"])])
-    for i in range(50):  # a burst of events: far more than 4 frames' worth
-        d.feed([_step(0, i, 10.0), _step(1, i, 10.0)])
-    import re
-
-    redraw = re.compile(r"\x1b\[(\d+)F\x1b\[J")  # cursor up over the old block, clear to the end
-    frames = redraw.findall(buf.getvalue())
-    assert len(frames) <= 2
-    d.tick(force=True)
-    assert redraw.findall(buf.getvalue())[-1] == str(len(d.view.rank_lines()) + 1 if frames else 1)
-    assert len(redraw.findall(buf.getvalue())) == len(frames) + 1
-    assert buf.getvalue().rstrip().splitlines()[-1].startswith("rank   1")
-
-
-def test_progress_failure_summary_names_the_root_cause():
-    import io
-
-    from engine import events
-    from engine.progress import Display
-
-    buf = io.StringIO()
-    d = Display(buf, tty=False)
-    d.feed([events.make("run_started", strategy="ddp", world_size=2, total_steps=10, global_batch=8, devices=[]),
-            events.make("error", rank=1, host="node7", pid=42, exception="ValueError", message="bad batch",
-                        traceback="Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad batch"),
-            events.make("rank_exited", rank=1, exitcode=1, signal=None),
-            events.make("run_finished", status="failed", exit_codes=[0, 1], root_cause="rank 1 (node7): ValueError: bad batch")])
-    d.finish()
-    out = buf.getvalue()
-    assert "[error] rank 1 on node7 (pid 42): ValueError: bad batch" in out
-    assert "run failed" in out and "root cause: rank 1 (node7): ValueError: bad batch" in out
-    assert '    File "x.py", line 1' in out
 
 
 # ----------------------------------------------------------------------------- export (issue 7)

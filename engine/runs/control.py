@@ -1,4 +1,5 @@
-"""Start a run's supervisor detached, stop it, kill it, and find every process it owns.
+"""Control of a run from outside: start its supervisor detached, stop it, kill it, wait for it,
+and find every process it owns.
 
 The supervisor runs in a new session (its pid is the session id), so the run outlives the app,
 the CLI and an SSH drop, and every process of the run (spawned ranks, data loader workers)
@@ -17,36 +18,26 @@ from pathlib import Path
 
 import psutil
 
-from engine import events
-from engine.config import RunConfig
-from engine.rundir import RunDir, write_atomic
-
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from engine.runs.layout import RunDir
+from engine.runs.status import Status
 
 
-def _child_env() -> dict:
-    """Our environment, with this checkout importable even when it is not installed."""
+def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None) -> RunDir:
+    """Create the run directory and start `python -m engine.supervisor RUN_DIR` in its own session.
+    `origin` ({"preset", "overrides"}) is kept beside the config, to tell runs apart later."""
+    run = RunDir.create(cfg, Path(root) if root else None, origin)
     env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(_PROJECT_ROOT) not in paths:
-        paths.append(str(_PROJECT_ROOT))
-    env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def start(cfg: RunConfig, root: str | os.PathLike | None = None) -> RunDir:
-    """Create the run directory and start `python -m engine.supervisor RUN_DIR` in its own session."""
-    run = RunDir.create(cfg, Path(root) if root else None)
-    with open(run.path / "supervisor.log", "ab") as log:
+    with open(run.supervisor_log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.supervisor", str(run.path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=_child_env(), close_fds=True,
+            start_new_session=True, env=env, close_fds=True,
         )
-    # The supervisor writes this too; writing it now means stop/kill work from the first moment.
-    if not run.pid_path.exists():
-        write_atomic(run.pid_path, f"{proc.pid}\n")
+    # The supervisor writes this too; writing it now means stop/kill work from the first moment
+    # (unless it has already ended: then its pid file is gone for good).
+    if not run.pid_path.exists() and run.final_status() is None:
+        run.write_pid(proc.pid)
     # Reap it when it ends, so a finished supervisor is not a zombie that still looks alive.
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
     return run
@@ -123,11 +114,7 @@ def kill(run) -> list[int]:
             continue
         killed.append(p.pid)
     if run.final_status() is None:
-        cause = "killed by the user (SIGKILL to every process of the run)"
-        with open(run.events_path, "a") as fh:
-            fh.write(events.dumps(events.make("run_finished", status="failed", exit_codes=[],
-                                              root_cause=cause, elapsed_s=None)) + "\n")
-        run.write_status({"status": "failed", "exit_codes": [], "root_cause": cause, "killed": True})
+        run.write_final(Status.FAILED, "killed by the user (SIGKILL to every process of the run)", killed=True)
     return killed
 
 
@@ -139,11 +126,11 @@ def wait(run, timeout: float | None = None, interval: float = 0.2) -> dict | Non
         final = run.final_status()
         if final is not None:
             return final
-        if run.status() == "lost":
+        if run.status() == Status.LOST:
             time.sleep(0.3)  # it may have written status.json just before exiting
             return run.final_status() or {
-                "status": "failed", "exit_codes": [],
-                "root_cause": f"the supervisor exited without a final status; see {run.path / 'supervisor.log'}"}
+                "status": "lost", "exit_codes": [],
+                "root_cause": f"the supervisor exited without a final status; see {run.supervisor_log}"}
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(interval)

@@ -1,0 +1,419 @@
+"""`torchdeck`: the app with no arguments, and headless commands for everything else.
+
+Starts fast (`--help` must not wait for torch): heavy modules are imported inside the command
+that needs them. User mistakes (a broken preset, a missing data root) are one line each on
+stderr with exit status 2 and nothing started; `--debug` adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import TorchdeckError, UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- config loading
+
+
+def _overrides(args) -> list[str]:
+    overrides = list(args.set or [])
+    if getattr(args, "node_rank", None) is not None:
+        overrides.append(f"nodes.node_rank={args.node_rank}")
+    return overrides
+
+
+def _config_or_usage(args, hw=None, launch: bool = False):
+    """The preset and --set values as a validated config with the preflight passed (for a launch
+    on this host, its network interfaces too); UsageError, one line per problem naming the field
+    and where its value came from, otherwise."""
+    from engine import preflight
+
+    cfg, path = preflight.load_config(args.preset, _overrides(args), hw=hw)
+    problems = preflight.check(cfg) if launch else preflight.file_problems(cfg)
+    if problems:
+        raise UsageError(*preflight.lines(problems, str(path)))
+    return cfg
+
+
+# ----------------------------------------------------------------------------- following a run
+
+
+class _Interrupts:
+    """Counts Ctrl-C instead of raising mid-write; restores the old handler on exit."""
+
+    def __init__(self):
+        self.count = 0
+        self._old = None
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, self._hit)
+        except ValueError:  # not the main thread: keep the default behaviour
+            self._old = None
+        return self
+
+    def _hit(self, signum, frame):
+        self.count += 1
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def follow(run, display, on_interrupt=None, interval: float = 0.2):
+    """Draw the run until it ends; returns its RunView (None when the user detached).
+    on_interrupt(n) is called for the n-th Ctrl-C; returning False stops following."""
+    from engine.runs.follow import Follower
+
+    follower = Follower(run, outputs=False)
+    seen = 0
+    with _Interrupts() as ints:
+        for _ in follower.follow(interval=interval):
+            display.show(follower.view)
+            while ints.count > seen:
+                seen += 1
+                if on_interrupt is not None and on_interrupt(seen) is False:
+                    return None
+    view = follower.view
+    display.finish(view)
+    if view.status.final and view.status != "finished" and not view.errors and view.status != "stopped":
+        _print_log_tail(run.supervisor_log)
+    if follower.skipped:
+        print(f"({follower.skipped} line(s) of {run.events_path.name} could not be read and were skipped)")
+    return view
+
+
+def _print_log_tail(path: Path, n: int = 10) -> None:
+    try:
+        lines = path.read_text(errors="replace").rstrip().splitlines()[-n:]
+    except OSError:
+        return
+    if lines:
+        print(f"last lines of {path}:")
+        for ln in lines:
+            print("    " + ln)
+
+
+def _exit_for(view) -> int:
+    return EXIT_OK if view is not None and view.status in ("finished", "stopped") else EXIT_FAILED
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _origin(args) -> dict:
+    return {"preset": args.preset, "overrides": _overrides(args)}
+
+
+def cmd_run(args) -> int:
+    from cli.progress import Display
+    from engine.runs import control
+
+    cfg = _config_or_usage(args, launch=True)
+    if cfg.accelerator == "cuda":
+        from engine.hardware import visible_devices_warning
+
+        warn = visible_devices_warning()
+        if warn:
+            _err("warning: " + warn)
+    try:
+        run = control.start(cfg, root=args.runs_dir, origin=_origin(args))
+    except OSError as exc:
+        where = args.runs_dir or os.environ.get("TORCHDECK_RUNS") or "./runs"
+        raise UsageError(f"cannot create the run directory under {where}: {exc.strerror or exc}") from None
+    print(f"run directory: {run.path}", flush=True)
+    if args.detach:
+        print(f"running in the background; watch it with: torchdeck attach {run.path}\n"
+              f"stop it with: torchdeck stop {run.path}")
+        return EXIT_OK
+
+    def on_interrupt(n: int):
+        if n == 1:
+            control.request_stop(run)
+            print("stopping: finishing the step and checkpointing; Ctrl-C again to kill", flush=True)
+        else:
+            pids = control.kill(run)
+            print(f"killed {len(pids)} process(es) of the run", flush=True)
+        return True
+
+    return _exit_for(follow(run, Display(), on_interrupt))
+
+
+def _find_run(ref: str, runs_dir: str | None):
+    from engine.runs.catalog import find_run
+
+    return find_run(ref, Path(runs_dir) if runs_dir else None)
+
+
+def cmd_attach(args) -> int:
+    from cli.progress import Display
+
+    run = _find_run(args.run, args.runs_dir)
+    print(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", flush=True)
+
+    def on_interrupt(n: int):
+        print(f"detached; the run goes on. Re-attach with: torchdeck attach {run.path}", flush=True)
+        return False
+
+    view = follow(run, Display(), on_interrupt)
+    return EXIT_OK if view is None else _exit_for(view)
+
+
+def cmd_runs(args) -> int:
+    from engine.runs.catalog import COLUMNS, collect
+    from engine.runs.layout import runs_root
+
+    root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
+    rows = collect(root)
+    if not rows:
+        print(f"no runs under {root}")
+        return EXIT_OK
+    cells = [r.cells() for r in rows]
+    keys = [k for k, _ in COLUMNS if any(c[k] for c in cells)]  # no empty columns
+    _table([tuple(label for k, label in COLUMNS if k in keys)] + [tuple(c[k] for k in keys) for c in cells])
+    for r in rows:
+        if r.root_cause and r.status in ("failed", "lost", "stopped"):
+            print(f"{r.key}: {r.root_cause}")
+    print(f"({root})")
+    return EXIT_OK
+
+
+def cmd_stop(args) -> int:
+    from engine.runs import control
+
+    run = _find_run(args.run, args.runs_dir)
+    status = run.status()
+    if not status.live:
+        print(f"run {run.name} is not running (status: {status})")
+        return EXIT_FAILED
+    if args.kill:
+        pids = control.kill(run)
+        print(f"killed {len(pids)} process(es) of run {run.name}")
+        return EXIT_OK
+    control.request_stop(run)
+    print(f"stop requested for {run.name}: ranks finish the current step, rank 0 checkpoints, "
+          f"then all exit (`torchdeck stop --kill {run.name}` if it does not)")
+    if args.wait:
+        final = control.wait(run, timeout=args.wait)
+        if final is None:
+            print(f"still running after {args.wait:g} s")
+            return EXIT_FAILED
+        print(f"run {final.get('status')}")
+        return EXIT_OK if final.get("status") in ("finished", "stopped") else EXIT_FAILED
+    return EXIT_OK
+
+
+def _table(rows: list[tuple]) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def cmd_presets(args) -> int:
+    from engine.presets import DEFAULT_PRESET, list_presets, user_presets_dir
+
+    infos = list_presets()
+    shipped = {i.name for i in infos if i.source == "shipped"}
+    rows = [("NAME", "SOURCE", "STRATEGY", "DESCRIPTION")]
+    for i in infos:
+        name = i.name + (" (default)" if i.name == DEFAULT_PRESET and i.source == "shipped" else "")
+        if i.source == "user" and i.name in shipped:
+            name += f" (use user:{i.name})"
+        rows.append((name, i.source, i.strategy, i.description))
+    _table(rows)
+    print(f"user presets: {user_presets_dir()}")
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from engine import preflight
+    from engine.hardware import visible_devices_warning
+
+    cfg = _config_or_usage(args)
+    print(f"{args.preset}: valid")
+    for line in preflight.describe(cfg):
+        print("  " + line)
+    from engine.config import advice  # valid, but probably not meant
+
+    warnings = [f"{f}: {why} (a launch on this host would be refused)" for f, why in preflight.host_problems(cfg)]
+    if cfg.accelerator == "cuda" and visible_devices_warning():
+        warnings.append(visible_devices_warning())
+    warnings += [f"{field}: {why}" for field, why in advice(cfg)]
+    for w in warnings:
+        print("  warning: " + w)
+    return EXIT_OK
+
+
+def cmd_eval(args) -> int:
+    ckpt = Path(args.checkpoint).expanduser()
+    if not ckpt.is_file():
+        raise UsageError(f"{args.checkpoint}: no such checkpoint file")
+    if args.data_root and not Path(args.data_root).expanduser().exists():
+        raise UsageError(f"--data-root: no such folder {args.data_root!r}")
+    from engine.evaluate import evaluate
+
+    res = evaluate(str(ckpt), data_root=args.data_root)  # EvalError, DataError, ...: TorchdeckError
+    where = f" (epoch {res['epoch']}, step {res['step']})" if "step" in res else ""
+    print(f"checkpoint {ckpt}{where}")
+    print(f"  dataset {res.get('dataset')}: {res.get('samples')} samples, loss {res.get('loss'):.4f}, "
+          f"accuracy {100 * res.get('accuracy', 0):.2f}%")
+    return EXIT_OK
+
+
+def cmd_env(args) -> int:
+    from engine.hardware import env_report
+
+    print("\n".join(env_report()))
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    from engine import config as cfgmod
+    from engine import export
+    from engine.presets import resolve
+
+    # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
+    # everything but this host's GPUs and MPI build.
+    cfg = _config_or_usage(args, hw=cfgmod.Hardware(gpu_count=None, mpi_available=None))
+    if cfg.accelerator == "cuda" and cfg.devices == "all":
+        raise UsageError("devices: all: an exported job cannot know how many GPUs its nodes have; list "
+                         "them, e.g. --set 'devices=[0,1,2,3]'")
+    if args.sbatch:
+        print(export.sbatch(cfg), end="")
+        return EXIT_OK
+    if args.write_config:
+        config_path = Path(args.write_config).expanduser().resolve()
+        try:
+            cfgmod.save(cfg, config_path)
+        except OSError as exc:
+            raise UsageError(f"--write-config: cannot write {config_path}: {exc.strerror or exc}") from None
+    elif args.set or args.node_rank is not None:
+        raise UsageError("--torchrun with --set: add --write-config FILE so every node reads the same, "
+                         "overridden config")
+    else:
+        config_path = resolve(args.preset).resolve()
+    print(export.torchrun(cfg, str(config_path), args.run_root), end="")
+    return EXIT_OK
+
+
+def cmd_app(args) -> int:
+    from engine.presets import DEFAULT_PRESET, resolve
+
+    path = resolve(getattr(args, "preset", None) or DEFAULT_PRESET)
+    try:
+        from app.main import run as run_app
+    except ImportError as exc:
+        raise UsageError(f"the terminal app cannot start: {exc}; headless commands: torchdeck --help") from None
+    run_app(preset_path=str(path))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand that was not given --debug must not reset `torchdeck --debug run ...`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
+    runs_dir = argparse.ArgumentParser(add_help=False)
+    runs_dir.add_argument("--runs-dir", metavar="DIR", help="where runs live (default $TORCHDECK_RUNS or ./runs)")
+    overrides = argparse.ArgumentParser(add_help=False)
+    overrides.add_argument("--set", action="append", metavar="KEY=VALUE",
+                           help="override a preset value, e.g. --set train.batch_size=128 (repeatable)")
+
+    p = argparse.ArgumentParser(
+        prog="torchdeck", parents=[common],
+        description="Configure, launch and watch PyTorch training runs. No command: open the app.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("app", parents=[common], help="open the terminal app (the default)")
+    s.add_argument("preset", nargs="?", help="preset name or YAML file to load")
+    s.set_defaults(func=cmd_app)
+
+    s = sub.add_parser("run", parents=[common, runs_dir, overrides], help="run a preset headless")
+    s.add_argument("preset", help="preset name (`torchdeck presets`) or YAML file")
+    s.add_argument("--detach", action="store_true", help="start it and return; watch later with attach")
+    s.add_argument("--node-rank", type=int, help="this node's rank in a multi-node run (nodes.node_rank)")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("attach", parents=[common, runs_dir], help="watch a run (history, then live)")
+    s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
+    s.set_defaults(func=cmd_attach)
+
+    s = sub.add_parser("runs", parents=[common, runs_dir], help="list runs with their status")
+    s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("stop", parents=[common, runs_dir], help="stop a run gracefully (checkpoint first)")
+    s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
+    s.add_argument("--kill", action="store_true", help="SIGKILL every process of the run instead")
+    s.add_argument("--wait", type=float, metavar="SECONDS", nargs="?", const=60.0,
+                   help="wait for the run to end (default 60 s)")
+    s.set_defaults(func=cmd_stop)
+
+    s = sub.add_parser("presets", parents=[common], help="list shipped and user presets")
+    s.set_defaults(func=cmd_presets)
+
+    s = sub.add_parser("validate", parents=[common, overrides],
+                       help="check a preset and show world size, global batch, devices")
+    s.add_argument("preset")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("eval", parents=[common], help="test accuracy of a checkpoint")
+    s.add_argument("checkpoint")
+    s.add_argument("--data-root", metavar="DIR", help="where the data set lives, if not where it was trained")
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("env", parents=[common], help="paste-able report of versions, GPUs, backends")
+    s.set_defaults(func=cmd_env)
+
+    s = sub.add_parser("export", parents=[common, overrides], help="print a torchrun command or sbatch script")
+    s.add_argument("preset")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--torchrun", action="store_true", help="torchrun command line per node")
+    g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (srun + torchrun)")
+    s.add_argument("--write-config", metavar="FILE", help="save the resolved config here and point torchrun at it")
+    s.add_argument("--run-root", default="runs", metavar="DIR", help="where each node's run directory goes")
+    s.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    func = getattr(args, "func", cmd_app)
+    try:
+        return func(args)
+    except TorchdeckError as exc:  # a problem the user can fix: one line each, exit 2
+        for line in exc.lines:
+            _err(line)
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except Exception as exc:
+        if getattr(args, "debug", False):
+            raise
+        _err(f"torchdeck {args.command or 'app'}: {type(exc).__name__}: {exc} (--debug shows the traceback)")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

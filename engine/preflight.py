@@ -1,0 +1,264 @@
+"""What is checked before a run starts, for every way of starting one: `torchdeck run`, Launch in
+the app, `torchdeck validate`. The schema (engine.config) checks a config on its own; this adds
+what needs the file system and this host: data roots, the resume file, a user's
+`module:callable`, network interfaces. One list of problems, the same words everywhere.
+No torch here (the app calls it on its event loop).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+Problem = tuple[str, str]  # (field path, what is wrong and what to do)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(preset: str, overrides: list[str] | None = None, hw=None):
+    """Preset name or path + `--set` overrides -> (a validated RunConfig, the preset's path).
+    Raises ConfigError; a problem that comes from a `--set` value is said to come from `--set`."""
+    import yaml
+
+    from engine import config as cfgmod
+    from engine import presets
+
+    path = presets.resolve(preset)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise cfgmod.ConfigError([("", f"cannot read the preset: {getattr(exc, 'strerror', None) or exc}")],
+                                 source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise cfgmod.ConfigError([("", cfgmod._yaml_error(exc))], source) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise cfgmod.ConfigError([("", f"a preset must be a mapping of settings, got {type(data).__name__}")],
+                                 source)
+    keys = []
+    if overrides:
+        try:
+            cfgmod.apply_overrides(data, overrides)
+        except cfgmod.ConfigError as exc:
+            raise cfgmod.ConfigError(exc.problems, "--set") from None
+        keys = [o.split("=", 1)[0].strip() for o in overrides]
+    if hw is None:
+        from engine.hardware import detect_hardware
+
+        hw = detect_hardware()
+    try:
+        return cfgmod.from_dict(data, source=source, hw=hw), path
+    except cfgmod.ConfigError as exc:
+        def from_set(field: str) -> bool:
+            return any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in keys if field)
+        blame = {f: "--set" for f, _ in exc.problems if from_set(f)}
+        raise cfgmod.ConfigError(exc.problems, source, blame) from None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def callable_problem(value: str) -> str | None:
+    """Why `module:callable` would fail to load, found without running the user's code: the
+    module is missing, does not parse, imports a package that is not installed, or defines no
+    such name. (A rank would find the same a minute later, after the run has started.)"""
+    import importlib.util
+
+    module, _, attr = value.partition(":")
+    added = os.getcwd() not in sys.path  # the supervisor runs with cwd on sys.path; so check with it
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        try:
+            spec = importlib.util.find_spec(module)  # imports only the parent packages
+        except Exception as exc:  # ModuleNotFoundError of a parent, or an error importing it
+            return (f"cannot import {module!r}: {type(exc).__name__}: {exc} (looked in the current "
+                    "directory and on PYTHONPATH)")
+        if spec is None:
+            return f"no module named {module!r} (looked in the current directory and sys.path)"
+        origin = spec.origin or ""
+        if not origin.endswith(".py"):
+            return None  # compiled or namespace package: nothing to read
+        return _source_problem(origin, module, attr, importlib.util.find_spec)
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+
+
+def _source_problem(origin: str, module: str, attr: str, find_spec) -> str | None:
+    import ast
+    import difflib
+
+    try:
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)
+    except SyntaxError as exc:
+        return f"{origin}, line {exc.lineno}: syntax error: {exc.msg}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {origin}: {exc}"
+    names, dynamic = set(), False
+
+    def bind(target) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+
+    def visit(body, conditional: bool):
+        nonlocal dynamic
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                dynamic |= node.name == "__getattr__"
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in getattr(node, "targets", None) or [node.target]:
+                    bind(t)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    if a.name == "*":
+                        dynamic = True
+                    names.add(a.asname or a.name.split(".")[0])
+                why = _missing_import(node, conditional, origin, find_spec)
+                if why:
+                    return why
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                for part in ("body", "orelse", "finalbody"):
+                    why = visit(getattr(node, part, []) or [], True)
+                    if why:
+                        return why
+                for h in getattr(node, "handlers", []):
+                    visit(h.body, True)
+                if isinstance(node, (ast.With, ast.For)):
+                    bind(node.target if isinstance(node, ast.For) else ast.Tuple(
+                        [i.optional_vars for i in node.items if i.optional_vars], ast.Load()))
+            elif isinstance(node, ast.Expr) and "globals()" in ast.unparse(node):
+                dynamic = True
+        return None
+
+    why = visit(tree.body, False)
+    if why:
+        return why
+    if attr not in names and not dynamic:
+        funcs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        guess = difflib.get_close_matches(attr, funcs, n=1)
+        hint = f"; did you mean '{module}:{guess[0]}'?" if guess else (
+            f"; it defines {', '.join(funcs[:6])}" if funcs else "")
+        return f"{module} ({origin}) defines no {attr!r}{hint}"
+    return None
+
+
+def _missing_import(node, conditional: bool, origin: str, find_spec) -> str | None:
+    """An unconditional top-level import of a package that is not installed."""
+    import ast
+
+    top = (node.names[0].name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+    if conditional or not top or getattr(node, "level", 0) != 0:
+        return None
+    try:
+        missing = find_spec(top) is None
+    except (ImportError, ValueError):
+        missing = False
+    if missing:
+        return (f"{origin}, line {node.lineno}: imports {top!r}, which cannot be found "
+                "(pip install it, or add its folder to PYTHONPATH)")
+    return None
+
+
+def looks_like_checkpoint(path: Path) -> bool:
+    """torch.save's zip archive with its pickle inside: checked without torch (or a long load)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def file_problems(cfg) -> list[Problem]:
+    """What the schema cannot see: folders and files the config names, and user code."""
+    from engine.config import BUILTIN_DATASETS, BUILTIN_MODELS
+
+    problems: list[Problem] = []
+    if cfg.data.dataset == "imagefolder":
+        root = Path(cfg.data.root).expanduser()
+        if not root.is_dir():
+            problems.append(("data.root", f"no such folder {str(root)!r} (imagefolder needs a folder with one "
+                                          "sub-folder per class)"))
+    if cfg.data.dataset in ("cifar10", "mnist", "fashionmnist") and not cfg.data.download:
+        root = Path(cfg.data.root).expanduser()
+        if not root.is_dir():
+            problems.append(("data.root", f"no such folder {str(root)!r}, and data.download is false; set "
+                                          f"data.download: true to fetch {cfg.data.dataset} (needs network) "
+                                          "or put its files there"))
+    resume = cfg.checkpoint.resume
+    if resume and resume != "latest" and not Path(resume).expanduser().is_file():
+        problems.append(("checkpoint.resume", f"no such checkpoint file {resume!r} (use a ckpt-*.pt path from a "
+                                              "run's checkpoints/ folder, or 'latest')"))
+    elif resume and resume != "latest" and not looks_like_checkpoint(Path(resume).expanduser()):
+        problems.append(("checkpoint.resume", f"{resume!r} is not a PyTorch checkpoint (torch.save writes a zip "
+                                              "archive; this is not one, or it is cut short)"))
+    for fld, value, builtin in (("model.name", cfg.model.name, BUILTIN_MODELS),
+                                ("data.dataset", cfg.data.dataset, BUILTIN_DATASETS)):
+        if value not in builtin and ":" in value:
+            why = callable_problem(value)
+            if why:
+                problems.append((fld, why))
+    return problems
+
+
+def host_problems(cfg) -> list[Problem]:
+    """What stops a valid config from starting on this host. Such a config may be meant for other
+    nodes, so it still saves and exports; only a launch here is refused."""
+    from engine.strategies import get_strategy
+
+    problems: list[Problem] = []
+    ifname = cfg.nodes.ifname
+    # NCCL-style patterns (^docker, =eth0) are NCCL's to read; plain names must exist here
+    if ifname and get_strategy(cfg.strategy).distributed and not any(c in ifname for c in "^="):
+        have = [name for _, name in socket.if_nameindex()]
+        missing = [n for n in ifname.split(",") if n and n not in have]
+        if missing:
+            problems.append(("nodes.ifname", f"this host has no network interface {', '.join(missing)} (it has: "
+                                             f"{', '.join(have)}); pick the one that reaches the other nodes, or "
+                                             "leave it empty"))
+    return problems
+
+
+def check(cfg) -> list[Problem]:
+    """Everything that must hold before this host starts `cfg`; empty when it may start."""
+    return file_problems(cfg) + host_problems(cfg)
+
+
+def lines(problems: list[Problem], source: str | None = None) -> list[str]:
+    """The problems as the CLI prints them (the app shows the same words on the field)."""
+    where = f"{source}: " if source else ""
+    return [f"{where}{f}: {why}" if f else f"{where}{why}" for f, why in problems]
+
+
+def describe(cfg) -> list[str]:
+    """What the config will do, in a few lines: `torchdeck validate` prints them."""
+    from engine.strategies import get_strategy
+
+    strat = get_strategy(cfg.strategy)
+    n = cfg.nproc_per_node
+    lines = [
+        f"strategy {cfg.strategy} ({strat.summary}) on {cfg.accelerator}, backend "
+        f"{cfg.resolved_backend if strat.distributed else 'none'}, precision {cfg.train.precision}",
+        f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {cfg.world_size}",
+        f"global batch: {cfg.train.batch_size} per process x {cfg.world_size} x accumulation "
+        f"{cfg.train.grad_accum} = {cfg.global_batch}",
+    ]
+    per_rank = []
+    for lr in range(n):
+        rank = cfg.nodes.node_rank * n + lr
+        per_rank.append(f"rank {rank}: {','.join(strat.local_devices(cfg, lr))}")
+    lines.append("devices per rank: " + "; ".join(per_rank))
+    lines.append(f"model {cfg.model.name}, data {cfg.data.dataset}, optimizer {cfg.optimizer.name} "
+                 f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
+                 + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
+    return lines

@@ -1,0 +1,236 @@
+"""The catalog of runs: one summary per run directory, for `torchdeck runs` and the Runs screen.
+
+A summary comes from small reads: status.json, the pid files, origin.json, and the first and
+last few KiB of events.jsonl (never the whole file: a long run's is hundreds of MiB), folded
+through the same reducer and status rule as `torchdeck attach` and the Monitor, so every front
+end says the same of a run.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import UsageError
+from engine.runs import fmt
+from engine.runs.follow import EventTail
+from engine.runs.layout import RunDir, list_runs, pid_alive, runs_root
+from engine.runs.status import Status
+from engine.runs.view import RunView
+
+HEAD_BYTES = 16 * 1024  # run_started is the first event
+TAIL_BYTES = 64 * 1024  # enough for the last step and epoch_end of any run
+
+
+@dataclass
+class RunSummary:
+    key: str  # the run directory's name
+    path: Path
+    name: str  # the run's name, without the time stamp its directory starts with
+    status: Status
+    strategy: str = "?"
+    world: int | None = None
+    started: float | None = None
+    duration: float | None = None
+    step: int = 0
+    total_steps: int = 0
+    val_acc: float | None = None
+    best_val_acc: float | None = None
+    root_cause: str | None = None
+    pid: int | None = None  # the supervisor's (or torchrun agent's) while it lives
+    preset: str = ""
+    overrides: list = field(default_factory=list)  # the --set values it was launched with
+
+    @property
+    def is_live(self) -> bool:
+        return self.status.live
+
+    @property
+    def progress(self) -> str:
+        if not self.step and not self.total_steps:
+            return ""
+        return f"{self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"
+
+    @property
+    def val(self) -> str:
+        if self.val_acc is None:
+            return ""
+        best = (f" (best {fmt.pct(self.best_val_acc)})"
+                if self.best_val_acc is not None and self.best_val_acc > self.val_acc + 1e-9 else "")
+        return fmt.pct(self.val_acc) + best
+
+    @property
+    def differs(self) -> str:
+        """What tells this run apart from others of the same preset: its --set values."""
+        return " ".join(self.overrides)
+
+    def cells(self) -> dict[str, str]:
+        """The row as words, the same in `torchdeck runs` and the Runs screen."""
+        return {
+            "status": str(self.status),
+            "run": self.name,
+            "dir": self.key,
+            "strategy": self.strategy,
+            "world": "?" if self.world is None else str(self.world),
+            "started": time.strftime("%m-%d %H:%M", time.localtime(self.started)) if self.started else "-",
+            "duration": fmt.duration(self.duration, missing="-"),
+            "progress": self.progress,
+            "val": self.val,
+            "set": self.differs,
+        }
+
+
+# `torchdeck runs`: the directory name is what `attach`, `stop` and `resume` take
+COLUMNS = (("status", "STATUS"), ("dir", "RUN"), ("strategy", "STRATEGY"), ("world", "WORLD"),
+           ("started", "STARTED"), ("duration", "DURATION"), ("progress", "PROGRESS"), ("val", "VAL ACC"),
+           ("set", "--SET"))
+
+
+def read_head_tail(path: Path, tail: EventTail | None = None) -> tuple[list[dict], list[dict]]:
+    """The first and the last events of a file, reading at most HEAD_BYTES + TAIL_BYTES, with no
+    event in both. `tail` (a fresh EventTail) counts the malformed lines."""
+    reader = tail or EventTail(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+            size = fh.seek(0, 2)
+            if size <= HEAD_BYTES:
+                return reader._parse(head.split(b"\n")[:-1]), []
+            start = max(len(head), size - TAIL_BYTES)
+            fh.seek(start)
+            rest = fh.read()
+    except OSError:
+        return [], []
+    head_lines = head.split(b"\n")
+    cut = head_lines.pop()  # a line the head cut in two: it is read with the tail
+    rest = cut + rest if start == len(head) else rest
+    tail_lines = rest.split(b"\n")[:-1]
+    if start > len(head) and tail_lines:
+        tail_lines = tail_lines[1:]  # started mid-line
+    return reader._parse(head_lines), reader._parse(tail_lines)
+
+
+def _config_facts(rd: RunDir) -> tuple[str, int | None]:
+    """Strategy and world size from config.yaml, for runs whose events do not say yet."""
+    try:
+        cfg = rd.config()
+        return cfg.strategy, cfg.world_size
+    except Exception:  # an unreadable or old config still gets a row
+        pass
+    try:
+        import yaml
+
+        data = yaml.safe_load(rd.config_path.read_text()) or {}
+        return str(data.get("strategy", "?")) if isinstance(data, dict) else "?", None
+    except Exception:
+        return "?", None
+
+
+def _fold(rd: RunDir) -> tuple[RunView, float | None]:
+    """A RunView of the head and tail of the events, and the newest event time."""
+    view = RunView()
+    head, tail = read_head_tail(rd.events_path)
+    view.feed_all(head)
+    view.feed_all(tail)
+    return view, view.last_t
+
+
+def summarize(rd: RunDir, now: float | None = None, folded=None) -> RunSummary:
+    now = time.time() if now is None else now
+    view, last_t = folded if folded is not None else _fold(rd)
+    view = view.snapshot()  # observe() below must not leak into a cached fold
+    final = rd.final_status()
+    pid = rd.owner_pid()
+    alive = final is None and pid_alive(pid)
+    view.observe(final, alive, pid is not None, rd.quiet_s(now), now)
+    strategy, world = view.strategy, view.world_size or None
+    if strategy == "?" or world is None:
+        cs, cw = _config_facts(rd)
+        strategy = cs if strategy == "?" else strategy
+        world = cw if world is None else world
+    started = view.started_t or rd.stamp_time
+    if started is None:
+        try:
+            started = rd.config_path.stat().st_mtime
+        except OSError:
+            started = None
+    elapsed = (final or {}).get("elapsed_s")
+    if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool):
+        duration = float(elapsed)
+    elif started is None:
+        duration = None
+    elif view.status.live:
+        duration = now - started
+    else:
+        duration = (last_t - started) if last_t else None
+    step, total = view.progress()
+    origin = rd.origin()
+    overrides = origin.get("overrides") if isinstance(origin.get("overrides"), list) else []
+    return RunSummary(
+        key=rd.name, path=rd.path, name=rd.short_name, status=view.status, strategy=strategy,
+        world=world if isinstance(world, int) else None, started=started, duration=duration,
+        step=step, total_steps=total, val_acc=view.latest_val_acc(), best_val_acc=view.best_val_acc,
+        root_cause=view.root_cause, pid=pid if alive else None, preset=str(origin.get("preset") or ""),
+        overrides=[str(o) for o in overrides])
+
+
+def _signature(rd: RunDir) -> tuple:
+    sig = []
+    for p in (rd.events_path, rd.status_path):
+        try:
+            st = p.stat()
+            sig.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            sig.append(None)
+    return tuple(sig)
+
+
+def collect(root: Path | None = None, cache: dict | None = None, now: float | None = None) -> list[RunSummary]:
+    """One summary per run directory under `root`, newest first. `cache` keeps the folded events
+    of runs whose files did not change since the last call."""
+    root = Path(root) if root else runs_root()
+    cache = {} if cache is None else cache
+    now = time.time() if now is None else now
+    rows, seen = [], set()
+    for rd in list_runs(root):
+        seen.add(rd.name)
+        sig = _signature(rd)
+        hit = cache.get(rd.name)
+        if hit is None or hit[0] != sig:
+            hit = cache[rd.name] = (sig, _fold(rd))
+        rows.append(summarize(rd, now, hit[1]))
+    for gone in set(cache) - seen:
+        del cache[gone]
+    rows.sort(key=lambda r: (r.started or 0.0, r.key), reverse=True)
+    return rows
+
+
+def find_run(ref: str, root: Path | None = None) -> RunDir:
+    """A run from what a user types: a run directory, its name under the runs root, or 'latest'."""
+    root = Path(root).resolve() if root else runs_root()
+    if ref == "latest":
+        runs = list_runs(root)
+        if not runs:
+            raise UsageError(f"no runs under {root} (start one with `torchdeck run PRESET`)")
+        return runs[0]
+    p = Path(ref).expanduser()
+    for cand in (p, root / ref):
+        if (cand / "config.yaml").is_file():
+            return RunDir(cand.resolve())
+    raise UsageError(f"no run {ref!r}: give a run directory, a name under {root}, or 'latest' "
+                     f"(`torchdeck runs` lists them)")
+
+
+def deletable(path: Path, root: Path) -> str | None:
+    """Why this run directory must not be deleted now, or None when it may be."""
+    path, root = Path(path), Path(root)
+    if path.resolve().parent != root.resolve() or not (path / "config.yaml").is_file():
+        return f"{path} is not a run directory under {root}; not deleting it"
+    rd = RunDir(path)
+    if not rd.status().live:
+        return None
+    pid = rd.owner_pid()
+    if pid is None:
+        return f"run {rd.name} is still starting: wait for it, or stop it from its Monitor screen"
+    return (f"run {rd.name} is live (supervisor pid {pid}): open it (enter) and stop it first, or wait "
+            "until it ends")

@@ -1,0 +1,38 @@
+"""The one way a run's numbers are written for people: durations, percentages, counts.
+The CLI, the Monitor and the Runs list all use these, so one run reads the same everywhere."""
+from __future__ import annotations
+
+
+def duration(s: float | None, missing: str = "--:--") -> str:
+    """h:mm:ss, or mm:ss under an hour; `missing` when unknown."""
+    if s is None or s != s or s < 0:
+        return missing
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+def pct(v: float | None, digits: int = 1, missing: str = "-") -> str:
+    """A 0..1 share as a percentage."""
+    return missing if v is None or v != v else f"{100 * v:.{digits}f}%"
+
+
+def num(v: float | None, spec: str = ".4f", missing: str = "-") -> str:
+    return missing if v is None or v != v else format(v, spec)
+
+
+def rate(v: float | None) -> str:
+    """samples/s with thousands separators."""
+    return "-" if v is None or v != v else f"{v:,.0f}"
+
+
+def ago(s: float | None) -> str:
+    """How long since a rank was last heard of: 3.2s, 41s, 02:10."""
+    if s is None:
+        return "-"
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    return duration(s)

@@ -1,0 +1,190 @@
+"""Follow a run from outside: new events, new lines of its log files, and whether its processes
+still live. The one follower both `torchdeck run/attach` and the Monitor use; it is the only
+thing that feeds a RunView.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from engine.runs.layout import RunDir, pid_alive
+from engine.runs.view import RunView
+
+STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives
+OUTPUT_EVERY_S = 0.5  # how often the log files are read
+
+
+class EventTail:
+    """Incremental reader of a growing events file. A line is used once it ends in a newline (a
+    line cut mid-write waits for its end); a line that is not a JSON object is counted, not raised."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._pos = 0
+        self._partial = b""
+        self.malformed = 0
+
+    def poll(self, max_bytes: int | None = None) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                chunk = fh.read() if max_bytes is None else fh.read(max_bytes)
+                self._pos = fh.tell()
+        except OSError:
+            return []
+        if not chunk:
+            return []
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        return self._parse(lines)
+
+    def _parse(self, lines) -> list[dict]:
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                ev = json.loads(line)
+            except (ValueError, RecursionError):
+                ev = None
+            if isinstance(ev, dict):
+                out.append(ev)
+            else:
+                self.malformed += 1
+        return out
+
+
+# ----------------------------------------------------------------------------- log files
+
+FIRST_BYTES = 16 * 1024  # a log file first seen is read from its last few KiB only
+READ_BYTES = 64 * 1024
+_RANK_LOG = re.compile(r"rank(\d+)\.log")
+
+
+class _LogFile:
+    def __init__(self, size: int):
+        self.pos = max(0, size - FIRST_BYTES)
+        self.skip_first = self.pos > 0  # started mid-line: that piece is not a line
+        self.partial = b""
+
+
+class OutputTail:
+    """New lines of a run's text logs (rank<N>.log, supervisor.log): what the workers printed.
+    A finished run's logs can be long; only their tails matter to a reader."""
+
+    def __init__(self, run: RunDir):
+        self.run = run
+        self._files: dict[Path, _LogFile] = {}
+
+    def _paths(self) -> list[tuple[int | None, Path]]:
+        out = []
+        try:
+            names = os.listdir(self.run.path)
+        except OSError:
+            names = []
+        for name in names:
+            m = _RANK_LOG.fullmatch(name)
+            if m:
+                out.append((int(m.group(1)), self.run.path / name))
+        out.sort()
+        return [(None, self.run.supervisor_log)] + out
+
+    def poll(self) -> list[tuple[int | None, str, float]]:
+        """(rank or None for the supervisor, line, when) for every complete line written since the
+        last poll; `when` is the file's modification time, the best time a line without one has."""
+        out = []
+        for rank, p in self._paths():
+            try:
+                stat = p.stat()
+            except OSError:
+                continue
+            size = stat.st_size
+            f = self._files.get(p)
+            if f is None:
+                f = self._files[p] = _LogFile(size)
+            if size < f.pos:  # truncated or replaced: start over
+                f.pos, f.partial = 0, b""
+            if size == f.pos:
+                continue
+            try:
+                with open(p, "rb") as fh:
+                    fh.seek(f.pos)
+                    chunk = fh.read(READ_BYTES)
+                    f.pos = fh.tell()
+            except OSError:
+                continue
+            lines = (f.partial + chunk).split(b"\n")
+            f.partial = lines.pop()
+            if len(f.partial) > READ_BYTES:  # a "line" with no end in sight: show it as it is
+                lines.append(f.partial)
+                f.partial = b""
+            if f.skip_first and lines:
+                lines, f.skip_first = lines[1:], False
+            for ln in lines:
+                text = ln.decode("utf-8", "replace").rstrip()
+                if text:
+                    out.append((rank, text, stat.st_mtime))
+        return out
+
+
+# ----------------------------------------------------------------------------- the follower
+
+
+class Follower:
+    """Feeds one RunView from a run directory. Call `poll()` as often as you like; it reads the
+    log files and asks about the run's processes only every OUTPUT_EVERY_S / STATUS_EVERY_S."""
+
+    def __init__(self, run: RunDir | str | Path, outputs: bool = True, clock=time.time):
+        self.run = run if isinstance(run, RunDir) else RunDir(Path(run))
+        self.view = RunView()
+        self.events = EventTail(self.run.events_path)
+        self.output = OutputTail(self.run) if outputs else None
+        self.clock = clock
+        self._last_output = self._last_status = -1e9
+
+    @property
+    def skipped(self) -> int:
+        """Lines and events that could not be used (malformed JSON, bad fields, unknown kinds)."""
+        return self.events.malformed + self.view.skipped
+
+    def poll(self, force: bool = False) -> int:
+        """Fold in what is new; returns the number of events read."""
+        evs = self.events.poll()
+        self.view.feed_all(evs)
+        mono = time.monotonic()
+        if self.output is not None and (force or mono - self._last_output >= OUTPUT_EVERY_S):
+            self._last_output = mono
+            for rank, line, when in self.output.poll():
+                self.view.add_output(rank, line, min(when, self.clock()))
+        if not self.view.final and (force or mono - self._last_status >= STATUS_EVERY_S):
+            self._last_status = mono
+            evs2 = self._check_status()
+            evs = evs + evs2
+        return len(evs)
+
+    def _check_status(self) -> list[dict]:
+        now = self.clock()
+        final = self.run.final_status()
+        pid = self.run.owner_pid()
+        alive = final is None and pid_alive(pid)
+        late = []
+        if not alive:
+            late = self.events.poll()  # its last words (run_finished), written before status.json
+            self.view.feed_all(late)
+        self.view.observe(final, alive, pid is not None, self.run.quiet_s(now), now)
+        return late
+
+    def follow(self, interval: float = 0.2, stop=lambda: False):
+        """Poll until the run is over (or `stop()`), yielding after every poll that read something
+        (and at least every `interval` seconds, for clocks on screen)."""
+        while not stop():
+            n = self.poll()
+            yield n
+            if self.view.final:
+                self.poll(force=True)
+                return
+            if not n:
+                time.sleep(interval)

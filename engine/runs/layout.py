@@ -1,0 +1,246 @@
+"""The run directory: everything one run leaves behind. `RunDir` owns every path in it and is the
+one writer of a run's final status.
+
+    runs/<YYYYmmdd-HHMMSS>-<name>/
+        config.yaml        the resolved config the run was started with
+        origin.json        where it came from: the preset and the --set overrides
+        events.jsonl       one event per line (engine.events)
+        supervisor.pid     pid of the supervisor while it lives (its process group = its pid)
+        launcher.pid       torchrun's agent, for a run written under torchrun (no supervisor)
+        supervisor.log     the supervisor's own output
+        rank<N>.log        stdout/stderr of global rank N
+        status.json        final status, written last: {"status", "exit_codes", "root_cause", "elapsed_s"}
+        stop               present: a graceful stop was asked (the supervisor also takes SIGTERM)
+        checkpoints/       ckpt-<step>.pt, newest complete one is the resume point
+
+No torch, no textual: the app lists and opens runs on its first frame.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import events
+from engine.runs.status import Status, decide
+
+_STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
+
+
+def runs_root() -> Path:
+    """Where runs go: $TORCHDECK_RUNS, else ./runs under the current directory."""
+    return Path(os.environ.get("TORCHDECK_RUNS", "runs")).resolve()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers (attach, the app, `torchdeck runs`) never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    except OSError:
+        return False
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def create(cls, cfg, root: Path | None = None, origin: dict | None = None) -> "RunDir":
+        """A new, uniquely named directory holding the resolved config (and where it came from)."""
+        from engine import config as cfgmod
+
+        root = Path(root) if root else runs_root()
+        root.mkdir(parents=True, exist_ok=True)
+        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.name)}"
+        path, n = root / base, 1
+        while True:
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                path = root / f"{base}-{n}"
+        rd = cls(path)
+        cfgmod.save(cfg, rd.config_path)
+        if origin:
+            write_atomic(rd.origin_path, json.dumps(origin, indent=2))
+        return rd
+
+    # ---------------------------------------------------------------- names and paths
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def short_name(self) -> str:
+        """The run's name without the time stamp its directory starts with."""
+        m = _STAMP.match(self.name)
+        return m.group(2) if m else self.name
+
+    @property
+    def stamp_time(self) -> float | None:
+        m = _STAMP.match(self.name)
+        if not m:
+            return None
+        try:
+            return time.mktime(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))
+        except ValueError:
+            return None
+
+    config_path = property(lambda self: self.path / "config.yaml")
+    origin_path = property(lambda self: self.path / "origin.json")
+    events_path = property(lambda self: self.path / "events.jsonl")
+    status_path = property(lambda self: self.path / "status.json")
+    pid_path = property(lambda self: self.path / "supervisor.pid")
+    launcher_pid_path = property(lambda self: self.path / "launcher.pid")
+    supervisor_log = property(lambda self: self.path / "supervisor.log")
+    stop_path = property(lambda self: self.path / "stop")
+    checkpoint_dir = property(lambda self: self.path / "checkpoints")
+    reserve_path = property(lambda self: self.path / ".reserve")
+
+    def rank_log(self, rank: int) -> Path:
+        return self.path / f"rank{rank}.log"
+
+    def is_run(self) -> bool:
+        return self.config_path.is_file()
+
+    # ---------------------------------------------------------------- reading
+    def config(self):
+        from engine import config as cfgmod
+
+        return cfgmod.load(self.config_path)
+
+    def origin(self) -> dict:
+        """{"preset": name or path, "overrides": ["key=value", ...]}; {} for runs without one."""
+        try:
+            data = json.loads(self.origin_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def final_status(self) -> dict | None:
+        try:
+            data = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def supervisor_pid(self) -> int | None:
+        """Its pid file while it lives; afterwards the pid the final status recorded (the session
+        id that finds any process of the run left behind)."""
+        return _read_pid(self.pid_path) or self._recorded("supervisor_pid")
+
+    def launcher_pid(self) -> int | None:
+        return _read_pid(self.launcher_pid_path) or self._recorded("launcher_pid")
+
+    def _recorded(self, key: str) -> int | None:
+        final = self.final_status()
+        pid = final.get(key) if final else None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+    def owner_pid(self) -> int | None:
+        """The process the run lives in while it runs: its supervisor, or torchrun's agent."""
+        return _read_pid(self.pid_path) or _read_pid(self.launcher_pid_path)
+
+    def is_live(self) -> bool:
+        """True while the supervisor (or torchrun's agent) exists and no final status is written."""
+        return self.final_status() is None and pid_alive(self.owner_pid())
+
+    def quiet_s(self, now: float | None = None) -> float | None:
+        """Seconds since the run last showed a sign of life on disk (events, or its creation)."""
+        now = time.time() if now is None else now
+        newest = None
+        for p in (self.events_path, self.config_path):
+            try:
+                m = p.stat().st_mtime
+            except OSError:
+                continue
+            newest = m if newest is None else max(newest, m)
+        return None if newest is None else max(0.0, now - newest)
+
+    def status(self, stepped: bool = True, now: float | None = None) -> Status:
+        """The status from the directory alone (see engine.runs.status.decide). Without events read,
+        a live run counts as running unless the caller knows no step came yet."""
+        final = self.final_status()
+        pid = self.owner_pid()
+        return decide(final.get("status") if final else None, pid_alive(pid), pid is not None,
+                      stepped, self.quiet_s(now))
+
+    # ---------------------------------------------------------------- writing
+    def write_pid(self, pid: int) -> None:
+        write_atomic(self.pid_path, f"{pid}\n")
+
+    def write_final(self, status: str, root_cause: str | None = None, exit_codes=None,
+                    elapsed_s: float | None = None, emit=None, **extra) -> dict:
+        """How the run ended, written once and last: the run_finished event (through `emit`, the
+        caller's event writer, or appended here), then status.json, then the pid files go (they
+        exist while the run lives). Returns the status dict."""
+        final = {"status": str(status), "exit_codes": list(exit_codes or []), "root_cause": root_cause,
+                 "elapsed_s": elapsed_s, **extra}
+        for key, path in (("supervisor_pid", self.pid_path), ("launcher_pid", self.launcher_pid_path)):
+            pid = _read_pid(path)
+            if pid:
+                final[key] = pid  # the pid files go below; kill and "nothing left" checks still need it
+        ev = events.make("run_finished", **{k: final[k] for k in ("status", "exit_codes", "root_cause", "elapsed_s")})
+        try:
+            if emit is not None:
+                emit(ev)
+            else:
+                with open(self.events_path, "a") as fh:
+                    fh.write(events.dumps(ev) + "\n")
+        except OSError:
+            pass  # the status file still says how it ended
+        write_atomic(self.status_path, json.dumps(final, indent=2))
+        for p in (self.pid_path, self.launcher_pid_path):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
+        return final
+
+
+def list_runs(root: Path | None = None) -> list[RunDir]:
+    """Every run directory under root, newest first (by modification time)."""
+    root = Path(root) if root else runs_root()
+    try:
+        dirs = [RunDir(p) for p in root.iterdir() if (p / "config.yaml").is_file()]
+    except OSError:
+        return []
+
+    def mtime(r: RunDir) -> float:
+        try:
+            return r.path.stat().st_mtime
+        except OSError:
+            return 0.0
+    dirs.sort(key=mtime, reverse=True)
+    return dirs

@@ -1,0 +1,513 @@
+"""The run seen from outside, reduced from its events: the one reducer the CLI and the app render.
+
+`RunView.feed(ev)` folds one event in. Everything is derived from events (and, through the
+follower, from what the run directory says about its processes), so re-attaching to a live run
+and opening a finished one are the same thing: replay the file from the start. An events file is
+input like any other: a malformed or unknown event is counted and skipped, never raised.
+
+Epochs are counted from 1 here (events carry the engine's 0-based index): people read
+"epoch 3 of 3", not "epoch 2".
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+import time
+from dataclasses import dataclass, field
+
+from engine.runs.status import FINAL, Status, decide
+
+STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
+STALE_INTERVALS = 5
+STEP_HISTORY = 600  # points kept of the per-step curves (older ones are thinned, not dropped)
+LOG_LINES = 500
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str = ""
+    node_rank: int | None = None
+    device: str = ""
+    pid: int | None = None
+    epoch: int = 0  # 1-based epoch in progress (0: none yet)
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    acc: float | None = None  # training-batch accuracy
+    val_acc: float | None = None
+    samples_per_s: float = 0.0
+    data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
+    device_mem_mb: float | None = None
+    last_seen: float | None = None  # event time of the newest news about this rank
+    interval: float | None = None  # typical seconds between its reports (smoothed)
+    exited: str | None = None  # "exit 0", "exit 1", "signal SIGKILL"
+    from_report: bool = False  # known only through rank 0's rank_report (another node)
+    _step_t: float | None = None
+
+    @property
+    def failed_exit(self) -> bool:
+        return self.exited is not None and self.exited != "exit 0"
+
+
+@dataclass
+class LogLine:
+    t: float
+    level: str  # info | warning | error | output (a line from a worker's log file)
+    rank: int | None
+    text: str
+    detail: str = ""  # a traceback, for errors
+    seq: int = 0  # order of arrival: a reader shows the lines newer than the last it showed
+
+    @property
+    def who(self) -> str:
+        return "supervisor" if self.rank is None else f"rank {self.rank}"
+
+
+@dataclass
+class EpochPoint:
+    epoch: int  # 1-based
+    step: int
+    train_loss: float | None
+    train_acc: float | None
+    val_loss: float | None
+    val_acc: float | None
+
+
+class Thinned:
+    """A bounded series that keeps the whole run: when full, every other point goes and new
+    points are kept at half the rate, so a long run's curve keeps its shape."""
+
+    def __init__(self, cap: int = STEP_HISTORY):
+        self.cap, self.stride, self.n, self.points = cap, 1, 0, []
+
+    def add(self, x, y) -> None:
+        self.n += 1
+        if (self.n - 1) % self.stride:
+            if self.points:
+                self.points[-1] = (x, y)  # keep the newest point visible until its slot comes
+            return
+        self.points.append((x, y))
+        if len(self.points) > self.cap:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def copy(self) -> "Thinned":
+        c = Thinned(self.cap)
+        c.stride, c.n, c.points = self.stride, self.n, list(self.points)
+        return c
+
+
+class Malformed(ValueError):
+    pass
+
+
+def _f(v) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _i(v, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return default
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def _rank_of(v) -> int:
+    """A rank is a whole number; anything else makes the event malformed."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise Malformed(f"bad rank {v!r}")
+    try:
+        r = int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise Malformed(f"bad rank {v!r}") from None
+    if r < -1 or r > 1 << 20:
+        raise Malformed(f"bad rank {v!r}")
+    return r
+
+
+def _text(v, default: str = "") -> str:
+    return default if v is None else str(v)
+
+
+@dataclass
+class RunView:
+    run: str = ""
+    strategy: str = "?"
+    world_size: int = 0
+    num_nodes: int = 1
+    global_batch: int | None = None
+    devices: list = field(default_factory=list)
+    host: str = ""
+    supervisor_pid: int | None = None
+    total_steps: int = 0
+    total_epochs: int | None = None
+    status: Status = Status.STARTING
+    started_t: float | None = None
+    finished_t: float | None = None
+    root_cause: str | None = None
+    ranks: dict = field(default_factory=dict)
+    epochs: dict = field(default_factory=dict)  # 1-based epoch -> EpochPoint (rank 0's, else the first)
+    errors: list = field(default_factory=list)  # LogLine(level="error") with the traceback in detail
+    logs: list = field(default_factory=list)  # LogLine, in time order, the newest LOG_LINES
+    log_seq: int = 0  # lines ever added; a pane writes those it has not seen
+    log_rewrites: int = 0  # bumps when a line went in before others: redraw the log from scratch
+    events: int = 0  # events folded in
+    skipped: int = 0  # events that were malformed or of a kind this version does not know
+    version: int = 0  # bumps on every change a front end could show
+    curve_version: int = 0  # bumps when a curve gains a point
+    stop_requested: bool = False
+    first_step_t: float | None = None
+    first_step: int = 0
+    last_t: float | None = None  # newest event time
+    steps: Thinned = field(default_factory=Thinned)  # (step, train loss)
+    step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
+    best_val_acc: float | None = None
+    _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
+    _curve_rank: int | None = None
+    _finished_event: bool = False
+
+    # ------------------------------------------------------------------ reducing
+    def rank(self, r) -> RankState:
+        r = _rank_of(r)
+        st = self.ranks.get(r)
+        if st is None:
+            st = self.ranks[r] = RankState(r, total_steps=self.total_steps)
+        return st
+
+    def _log(self, t, level, rank, text, detail="") -> None:
+        line = LogLine(t, level, rank, text, detail, self.log_seq + 1)
+        if self.logs and t < self.logs[-1].t:
+            bisect.insort_right(self.logs, line, key=lambda ln: ln.t)
+            self.log_rewrites += 1
+        else:
+            self.logs.append(line)
+        if len(self.logs) > LOG_LINES:
+            del self.logs[:len(self.logs) - LOG_LINES]
+        self.log_seq += 1
+
+    def feed(self, ev) -> bool:
+        """Fold one event in; False (and counted in `skipped`) for what cannot be used."""
+        handler = getattr(self, "_on_" + str(ev.get("kind")), None) if isinstance(ev, dict) else None
+        if handler is None:
+            self.skipped += 1
+            return False
+        t = _f(ev.get("t"))
+        if t is None or t != t or t in (float("inf"), float("-inf")):
+            t = self.last_t or time.time()
+        self.last_t = max(self.last_t or t, t)
+        try:
+            handler(ev, t)
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError):
+            self.skipped += 1  # a malformed event must not take its reader down
+            return False
+        self.events += 1
+        self.version += 1
+        return True
+
+    def feed_all(self, evs) -> int:
+        return sum(self.feed(ev) for ev in evs)
+
+    def _on_run_started(self, ev, t) -> None:
+        self.run = _text(ev.get("run")) or self.run
+        self.strategy = _text(ev.get("strategy")) or self.strategy
+        self.world_size = _i(ev.get("world_size"))
+        self.num_nodes = _i(ev.get("num_nodes"), 1)
+        gb = ev.get("global_batch")
+        self.global_batch = gb if isinstance(gb, int) and not isinstance(gb, bool) else None
+        devs = ev.get("devices")
+        self.devices = [str(d) for d in devs] if isinstance(devs, list) else []
+        self.host = _text(ev.get("host"))
+        pid = ev.get("pid")
+        self.supervisor_pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        self.total_steps = _i(ev.get("total_steps"))
+        epochs = _i(ev.get("epochs"), 0)
+        self.total_epochs = epochs or None
+        self.started_t = t
+        for st in self.ranks.values():
+            st.total_steps = st.total_steps or self.total_steps
+        port = ev.get("master_port")
+        self._log(t, "info", None, f"run started: {self.strategy}, world size {self.world_size}, global batch "
+                                   f"{self.global_batch or '?'}, devices {', '.join(self.devices) or '?'}"
+                                   + (f", master port {port}" if port else ""))
+
+    def _on_rank_ready(self, ev, t) -> None:
+        st = self.rank(ev.get("rank"))
+        st.device = _text(ev.get("device"))
+        st.host = _text(ev.get("host")) or st.host
+        pid = ev.get("pid")
+        st.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        st.from_report = False
+        st.last_seen = t
+
+    def _seen(self, st: RankState, t: float) -> None:
+        if st._step_t is not None and t > st._step_t:
+            gap = t - st._step_t
+            st.interval = gap if st.interval is None else 0.8 * st.interval + 0.2 * gap
+        st._step_t = t
+        st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
+
+    def _stepping(self, t: float, step: int) -> None:
+        if self.first_step_t is None:
+            self.first_step_t, self.first_step = t, step
+        if self.status == Status.STARTING:
+            self.status = Status.RUNNING
+
+    def _on_step(self, ev, t) -> None:
+        st = self.rank(ev.get("rank"))
+        st.from_report = False
+        st.epoch = _i(ev.get("epoch"), st.epoch - 1) + 1
+        st.step = _i(ev.get("step"), st.step)
+        st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
+        st.loss = _f(ev.get("loss"))
+        acc = _f(ev.get("accuracy"))
+        st.acc = acc if acc is not None else st.acc
+        st.samples_per_s = _f(ev.get("samples_per_s")) or 0.0
+        wait, comp = _f(ev.get("data_wait_s")) or 0.0, _f(ev.get("compute_s")) or 0.0
+        st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
+        self._seen(st, t)
+        self._stepping(t, st.step)
+        if self._curve_rank is None or st.rank < self._curve_rank:
+            self._curve_rank = st.rank  # the lowest rank's loss is the curve
+        if st.rank == self._curve_rank and st.loss is not None:
+            self.steps.add(st.step, st.loss)
+            if acc is not None:
+                self.step_acc.add(st.step, acc)
+            self.curve_version += 1
+
+    def _on_epoch_end(self, ev, t) -> None:
+        r = _rank_of(ev.get("rank", -1) if ev.get("rank") is not None else -1)
+        epoch = _i(ev.get("epoch")) + 1
+        st = self.rank(r)
+        st.epoch = max(st.epoch, epoch)
+        st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
+        val_acc = _f(ev.get("val_acc"))
+        if val_acc is not None:
+            st.val_acc = val_acc
+        have = self.epochs.get(epoch)
+        if have is None or r == 0:
+            p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
+                                                _f(ev.get("train_acc")), _f(ev.get("val_loss")), val_acc)
+            if val_acc is not None and (self.best_val_acc is None or val_acc > self.best_val_acc):
+                self.best_val_acc = val_acc
+            self.curve_version += 1
+            if have is None:
+                of = f"/{self.total_epochs}" if self.total_epochs else ""
+                self._log(t, "info", None,
+                          f"epoch {epoch}{of} done at step {p.step}: train loss {_num(p.train_loss)} "
+                          f"acc {_pct(p.train_acc)}, val loss {_num(p.val_loss)} acc {_pct(p.val_acc)}")
+
+    def _on_checkpoint(self, ev, t) -> None:
+        self._log(t, "info", ev.get("rank") if ev.get("rank") is None else _rank_of(ev.get("rank")),
+                  f"checkpoint saved: {_text(ev.get('path'), '?')} (step {_text(ev.get('step'), '?')})")
+
+    def _on_log(self, ev, t) -> None:
+        level = _text(ev.get("level"), "info")
+        msg = _text(ev.get("message"))
+        rank = None if ev.get("rank") is None else _rank_of(ev.get("rank"))
+        if rank is None and msg.startswith("stop requested"):
+            self.stop_requested = True
+        self._log(t, level, rank, msg)
+
+    def _on_error(self, ev, t) -> None:
+        rank = None if ev.get("rank") is None else _rank_of(ev.get("rank"))
+        text = (f"rank {rank} on {_text(ev.get('host')) or '?'} (pid {_text(ev.get('pid')) or '?'}): "
+                f"{_text(ev.get('exception')) or 'Error'}: {_text(ev.get('message'))}")
+        detail = _text(ev.get("traceback")).rstrip()
+        self._traceback_lines.setdefault(rank, set()).update(ln.rstrip() for ln in detail.splitlines())
+        self._log(t, "error", rank, text, detail)
+        self.errors.append(next(ln for ln in reversed(self.logs) if ln.seq == self.log_seq))
+        if rank is not None:
+            st = self.rank(rank)
+            st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
+
+    def _on_rank_exited(self, ev, t) -> None:
+        st = self.rank(ev.get("rank"))
+        sig = ev.get("signal")
+        st.exited = f"signal {sig}" if sig else f"exit {_text(ev.get('exitcode'), '?')}"
+        if st.failed_exit:
+            self._log(t, "warning", st.rank, f"rank {st.rank} ended: {st.exited}")
+
+    def _on_run_finished(self, ev, t) -> None:
+        self.status = Status.of_final(ev.get("status"))
+        self.root_cause = None if ev.get("root_cause") is None else _text(ev.get("root_cause"))
+        self.finished_t = t
+        self._finished_event = True
+        elapsed = _f(ev.get("elapsed_s"))
+        if self.started_t is None and elapsed is not None:
+            self.started_t = t - elapsed
+        text = f"run {self.status}" + (f": {self.root_cause}" if self.root_cause else "")
+        self._log(t, "error" if self.status == Status.FAILED else "info", None, text)
+
+    def _on_rank_report(self, ev, t) -> None:
+        """Rank 0's periodic summary of every rank: the only news of ranks on other nodes."""
+        reports = ev.get("reports")
+        if not isinstance(reports, list):
+            raise Malformed("rank_report without reports")
+        for rep in reports:
+            if not isinstance(rep, dict) or rep.get("rank") is None:
+                continue
+            st = self.rank(rep.get("rank"))
+            rt = _f(rep.get("t")) or t
+            mem = _f(rep.get("device_mem_mb"))
+            if mem is not None:
+                st.device_mem_mb = mem
+            if rep.get("node_rank") is not None:
+                st.node_rank = _i(rep.get("node_rank"))
+            if rep.get("host") and not st.host:
+                st.host = _text(rep["host"])
+            if st.last_seen is not None and not st.from_report:
+                continue  # a rank of this node: its own events say more, and sooner
+            st.from_report = True
+            st.epoch = _i(rep.get("epoch"), st.epoch - 1) + 1
+            st.step = _i(rep.get("step"), st.step)
+            st.total_steps = st.total_steps or self.total_steps
+            st.samples_per_s = _f(rep.get("samples_per_s")) or 0.0
+            wait = _f(rep.get("data_wait"))
+            if wait is not None:
+                st.data_wait = wait if 0.0 <= wait <= 1.0 else None
+            self._seen(st, rt)
+            self._stepping(rt, st.step)
+
+    # ------------------------------------------------------------------ news from the follower
+    def add_output(self, rank: int | None, text: str, t: float | None = None) -> None:
+        """A line a worker (or the supervisor) printed to its log file. The traceback a failing
+        rank prints there is already shown with its error event: not a second time."""
+        if text.strip() and text.rstrip() in self._traceback_lines.get(rank, ()):
+            return
+        self._log(t or self.last_t or time.time(), "output", rank, text)
+        self.version += 1
+
+    def observe(self, final: dict | None, alive: bool, has_pid: bool, quiet_s: float | None, now: float) -> None:
+        """What the run directory says about the run's processes (status.json, pid files), for a
+        run whose events have not said how it ended. A run_finished event has the last word: the
+        follower reads the events again after it sees status.json (written after the event)."""
+        if self._finished_event or self.status in FINAL:
+            return
+        stepped = self.first_step_t is not None
+        st = decide(final.get("status") if final else None, alive, has_pid, stepped, quiet_s)
+        if st == Status.LOST:
+            self.status = Status.LOST
+            self.root_cause = self.root_cause or (
+                "the supervisor exited without a final status (killed, or its host went down); see supervisor.log"
+                if has_pid else "no supervisor pid and no final status: it never started, or ran outside "
+                                "torchdeck's supervisor")
+            self.finished_t = self.finished_t or self.last_t or now
+            self._log(self.finished_t, "error", None, f"run lost: {self.root_cause}")
+            self.version += 1
+        elif st.final and final is not None:
+            self.status = st
+            rc = final.get("root_cause")
+            self.root_cause = self.root_cause or (None if rc is None else str(rc))
+            self.finished_t = self.finished_t or self.last_t or now
+            self.version += 1
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def rank_list(self) -> list[RankState]:
+        return [self.ranks[k] for k in sorted(self.ranks) if k >= 0]
+
+    def elapsed(self, now: float) -> float | None:
+        if self.started_t is None:
+            return None
+        return max(0.0, (self.finished_t or now) - self.started_t)
+
+    def progress(self) -> tuple[int, int]:
+        """(step of the slowest rank, total steps): where the run as a whole is."""
+        ranks = self.rank_list()
+        step = min((r.step for r in ranks), default=0)
+        total = max((r.total_steps for r in ranks), default=0) or self.total_steps  # the ranks know best
+        return step, total
+
+    def epoch(self) -> int:
+        """The 1-based epoch in progress (the slowest rank's); 0 before the first step."""
+        ranks = self.rank_list()
+        return min((r.epoch for r in ranks), default=0)
+
+    def stale_after(self, st: RankState) -> float:
+        return max(STALE_MIN_S, STALE_INTERVALS * (st.interval or 0.0))
+
+    def is_stale(self, st: RankState, now: float) -> bool:
+        """No news of a rank for longer than it normally takes, while the run should be busy."""
+        if self.status != Status.RUNNING or st.exited is not None or st.last_seen is None:
+            return False
+        return now - st.last_seen > self.stale_after(st)
+
+    def stale_ranks(self, now: float) -> list[RankState]:
+        return [r for r in self.rank_list() if self.is_stale(r, now)]
+
+    def is_gone(self, st: RankState) -> bool:
+        """The run is over but this rank never said it ended (a lost run): its numbers are old."""
+        return self.final and st.exited is None and self.status == Status.LOST
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left at the pace the slowest rank kept since the first step; None if unknown,
+        or while a rank is stale (the pace says nothing then)."""
+        ranks = [r for r in self.rank_list() if r.total_steps]
+        if self.final or not ranks or self.first_step_t is None or self.stale_ranks(now):
+            return None
+        slowest = min(ranks, key=lambda r: r.step)
+        done, spent = slowest.step - self.first_step, now - self.first_step_t
+        if done <= 0 or spent <= 0:
+            return None
+        return max(0.0, (slowest.total_steps - slowest.step) * spent / done)
+
+    def global_samples_per_s(self, now: float | None = None) -> float:
+        """The ranks' latest rates added up; 0 once over, and 0 while a rank is stale (the others
+        wait for it in the next collective, whatever their last figure said)."""
+        if self.final or (now is not None and self.stale_ranks(now)):
+            return 0.0
+        return sum(r.samples_per_s for r in self.rank_list() if r.exited is None)
+
+    def latest_val_acc(self) -> float | None:
+        for k in sorted(self.epochs, reverse=True):
+            if self.epochs[k].val_acc is not None:
+                return self.epochs[k].val_acc
+        return None
+
+    def rank_spread(self) -> tuple[RankState, RankState] | None:
+        """(slowest, fastest) rank by samples/s (their last figures, once the run is over)."""
+        live = [r for r in self.rank_list() if not r.failed_exit and r.samples_per_s > 0
+                and (r.exited is None or self.final)]
+        if len(live) < 2:
+            return None
+        return min(live, key=lambda r: r.samples_per_s), max(live, key=lambda r: r.samples_per_s)
+
+    def rank_pids(self) -> dict:
+        """pid -> rank for the run's processes (the supervisor as None), for the host and GPU panes."""
+        out = {}
+        if self.supervisor_pid:
+            out[self.supervisor_pid] = None
+        for st in self.rank_list():
+            if st.pid and not st.from_report:
+                out[st.pid] = st.rank
+        return out
+
+    def snapshot(self) -> "RunView":
+        """A copy a UI thread can read while this one keeps changing in the reader thread."""
+        snap = copy.copy(self)
+        snap.ranks = {k: copy.copy(v) for k, v in self.ranks.items()}
+        snap.epochs = dict(self.epochs)
+        snap.errors = list(self.errors)
+        snap.logs = list(self.logs)
+        snap.steps = self.steps.copy()
+        snap.step_acc = self.step_acc.copy()
+        return snap
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"

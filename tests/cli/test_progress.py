@@ -1,0 +1,146 @@
+"""Headless progress (cli.progress): a RunView drawn as text, in a pipe and on a terminal of any width."""
+from __future__ import annotations
+
+import io
+import re
+
+from cli.progress import Display
+from engine import events
+from engine.runs.view import RunView
+
+REDRAW = re.compile(r"\x1b\[(\d+)F\x1b\[J")  # cursor up over the old block, clear to the end
+
+
+def _step(rank, step, sps, wait=0.1, total=100):
+    return events.make("step", rank=rank, epoch=0, step=step, total_steps=total, loss=1.0 / (rank + 1),
+                       samples_per_s=sps, data_wait_s=wait, compute_s=1.0 - wait, lr=0.1, accuracy=None)
+
+
+def _started(n, total=100):
+    return events.make("run_started", strategy="ddp", world_size=n, total_steps=total, global_batch=8 * n,
+                       devices=["cpu"] * n, epochs=3)
+
+
+def view_of(evs) -> RunView:
+    v = RunView()
+    v.feed_all(evs)
+    return v
+
+
+def test_progress_one_line_per_rank_then_compact_beyond_8():
+    def shown(n):
+        buf = io.StringIO()
+        d = Display(buf, tty=False, interval=0)
+        v = view_of([_started(n)] + [_step(r, 10 + r, 100.0 + r, wait=0.5 if r == 3 else 0.1) for r in range(n)])
+        d.show(v)
+        d.finish(v)
+        return buf.getvalue()
+
+    out = shown(4)
+    assert sum(ln.startswith("rank ") for ln in out.splitlines()) == 4
+    assert "rank  3" in out and "wait  50%" in out and "13/100" in out
+    assert "world 4" in out and f"{sum(100 + r for r in range(4)):,} samples/s" in out
+
+    out = shown(16)
+    assert not any(ln.startswith("rank ") for ln in out.splitlines())
+    assert "16 ranks  steps 10-25/100" in out
+    assert "min 100  median 108  max 115  slowest rank 0" in out
+
+
+def test_progress_on_node_0_shows_other_nodes_ranks_from_rank_reports():
+    """`torchdeck run --node-rank 0` sees only its own ranks' events; rank 0's rank_report carries
+    the others. Local ranks keep their own (newer, richer) step events."""
+    rows = [{"rank": r, "host": "a" if r < 2 else "b", "node_rank": r // 2, "epoch": 0, "step": 7,
+             "samples_per_s": 50.0 + r, "data_wait": 0.25, "device_mem_mb": 1.0, "t": 1.0} for r in range(4)]
+    v = view_of([_started(4)]
+                + [events.make("rank_ready", rank=r, local_rank=r, device="cpu", pid=1, host="a", threads=1)
+                   for r in (0, 1)]
+                + [_step(0, 20, 100.0), _step(1, 20, 90.0), events.make("rank_report", rank=0, reports=rows)])
+    buf = io.StringIO()
+    d = Display(buf, tty=False, interval=0)
+    d.finish(v)
+    lines = {int(ln.split()[1]): ln for ln in buf.getvalue().splitlines() if ln.startswith("rank ")}
+    assert sorted(lines) == [0, 1, 2, 3]
+    assert "20/100" in lines[0] and "20/100" in lines[1] and "wait  10%" in lines[0]
+    for r in (2, 3):
+        assert "node 1" in lines[r] and " 7/100" in lines[r] and "wait  25%" in lines[r]
+
+
+def test_progress_redraws_in_place_on_a_tty_at_most_4_hz_and_at_least_once():
+    buf = io.StringIO()
+    d = Display(buf, tty=True, width=100)
+    v = RunView()
+    v.feed(_started(2))
+    for i in range(50):  # a burst of events: far more than 4 frames' worth
+        v.feed_all([_step(0, i, 10.0), _step(1, i, 10.0)])
+        d.show(v)
+    drawn = d.frames
+    assert 1 <= drawn <= 2  # the first frame comes at once; the burst takes well under 0.5 s
+    d.show(v, force=True)
+    frames = REDRAW.findall(buf.getvalue())
+    assert frames and frames[-1] == "3"  # header + 2 rank lines moved over, then redrawn
+    assert buf.getvalue().rstrip().splitlines()[-1].startswith("rank  1")
+
+
+def test_progress_failure_summary_names_the_root_cause():
+    v = view_of([_started(2, total=10),
+                 events.make("error", rank=1, host="node7", pid=42, exception="ValueError", message="bad batch",
+                             traceback="Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad batch"),
+                 events.make("rank_exited", rank=1, exitcode=1, signal=None),
+                 events.make("run_finished", status="failed", exit_codes=[0, 1],
+                             root_cause="rank 1 (node7): ValueError: bad batch")])
+    buf = io.StringIO()
+    d = Display(buf, tty=False)
+    d.show(v)
+    d.finish(v)
+    out = buf.getvalue()
+    assert "[error] rank 1 on node7 (pid 42): ValueError: bad batch" in out
+    assert "run failed" in out and "root cause: rank 1 (node7): ValueError: bad batch" in out
+    assert '    File "x.py", line 1' in out
+
+
+def test_every_line_of_the_live_block_fits_the_terminal_at_80_and_40_columns():
+    """An 80-column SSH terminal must never wrap a line of the block: a wrapped line breaks the
+    in-place redraw (the header and rank lines then repeat down the screen)."""
+    v = view_of([_started(2, total=12_345)]
+                + [events.make("rank_ready", rank=r, local_rank=r, device="cuda:1234567", pid=1, host="a",
+                               threads=1) for r in (0, 1)]
+                + [_step(0, 10_000, 123_456.0, total=12_345), _step(1, 9_999, 99_999.0, total=12_345)])
+    for width in (200, 120, 80, 60, 40):
+        buf = io.StringIO()
+        d = Display(buf, tty=True, width=width)
+        d.show(v, force=True)
+        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith("run started")]
+        assert len(lines) == 3
+        for ln in lines:
+            assert len(REDRAW.sub("", ln)) < width, (width, ln)
+    buf = io.StringIO()
+    Display(buf, tty=True, width=200).show(v, force=True)
+    assert "cuda:12345" in buf.getvalue() and "wait" in buf.getvalue()  # wide: every column
+    buf = io.StringIO()
+    Display(buf, tty=True, width=60).show(v, force=True)
+    assert "cuda" not in buf.getvalue() and "10000/12345" in buf.getvalue()  # narrow: device dropped first
+
+
+def test_a_resize_redraws_at_once_and_moves_up_over_the_rewrapped_block():
+    v = view_of([_started(2)] + [_step(0, 5, 10.0), _step(1, 5, 10.0)])
+
+    class Term(io.StringIO):
+        cols = 120
+
+    buf = Term()
+    d = Display(buf, tty=True, interval=3600)
+    d._fixed_width = None
+    d.__class__ = type("D", (Display,), {"width": property(lambda self: buf.cols)})
+    d.show(v, force=True)
+    first = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith("run started")]
+    widest = max(len(ln) for ln in first)
+    buf.cols = 40  # the terminal shrank: the old lines now take more rows each
+    d._on_resize()
+    d.show(v)  # within the interval, but a resize redraws at once
+    ups = REDRAW.findall(buf.getvalue())
+    assert ups, "no redraw after the resize"
+    rows_before = sum(-(-len(ln) // 40) for ln in first)
+    assert int(ups[-1]) == rows_before and widest > 40
+    last = buf.getvalue().split(REDRAW.findall(buf.getvalue())[-1] + "F\x1b[J")[-1]
+    assert all(len(ln) < 40 for ln in last.split("\n"))

@@ -1,0 +1,224 @@
+"""The reducer of a run's events (engine.runs.view): hand-made event streams in, what the CLI and
+the Monitor show out."""
+from __future__ import annotations
+
+import pytest
+
+from engine import events
+from engine.runs.view import STEP_HISTORY, RunView
+
+T0 = 1_700_000_000.0
+
+
+def ev(kind: str, t: float, **fields) -> dict:
+    """An event from the engine's own builder, at a fixed time."""
+    try:
+        e = events.make(kind, **fields)
+    except ValueError:
+        e = {"v": events.EVENT_VERSION, "kind": kind, **fields}
+    e["t"] = T0 + t
+    return e
+
+
+def started(total=100, world=2, t=0.0):
+    return ev("run_started", t, run="r1", strategy="ddp", world_size=world, nproc_per_node=world, node_rank=0,
+              num_nodes=1, global_batch=64 * world, devices=["cpu"] * world, master_addr="127.0.0.1",
+              master_port=29500, pid=4000, host="box", total_steps=total)
+
+
+def step(rank, s, t, sps=100.0, total=100, wait=0.01, comp=0.09, loss=1.0):
+    return ev("step", t, rank=rank, epoch=0, step=s, total_steps=total, loss=loss, accuracy=0.5,
+              samples_per_s=sps, data_wait_s=wait, compute_s=comp, lr=0.1)
+
+
+# ----------------------------------------------------------------------------- the reducer
+
+
+def test_ranks_throughput_and_eta_from_steps():
+    st = RunView()
+    st.feed_all([started(total=101)]
+                + [ev("rank_ready", 0.5, rank=r, local_rank=r, device="cpu", pid=4001 + r, host="box", threads=1)
+                   for r in range(2)])
+    # rank 0 at 2 steps/s, rank 1 (the slow one) at 1 step/s, from t=10
+    st.feed_all([step(0, 1 + 2 * i, 10 + i, sps=200.0, total=101) for i in range(11)])
+    st.feed_all([step(1, 1 + i, 10 + i, sps=100.0, wait=0.03, comp=0.07, total=101) for i in range(11)])
+    assert st.status == "running"
+    r0, r1 = st.rank_list()
+    assert (r0.step, r1.step) == (21, 11)
+    assert r1.data_wait == pytest.approx(0.3)
+    assert st.global_samples_per_s() == 300.0
+    # the slowest rank did 10 steps in 10 s and has 90 to go
+    assert st.eta(T0 + 20) == pytest.approx(90.0)
+    slow, fast = st.rank_spread()
+    assert (slow.rank, fast.rank) == (1, 0)
+    assert st.rank_pids() == {4000: None, 4001: 0, 4002: 1}
+    assert st.elapsed(T0 + 20) == 20.0
+    st.feed(ev("run_finished", 25, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=25.0))
+    assert st.final and st.eta(T0 + 30) is None and st.elapsed(T0 + 99) == 25.0
+
+
+def test_stale_rank_is_flagged_only_while_running():
+    st = RunView()
+    st.feed(started())
+    st.feed_all([step(r, i, i) for i in range(1, 21) for r in (0, 1)])  # both every 1 s until t=20
+    st.feed_all([step(0, i, i) for i in range(21, 41)])  # rank 1 falls silent at t=20
+    r0, r1 = st.rank_list()
+    now = T0 + 40.5
+    assert not st.is_stale(r0, now)
+    assert st.is_stale(r1, now)  # 20 s of silence > max(10 s, 5 x 1 s)
+    assert not st.is_stale(r1, T0 + 29)  # 9 s: not yet
+    st.feed(ev("run_finished", 41, status="stopped", exit_codes=[0, 0], root_cause=None, elapsed_s=41))
+    assert not st.is_stale(r1, T0 + 100)  # a run that is over has no stale ranks
+
+
+def test_stale_threshold_follows_a_slow_log_interval():
+    st = RunView()
+    st.feed(started())
+    st.feed_all([step(0, i, 8 * i) for i in range(1, 6)])  # one event every 8 s
+    (r0,) = st.rank_list()
+    assert st.stale_after(r0) == pytest.approx(40.0)
+    assert not st.is_stale(r0, T0 + 40 + 30)
+    assert st.is_stale(r0, T0 + 40 + 41)
+
+
+def test_errors_keep_rank_host_and_traceback():
+    tb = 'Traceback (most recent call last):\n  File "model.py", line 3, in build\nRuntimeError: boom\n'
+    st = RunView()
+    st.feed_all([started(), step(0, 1, 1), step(1, 1, 1),
+                 ev("error", 2, rank=1, host="gpu-node-7", pid=4002, exception="RuntimeError", message="boom",
+                    traceback=tb),
+                 ev("rank_exited", 3, rank=1, exitcode=1, signal=None),
+                 ev("rank_exited", 3, rank=0, exitcode=-9, signal="SIGKILL"),
+                 ev("run_finished", 4, status="failed", exit_codes=[-9, 1], root_cause="rank 1 raised RuntimeError: boom",
+                    elapsed_s=4.0)])
+    (err,) = st.errors
+    assert err.rank == 1 and "gpu-node-7" in err.text and "RuntimeError: boom" in err.text
+    assert err.detail.endswith("RuntimeError: boom") and 'File "model.py"' in err.detail
+    assert st.status == "failed" and st.root_cause == "rank 1 raised RuntimeError: boom"
+    assert st.ranks[1].exited == "exit 1" and st.ranks[0].exited == "signal SIGKILL"
+    assert [ln.level for ln in st.logs][-1] == "error"
+
+
+def test_rank_report_updates_ranks_of_other_nodes_only():
+    st = RunView()
+    st.feed_all([started(world=4, total=50),
+                 ev("rank_ready", 0, rank=0, local_rank=0, device="cuda:0", pid=4001, host="box", threads=1),
+                 step(0, 10, 5, sps=500.0)])
+    st.feed(ev("rank_report", 6, reports=[
+        {"rank": 0, "host": "box", "node_rank": 0, "epoch": 0, "step": 3, "samples_per_s": 1.0, "data_wait": 0.5,
+         "device_mem_mb": 1234.0, "t": T0 + 6},
+        {"rank": 2, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 9, "samples_per_s": 480.0,
+         "data_wait": 0.25, "device_mem_mb": 2000.0, "t": T0 + 5.5},
+        {"rank": 3, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 7, "samples_per_s": 300.0,
+         "data_wait": 0.6, "device_mem_mb": 2100.0, "t": T0 + 5.5},
+    ]))
+    r0 = st.ranks[0]
+    assert (r0.step, r0.samples_per_s, r0.device_mem_mb) == (10, 500.0, 1234.0)  # own events win; memory taken
+    r2, r3 = st.ranks[2], st.ranks[3]
+    assert (r2.host, r2.node_rank, r2.step, r2.samples_per_s, r2.data_wait) == ("node-b", 1, 9, 480.0, 0.25)
+    assert r3.from_report and r3.last_seen == T0 + 5.5 and r3.total_steps == 50
+    assert st.rank_spread()[0].rank == 3  # the straggler on the other node is the slowest
+    assert 2 not in st.rank_pids().values()  # no local pid for remote ranks
+
+
+def test_unknown_and_malformed_events_are_skipped():
+    st = RunView()
+    st.feed(started())
+    v = st.version
+    assert st.feed({"v": 9, "kind": "telemetry_from_the_future", "t": T0 + 1, "rank": 0, "x": [1, 2]}) is False
+    assert st.feed({"kind": "step", "t": T0 + 1, "rank": "zero?", "step": {"not": "a number"}}) is False
+    assert st.feed(["not", "a", "dict"]) is False
+    assert st.version == v and st.ranks == {}
+    assert st.feed(step(0, 1, 2)) is True and st.ranks[0].step == 1
+
+
+def test_step_curve_stays_bounded_and_keeps_the_whole_run():
+    st = RunView()
+    st.feed(started(total=10_000))
+    n = 5 * STEP_HISTORY
+    st.feed_all([step(0, i, i * 0.01, loss=1.0 / i) for i in range(1, n + 1)])
+    pts = st.steps.points
+    assert STEP_HISTORY // 2 <= len(pts) <= STEP_HISTORY
+    assert pts[0][0] == 1 and pts[-1][0] == n  # first and newest step both kept
+    assert [x for x, _ in pts] == sorted(x for x, _ in pts)
+
+
+def test_epoch_history_prefers_rank_0_and_snapshot_is_independent():
+    st = RunView()
+    st.feed(started())
+    st.feed(ev("epoch_end", 5, rank=1, epoch=0, step=10, train_loss=0.9, train_acc=0.7, val_loss=0.8, val_acc=0.75))
+    st.feed(ev("epoch_end", 5, rank=0, epoch=0, step=10, train_loss=1.0, train_acc=0.6, val_loss=0.85, val_acc=0.7))
+    assert st.epochs[1].train_loss == 1.0  # epochs count from 1 for people
+    snap = st.snapshot()
+    st.feed(step(0, 11, 6))
+    assert 0 not in snap.ranks or snap.ranks[0].step != 11
+    assert sum("epoch 1 done" in ln.text for ln in st.logs) == 1  # once, not once per rank
+
+
+def test_a_failing_ranks_traceback_is_shown_once_not_again_from_its_log():
+    st = RunView()
+    tb = 'Traceback (most recent call last):\n  File "m.py", line 2, in build\n    raise RuntimeError("boom")\nRuntimeError: boom'
+    st.feed_all([started(), ev("error", 2, rank=0, host="box", pid=7, exception="RuntimeError", message="boom",
+                                traceback=tb)])
+    for line in tb.splitlines() + ["rank 0 printed this itself"]:
+        st.add_output(0, line)
+    st.add_output(1, "RuntimeError: boom")  # another rank's output is its own
+    out = [(ln.rank, ln.text) for ln in st.logs if ln.level == "output"]
+    assert out == [(0, "rank 0 printed this itself"), (1, "RuntimeError: boom")]
+    assert st.errors[0].detail == tb
+
+
+def test_observed_lost_supervisor_marks_lost_once_and_keeps_the_first_cause():
+    st = RunView()
+    st.feed_all([started(), step(0, 1, 3)])
+    st.observe(None, alive=False, has_pid=True, quiet_s=500.0, now=T0 + 600)
+    assert st.status == "lost" and st.final and st.finished_t == T0 + 3
+    cause = st.root_cause
+    assert "supervisor exited without a final status" in cause
+    st.observe(None, alive=False, has_pid=True, quiet_s=900.0, now=T0 + 900)
+    assert st.root_cause == cause and sum(ln.text.startswith("run lost") for ln in st.logs) == 1
+
+
+def test_status_json_ends_a_run_whose_events_did_not_but_an_event_has_the_last_word():
+    st = RunView()
+    st.feed_all([started(), step(0, 1, 3)])
+    st.observe({"status": "stopped", "root_cause": None}, alive=False, has_pid=False, quiet_s=3.0, now=T0 + 12)
+    assert st.status == "stopped"
+    st.feed(ev("run_finished", 13, status="failed", exit_codes=[], root_cause="x", elapsed_s=13))
+    assert st.status == "failed" and st.root_cause == "x"
+    st.observe({"status": "finished"}, alive=False, has_pid=False, quiet_s=3.0, now=T0 + 14)
+    assert st.status == "failed"
+
+
+def test_starting_until_the_first_step_and_young_dirs_without_pid_are_starting():
+    st = RunView()
+    st.observe(None, alive=False, has_pid=False, quiet_s=5.0, now=T0 + 5)
+    assert st.status == "starting"
+    st.feed(started())
+    st.observe(None, alive=True, has_pid=True, quiet_s=0.1, now=T0 + 6)
+    assert st.status == "starting"
+    st.feed(step(0, 1, 7))
+    assert st.status == "running"
+    old = RunView()
+    old.observe(None, alive=False, has_pid=False, quiet_s=3600.0, now=T0 + 3600)
+    assert old.status == "lost" and "never started" in old.root_cause
+
+
+def test_a_stale_rank_stops_the_eta_and_the_rate():
+    st = RunView()
+    st.feed(started())
+    st.feed_all([step(r, i, i) for i in range(1, 21) for r in (0, 1)])
+    assert st.eta(T0 + 20.2) is not None and st.global_samples_per_s(T0 + 20.2) == 200.0
+    st.feed_all([step(0, i, i) for i in range(21, 41)])
+    assert st.eta(T0 + 41) is None and st.global_samples_per_s(T0 + 41) == 0.0  # rank 1 silent 21 s
+    assert [r.rank for r in st.stale_ranks(T0 + 41)] == [1]
+
+
+def test_logs_stay_in_time_order_whatever_order_they_arrive_in():
+    st = RunView()
+    st.feed_all([started(t=1.0), step(0, 1, 2), ev("run_finished", 9, status="finished", exit_codes=[0],
+                                                   root_cause=None, elapsed_s=8.0)])
+    rewrites = st.log_rewrites
+    st.add_output(None, "supervisor said this at the start", T0 + 0.5)
+    assert [ln.text for ln in st.logs][0] == "supervisor said this at the start"
+    assert st.logs[-1].text.startswith("run finished") and st.log_rewrites == rewrites + 1
