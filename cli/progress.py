@@ -215,11 +215,10 @@ class Display:
 
     def show(self, view: RunView, force: bool = False) -> None:
         """New log lines, then the block (rate-limited unless forced, or the terminal was resized)."""
-        for line in view.logs:
-            if line.seq > self._log_seq:
-                self._log_seq = line.seq
-                if line.level in LOG_LEVELS:
-                    self.message(log_text(line))
+        for line in [ln for ln in view.logs if ln.seq > self._log_seq]:  # arrived since the last call
+            if line.level in LOG_LEVELS:
+                self.message(log_text(line))
+        self._log_seq = view.log_seq
         mono = time.monotonic()
         if self._resized:
             self._resized, force = False, True

@@ -459,15 +459,16 @@ class LogPane(RichLog):
         self._width = 0
 
     def show(self, state: RunView) -> None:
+        """Append the lines added since the last call (seq is the order they arrived in, not
+        their place: a line that went in before others makes the view bump log_rewrites)."""
         self._state = state
         if state.log_rewrites != self._rewrites:
             self._rewrite()
             return
-        for line in state.logs:
-            if line.seq > self._seq:
-                self._seq = line.seq
-                for text in log_lines(line):
-                    self.write(text)
+        for line in [ln for ln in state.logs if ln.seq > self._seq]:
+            for text in log_lines(line):
+                self.write(text)
+        self._seq = state.log_seq
 
     def _rewrite(self) -> None:
         state = self._state

@@ -185,7 +185,7 @@ async def test_lists_every_run_with_its_status(real_run, tmp_path, sleeper):
         assert real["val"].endswith("%")
         final = json.loads((real_path / "status.json").read_text())
         m, s = divmod(int(final["elapsed_s"]), 60)
-        assert real["duration"] == f"{m}:{s:02d}"
+        assert real["duration"] == f"{m:02d}:{s:02d}"
 
         stopped = rows[made["stopped"].name]
         assert (stopped["strategy"], stopped["world"]) == ("ddp", "2")

@@ -144,3 +144,17 @@ def test_a_resize_redraws_at_once_and_moves_up_over_the_rewrapped_block():
     assert int(ups[-1]) == rows_before and widest > 40
     last = buf.getvalue().split(REDRAW.findall(buf.getvalue())[-1] + "F\x1b[J")[-1]
     assert all(len(ln) < 40 for ln in last.split("\n"))
+
+
+def test_lines_that_arrive_out_of_time_order_are_all_printed_once():
+    v = view_of([_started(2)])
+    buf = io.StringIO()
+    d = Display(buf, tty=False, interval=0)
+    d.show(v)
+    late = events.make("log", rank=None, level="warning", message="said early, read late")
+    late["t"] = v.logs[0].t - 5  # goes in before "run started"
+    v.feed_all([late, events.make("log", rank=0, level="warning", message="and then this")])
+    d.show(v)
+    d.show(v)
+    out = buf.getvalue()
+    assert out.count("said early, read late") == 1 and out.count("and then this") == 1

@@ -223,7 +223,7 @@ def test_master_addr_that_no_host_can_have_is_refused_naming_the_field(addr, why
 def test_validate_refuses_a_bad_master_addr_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import yaml
 
-    from engine import cli
+    from cli import main as cli
 
     monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
     preset = tmp_path / "bad.yaml"
