@@ -59,9 +59,7 @@ def feed(rd: RunDir, ranks: int, rate: float, seconds: float, tick: float = 0.02
                 k += 1
             fh.flush()
             time.sleep(tick)
-        put(events.make("run_finished", status="finished", exit_codes=[0] * ranks, root_cause=None,
-                        elapsed_s=seconds))
-    rd.write_status({"status": "finished", "exit_codes": [0] * ranks, "root_cause": None, "elapsed_s": seconds})
+    rd.write_final("finished", None, [0] * ranks, seconds)
     return n
 
 

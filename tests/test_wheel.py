@@ -25,7 +25,8 @@ def test_installed_wheel_lists_presets_and_runs_quickstart(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next(venv.glob("lib/python*/site-packages"))
-    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    deps = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
+    (site / "_deps.pth").write_text("".join(p + "\n" for p in deps))
     py = venv / "bin" / "python"
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
                        capture_output=True, text=True, timeout=300)

@@ -29,7 +29,8 @@ import torch.multiprocessing as mp
 
 from app.sources.nvml import GPUSource, pid_namespace_warning
 from engine import config as cfgmod
-from engine import events, launch
+from engine import events
+from engine.runs import control as launch
 from engine.strategies import get_strategy
 from engine.strategies.base import RankContext
 from engine.train import Trainer

@@ -247,5 +247,5 @@ def test_second_ctrl_c_kills(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        if launch.run_processes(run):  # a failed assertion must not leave a sleeping run behind
-            launch.kill(run)
+        if control.run_processes(run):  # a failed assertion must not leave a sleeping run behind
+            control.kill(run)
