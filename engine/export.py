@@ -126,7 +126,7 @@ export TD_TIMEOUT={cfg.nodes.timeout_s}  # nodes.timeout_s: how long the nodes w
 
 # One torchrun per node; c10d rendezvous on the first node. Each node writes its own run directory.
 # srun inherits no --cpus-per-task from sbatch since Slurm 22.05: pass it on.
-srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
+srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
     --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
     --rdzv-conf "join_timeout=$TD_TIMEOUT" \\
     -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID"'
