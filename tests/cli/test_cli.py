@@ -288,7 +288,7 @@ def test_export_sbatch_asks_for_the_cpus_its_ranks_use(capsys):
 
     assert cpus() == 2 * 4  # 2 ranks x 4 threads (threads_per_rank 0: auto, 4 asked for each)
     assert cli.main(["export", "quickstart", "--sbatch"]) == 0
-    assert 'srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"' in capsys.readouterr().out
+    assert 'srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-' in capsys.readouterr().out
     assert cpus("train.threads_per_rank=3", "data.num_workers=2") == 2 * (3 + 2)
 
 
