@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from engine.cache import AUGMENTS, CACHE_MODES
 from engine.errors import TorchdeckError
 from engine.network import host_problem
 
@@ -86,9 +87,13 @@ class DataConfig:
     val_size: int = 2048  # synthetic only
     num_classes: int = 10  # synthetic only
     image_size: int = 32  # synthetic: generated size; imagefolder: images resized to it
-    num_workers: int = 0
+    cache: str = "auto"  # auto | ram | none: image folders and torchvision sets decoded once (engine/cache.py)
+    cache_budget_mb: int = 0  # for the node's ranks together; 0: a quarter of this host's memory
+    augment: str = "none"  # none | flip | crop | crop+flip (random crop after size/8 zero padding)
+    num_workers: int = -1  # loader processes per rank; -1: none for in-memory sets, else cores/ranks - 1 (<= 8)
+    prefetch_factor: int = 2  # batches each loader worker keeps ready
     pin_memory: bool = False
-    persistent_workers: bool = False
+    persistent_workers: bool = True  # loader workers live across epochs (with num_workers > 0)
     on_device: bool = False  # keep a small data set on the GPU
 
 
@@ -441,9 +446,12 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if s.name == "warmup" and s.warmup_steps == 0:
         p.append(("scheduler.warmup_steps", "scheduler warmup needs warmup_steps > 0"))
     d = cfg.data
-    at_least("data.num_workers", d.num_workers, 0)
-    if d.persistent_workers and d.num_workers == 0:
-        p.append(("data.persistent_workers", "persistent workers need data.num_workers > 0"))
+    if d.num_workers < -1:
+        p.append(("data.num_workers", f"must be -1 (auto) or a number of loader processes, got {d.num_workers}"))
+    at_least("data.prefetch_factor", d.prefetch_factor, 1)
+    choice("data.cache", d.cache, CACHE_MODES)
+    choice("data.augment", d.augment, AUGMENTS)
+    at_least("data.cache_budget_mb", d.cache_budget_mb, 0)
     if d.dataset == "synthetic":
         at_least("data.train_size", d.train_size, 1)
         at_least("data.val_size", d.val_size, 0)

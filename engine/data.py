@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from engine import cache
+from engine.cache import NodeShare
 from engine.errors import TorchdeckError
 
 # Fixed, so the synthetic set is the same in every process and every run, whatever train.seed is.
@@ -105,6 +109,80 @@ def synthetic(train_size: int, val_size: int, num_classes: int, image_size: int,
     return train, TensorDataset(x_va.sub_(mean).div_(std), y_va)
 
 
+# ----------------------------------------------------------------------------- decoded images
+
+
+class ImageTensors(TensorDataset):
+    """uint8 images (N, C, H, W) and int64 labels, as decoded once (engine/cache.py). One sample
+    at a time it yields normalized floats, exactly as ToTensor + Normalize would; the training
+    loop fetches whole batches of bytes and normalizes them with BatchPrep instead."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std, shared_by: int = 1):
+        super().__init__(images, labels)
+        self.shared_by = shared_by  # ranks mapping this one copy
+        c = images.shape[1]
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(c, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(c, 1, 1)
+
+    def __getitem__(self, i):
+        x, y = self.tensors[0][i], self.tensors[1][i]
+        return x.float().div_(255).sub_(self.mean).div_(self.std), y
+
+
+class BatchPrep:
+    """What the loop does to a whole batch once fetched: bytes -> normalized floats (the same
+    arithmetic as ToTensor + Normalize) and data.augment (random crop after zero padding of size/8,
+    horizontal flip), drawn from a generator seeded by (seed, epoch, batch, rank): a resumed run
+    sees the crops an uninterrupted one does, and no global RNG is touched."""
+
+    def __init__(self, dataset, augment: str = "none", seed: int = 0, rank: int = 0, device=None):
+        self.normalize = isinstance(dataset, ImageTensors)
+        if self.normalize:
+            self.mean, self.std = dataset.mean.to(device), dataset.std.to(device)
+        self.crop, self.flip = "crop" in augment, "flip" in augment
+        self.seed, self.rank = seed, rank
+        self.gen = torch.Generator()
+
+    @property
+    def active(self) -> bool:
+        return self.normalize or self.crop or self.flip
+
+    def __call__(self, x: torch.Tensor, epoch: int = 0, batch: int = 0, train: bool = True) -> torch.Tensor:
+        if train and (self.crop or self.flip):
+            self.gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & (2 ** 62 - 1))
+            x = augment(x, self.crop, self.flip, self.gen)
+        if self.normalize:
+            x = x.float().div_(255).sub_(self.mean).div_(self.std)
+        return x
+
+
+def crop_padding(size: int) -> int:
+    return max(1, size // 8)  # 4 for 32x32 images, as the CIFAR-10 recipes pad
+
+
+def augment(x: torch.Tensor, crop: bool, flip: bool, gen: torch.Generator) -> torch.Tensor:
+    """Random crop and horizontal flip, per image, for a whole (B, C, H, W) batch in one gather."""
+    b, c, h, w = x.shape
+    dev = x.device
+    if crop:
+        pad = crop_padding(h)
+        x = F.pad(x, (pad, pad, pad, pad))
+        dy = torch.randint(0, 2 * pad + 1, (b, 1), generator=gen)
+        dx = torch.randint(0, 2 * pad + 1, (b, 1), generator=gen)
+    else:
+        dy = dx = torch.zeros(b, 1, dtype=torch.long)
+    rows = dy + torch.arange(h)
+    cols = dx + torch.arange(w)
+    if flip:
+        cols = torch.where(torch.rand(b, 1, generator=gen) < 0.5, cols.flip(1), cols)
+    rows, cols = rows.to(dev).view(b, 1, h, 1), cols.to(dev).view(b, 1, 1, w)
+    return x[torch.arange(b, device=dev).view(b, 1, 1, 1), torch.arange(c, device=dev).view(1, c, 1, 1), rows, cols]
+
+
+def _as_bytes(*tensors: torch.Tensor) -> torch.Tensor:
+    return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors])
+
+
 # ----------------------------------------------------------------------------- torchvision sets
 
 # name: (class name in torchvision.datasets, channels, size, classes, mean, std)
@@ -127,27 +205,112 @@ def _download_lock(root: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _torchvision_set(name: str, root: str, download: bool):
-    import torchvision.datasets as tvd
-    import torchvision.transforms as T
+def _tv_hint(name: str, where: Path) -> str:
+    return (f"{name} not found under {where}: connect to the internet and set data.download: true, "
+            f"or put the files there (torchvision layout) — see torchvision.datasets.{_TV[name][0]}")
 
-    cls_name, channels, size, classes, mean, std = _TV[name]
-    cls = getattr(tvd, cls_name)
-    tf = T.Compose([T.ToTensor(), T.Normalize(mean, std)])
-    where = Path(root).expanduser()
-    hint = (f"{name} not found under {where}: connect to the internet and set data.download: true, "
-            f"or put the files there (torchvision layout) — see torchvision.datasets.{cls_name}")
+
+def _torchvision_verify(name: str, where: Path, download: bool) -> None:
+    """Let torchvision fetch and check the files (md5 for CIFAR-10) once; a stamp of what it
+    checked (names, sizes, times) spares later runs its import and the checksums."""
+    stamp_path, stamp = _tv_stamp(name, where)
+    if stamp is not None and stamp_path.exists() and stamp_path.read_text() == stamp:
+        return
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, _TV[name][0])
     try:
         lock = _download_lock(where) if download else contextlib.nullcontext()
         with lock:
-            train = cls(str(where), train=True, download=download, transform=tf)
-            val = cls(str(where), train=False, download=download, transform=tf)
-    except DataError:
-        raise
+            for train in (True, False):
+                cls(str(where), train=train, download=download)
     except Exception as exc:  # torchvision raises RuntimeError, URLError, OSError, ...
         reason = f" (download failed: {' '.join(str(exc).split())})" if download else ""
-        raise DataError(hint + reason) from None
-    return train, val, DataInfo(channels, classes, size, name)
+        raise DataError(_tv_hint(name, where) + reason) from None
+    stamp_path, stamp = _tv_stamp(name, where)
+    if stamp is not None:
+        with contextlib.suppress(OSError):
+            stamp_path.write_text(stamp)
+
+
+def tv_folder(name: str, where: Path) -> Path:
+    return where / "cifar-10-batches-py" if name == "cifar10" else where / _TV[name][0] / "raw"
+
+
+TV_FILES = {"cifar10": ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
+                        "test_batch", "batches.meta"),
+            "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                      "t10k-labels-idx1-ubyte")}
+TV_FILES["fashionmnist"] = TV_FILES["mnist"]
+
+
+def _tv_stamp(name: str, where: Path) -> tuple[Path, str | None]:
+    folder = tv_folder(name, where)
+    try:
+        parts = [f"{f} {(folder / f).stat().st_size} {(folder / f).stat().st_mtime_ns}" for f in TV_FILES[name]]
+    except OSError:
+        return folder / ".torchdeck-verified", None
+    return folder / ".torchdeck-verified", "\n".join(parts) + "\n"
+
+
+def _read_idx(path: Path) -> torch.Tensor:
+    """An MNIST idx file (big-endian header: magic, dims) as a uint8 tensor."""
+    import numpy as np
+
+    raw = path.read_bytes()
+    dims = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape).copy())
+
+
+def _read_tv_arrays(name: str, where: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images N x C x H x W, int64 labels) straight from torchvision's files."""
+    folder = tv_folder(name, where)
+    if name == "cifar10":
+        import pickle
+
+        import numpy as np
+
+        data, labels = [], []
+        for f in (TV_FILES[name][:5] if train else ("test_batch",)):
+            with open(folder / f, "rb") as fh:
+                entry = pickle.load(fh, encoding="latin1")
+            data.append(entry["data"])
+            labels += entry["labels"]
+        return torch.from_numpy(np.concatenate(data).reshape(-1, 3, 32, 32)), torch.tensor(labels, dtype=torch.int64)
+    prefix = "train" if train else "t10k"
+    images = _read_idx(folder / f"{prefix}-images-idx3-ubyte").unsqueeze(1)
+    return images, _read_idx(folder / f"{prefix}-labels-idx1-ubyte").to(torch.int64)
+
+
+def _torchvision_set(name: str, root: str, download: bool, share: NodeShare | None):
+    """CIFAR-10, MNIST, FashionMNIST as ImageTensors: the files are arrays already, so they are read
+    straight into uint8 tensors, never turned into PIL images (torchvision only downloads and
+    checks them, once). With a node share, local rank 0 reads the files and the node's ranks map
+    its one copy."""
+    _, channels, size, classes, mean, std = _TV[name]
+    where = Path(root).expanduser()
+    per = channels * size * size
+
+    def read(train: bool) -> torch.Tensor:
+        _torchvision_verify(name, where, download)
+        try:
+            images, labels = _read_tv_arrays(name, where, train)
+        except Exception as exc:
+            raise DataError(f"{name} under {where}: cannot read {tv_folder(name, where)}: {type(exc).__name__}: "
+                            f"{exc}; delete it and download again (data.download: true)") from None
+        if tuple(images.shape[1:]) != (channels, size, size) or len(labels) != len(images):
+            raise DataError(f"{name} under {where}: unexpected images {tuple(images.shape)}, {len(labels)} labels; "
+                            f"expected N x {channels} x {size} x {size} and N labels")
+        return _as_bytes(images, labels)
+
+    sets = []
+    for split in ("train", "val"):
+        flat = cache.shared_bytes(share, f"{name}-{split}", None, lambda *_: read(split == "train"))
+        n = flat.numel() // (per + 8)
+        sets.append(ImageTensors(flat[:n * per].view(n, channels, size, size), flat[n * per:].view(torch.int64),
+                                 mean, std, share.local_world if share else 1))
+    return sets[0], sets[1], DataInfo(channels, classes, size, name)
 
 
 # ----------------------------------------------------------------------------- image folder
@@ -156,26 +319,91 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _image_folder(root: str, image_size: int):
-    import torchvision.datasets as tvd
-    import torchvision.transforms as T
-
+def _image_folder(root: str, image_size: int, use_cache: bool, share: NodeShare | None, augment: str = "none"):
     base = Path(root).expanduser()
     if not base.is_dir():
         raise DataError(f"imagefolder: {base} is not a folder; set data.root to a folder with one "
                         "sub-folder of images per class (or train/ and val/ holding those)")
-    tf = T.Compose([T.Resize((image_size, image_size)), T.ToTensor(),
-                    T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     split = (base / "train").is_dir()
+    train_dir = base / "train" if split else base
+    val_dir = base / "val" if split and (base / "val").is_dir() else None
     try:
-        train = tvd.ImageFolder(str(base / "train" if split else base), transform=tf)
-        val = tvd.ImageFolder(str(base / "val"), transform=tf) if split and (base / "val").is_dir() else None
+        classes, train = list_folder(train_dir)
+        val_classes, val = list_folder(val_dir) if val_dir else (classes, None)
     except (FileNotFoundError, OSError) as exc:
         raise DataError(f"imagefolder {base}: {exc}; each class needs its own sub-folder of images") from None
-    if val is not None and val.classes != train.classes:
+    if val_classes != classes:
         raise DataError(f"imagefolder {base}: train/ and val/ have different class folders "
-                        f"({train.classes} vs {val.classes}); give both the same classes")
-    return train, val, DataInfo(3, len(train.classes), image_size, f"imagefolder:{base}")
+                        f"({classes} vs {val_classes}); give both the same classes")
+    info = DataInfo(3, len(classes), image_size, f"imagefolder:{base}")
+    if use_cache:  # no torchvision needed (its import alone takes seconds)
+        return (_decoded(train, image_size, share, "train"),
+                _decoded(val, image_size, share, "val") if val is not None else None, info)
+    import torchvision.datasets as tvd
+    import torchvision.transforms as T
+
+    norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    size = [T.Resize((image_size, image_size))]
+    aug = ([T.RandomCrop(image_size, padding=crop_padding(image_size))] if "crop" in augment else []) + \
+          ([T.RandomHorizontalFlip()] if "flip" in augment else [])
+    train = tvd.ImageFolder(str(train_dir), transform=T.Compose(size + aug + norm))
+    val = tvd.ImageFolder(str(val_dir), transform=T.Compose(size + norm)) if val_dir else None
+    return train, val, info
+
+
+def list_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes and (path, class) samples in torchvision ImageFolder's order (sorted class folders,
+    files sorted within a sorted walk of each), so the cached and streamed sets agree."""
+    classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {folder}.")
+    samples, empty = [], []
+    for idx, name in enumerate(classes):
+        before = len(samples)
+        for root, _, files in sorted(os.walk(os.path.join(folder, name), followlinks=True)):
+            samples += [(os.path.join(root, f), idx) for f in sorted(files) if f.lower().endswith(cache.IMG_EXTENSIONS)]
+        if len(samples) == before:
+            empty.append(name)
+    if empty:
+        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. "
+                                f"Supported extensions are: {', '.join(cache.IMG_EXTENSIONS)}")
+    return classes, samples
+
+
+def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None, split: str) -> ImageTensors:
+    """Every image decoded (and resized, as transforms.Resize does with PIL) once into uint8, each
+    local rank decoding its share into the node's one copy, with its own threads."""
+    import numpy as np
+    from PIL import Image
+
+    n, per = len(samples), 3 * size * size
+
+    def fill(buf: torch.Tensor, part: int, parts: int) -> None:
+        images = buf.numpy().reshape(n, 3, size, size)
+
+        def one(i: int) -> None:
+            path = samples[i][0]
+            try:
+                with open(path, "rb") as fh:
+                    img = Image.open(fh).convert("RGB")
+            except Exception as exc:
+                raise DataError(f"imagefolder: cannot read {path}: {type(exc).__name__}: {exc}") from None
+            if img.size != (size, size):
+                img = img.resize((size, size), Image.BILINEAR)
+            images[i] = np.asarray(img).transpose(2, 0, 1)
+
+        mine = range(part, n, parts)
+        threads = torch.get_num_threads()
+        if threads > 1 and len(mine) > 64:  # PIL decodes outside the GIL
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(one, mine, chunksize=32))
+        else:
+            for i in mine:
+                one(i)
+
+    flat = cache.shared_bytes(share, f"folder-{split}", n * per, fill)
+    return ImageTensors(flat.view(n, 3, size, size), torch.tensor([c for _, c in samples], dtype=torch.int64),
+                        IMAGENET_MEAN, IMAGENET_STD, share.local_world if share else 1)
 
 
 # ----------------------------------------------------------------------------- user callable
@@ -245,9 +473,11 @@ def _user_set(path: str, cfg):
 # ----------------------------------------------------------------------------- entry point
 
 
-def build_datasets(cfg) -> tuple[Dataset, Dataset | None, DataInfo]:
+def build_datasets(cfg, share: NodeShare | None = None) -> tuple[Dataset, Dataset | None, DataInfo]:
     """The train set, the val set (None when there is no val split) and what the model needs.
 
+    Image folders that fit the cache budget and torchvision's array sets come back as
+    ImageTensors (decoded once; one copy for the node's ranks through `share`, engine/cache.py).
     A user callable `package.module:callable` is called as callable(cfg) and returns
     (train, val) or (train, val, {"in_channels", "num_classes", "image_size", "name"});
     missing info keys are read from train[0] and the data set's classes/targets.
@@ -257,10 +487,13 @@ def build_datasets(cfg) -> tuple[Dataset, Dataset | None, DataInfo]:
     if name == "synthetic":
         train, val = synthetic(d.train_size, d.val_size, d.num_classes, d.image_size)
         return train, val, DataInfo(3, d.num_classes, d.image_size, "synthetic")
-    if name in _TV:
-        return _torchvision_set(name, d.root, d.download)
-    if name == "imagefolder":
-        return _image_folder(d.root, d.image_size)
+    if name in _TV or name == "imagefolder":
+        plan = cache.plan(cfg, share.local_world if share else 1)
+        use, shared = share.all_agree([plan.use, plan.shared]) if share else (plan.use, False)
+        node_share = share if shared else None
+        if name in _TV:
+            return _torchvision_set(name, d.root, d.download, node_share)
+        return _image_folder(d.root, d.image_size, use, node_share, d.augment)
     if ":" in name:
         return _user_set(name, cfg)
     raise DataError(f"data.dataset: unknown data set {name!r}; use synthetic, cifar10, mnist, "

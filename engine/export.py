@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from engine import config as cfgmod
+from engine.cache import asked_workers
 
 SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
 AUTO_THREADS_ASKED = 4  # CPUs per rank an sbatch script asks for when train.threads_per_rank is 0 (auto)
@@ -91,7 +92,8 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
     gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
     # one task per node runs torchrun and all its ranks: without this SLURM gives them one CPU
     threads = cfg.train.threads_per_rank or AUTO_THREADS_ASKED
-    cpus = nproc * (threads + cfg.data.num_workers)
+    workers = asked_workers(cfg)
+    cpus = nproc * (threads + workers)
     env_lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _env(cfg).items())
     yaml_text = cfgmod.dumps(cfg)
     if SLURM_CONFIG_MARK in yaml_text:  # would end the heredoc early
@@ -102,7 +104,7 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
 #SBATCH --job-name={shlex.quote(name)}
 #SBATCH --nodes={cfg.nodes.num_nodes}
 #SBATCH --ntasks-per-node=1
-# CPUs: {nproc} rank(s) x ({threads} thread(s){' (train.threads_per_rank: auto)' if not cfg.train.threads_per_rank else ''} + {cfg.data.num_workers} data loader worker(s))
+# CPUs: {nproc} rank(s) x ({threads} thread(s){' (train.threads_per_rank: auto)' if not cfg.train.threads_per_rank else ''} + {workers} data loader worker(s){' (data.num_workers: auto)' if cfg.data.num_workers < 0 else ''})
 #SBATCH --cpus-per-task={cpus}
 {gpu_lines}#SBATCH --time={time_limit}
 #SBATCH --output=%x-%j.out

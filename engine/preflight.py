@@ -261,4 +261,7 @@ def describe(cfg) -> list[str]:
     lines.append(f"model {cfg.model.name}, data {cfg.data.dataset}, optimizer {cfg.optimizer.name} "
                  f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
+    from engine.cache import plan
+
+    lines.append(plan(cfg).line)  # decoded once within the node's budget, or streamed
     return lines

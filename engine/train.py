@@ -10,6 +10,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from engine import checkpoint as ckpt
+from engine.cache import NodeShare, loader_workers
+from engine.data import BatchPrep
 from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
 from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_flags
@@ -106,13 +109,19 @@ def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | None = None,
-                   num_workers: int = 0, channels_last: bool = False) -> dict:
-    """Loss/accuracy over the whole set, sharded over ranks and summed so every rank gets the global value."""
+                   num_workers: int = 0, channels_last: bool = False, prep: BatchPrep | None = None) -> dict:
+    """Loss/accuracy over the whole set, sharded over ranks and summed so every rank gets the global value.
+    In-memory sets are read a batch at a time (decoded images normalized by `prep`, as in training)."""
     world = ctx.world_size if _distributed() else 1
     rank = ctx.rank if _distributed() else 0
     shard, valid = eval_shard(dataset, rank, world)
-    loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     dev = ctx.device
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        prep = prep or BatchPrep(dataset, device=dev)
+        loader = DataLoader(BatchTensors(dataset), batch_size=batch_size, sampler=shard.indices,
+                            collate_fn=keep_batch)
+    else:
+        loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss, correct, count
     was_training = model.training
     model.eval()
@@ -124,6 +133,8 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
         seen += b
         x = x.to(dev, non_blocking=True)
         y = y.to(dev, non_blocking=True)
+        if prep is not None and prep.normalize:
+            x = prep(x, train=False)
         if channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
@@ -164,7 +175,7 @@ class Trainer:
         self.device = ctx.device
         set_speed_flags(cfg, self.device)
 
-        self.train_ds, self.val_ds, self.info = build_datasets(cfg)
+        self.train_ds, self.val_ds, self.info = build_datasets(cfg, self._node_share())
         model = build_model(cfg, self.info)
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -183,13 +194,18 @@ class Trainer:
             emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
                                                  "tensor data set; loading batches as usual")
         on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
-        workers = 0 if on_device else d.num_workers
+        workers = 0 if on_device else loader_workers(d.num_workers, in_memory, ctx.local_world_size)
         self.loader = DataLoader(
             BatchTensors(self.train_ds, self.device if on_device else None) if in_memory else self.train_ds,
             batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
             collate_fn=keep_batch if in_memory else None, num_workers=workers,
             pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
-            persistent_workers=d.persistent_workers and workers > 0)
+            persistent_workers=d.persistent_workers and workers > 0,
+            prefetch_factor=d.prefetch_factor if workers > 0 else None)
+        self.workers = workers
+        # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
+        self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)
+        self.val_prep = BatchPrep(self.val_ds, device=self.device) if self.val_ds is not None else None
         self.micro_per_epoch = len(inner) // t.batch_size
         self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
         if self.steps_per_epoch == 0:
@@ -208,6 +224,53 @@ class Trainer:
         self.report_every_s = t.report_every_s
         self._next_report = 1  # first report at the first agreement: every rank is seen early
         self._proc = None  # psutil.Process, for the rank's RSS on CPU
+
+    DATA_WAIT_WARN = 0.25
+
+    def _data_bottleneck(self, epoch: int, share: float) -> None:
+        """Say once, on rank 0, when the ranks spend much of an epoch waiting for batches, and
+        which knob to turn (the Monitor and `torchdeck run` show the log)."""
+        if share < self.DATA_WAIT_WARN or self.ctx.rank != 0 or getattr(self, "_warned_data", False):
+            return
+        self._warned_data = True
+        d = self.cfg.data
+        if isinstance(self.train_ds, torch.utils.data.TensorDataset):
+            knob = ("batches come from memory, so the CPU is short: lower train.threads_per_rank or run fewer "
+                    "ranks per host")
+        else:
+            knob = f"raise data.num_workers (now {self.workers})"
+            if self.cfg.data.dataset == "imagefolder":
+                knob += (" or decode the set once: data.cache: auto" if d.cache == "none" else
+                         " or let the set be decoded once in RAM: raise data.cache_budget_mb (or data.cache: ram)")
+        self.emit("log", level="warning", message=f"data is the bottleneck: the ranks waited for batches "
+                                                  f"{share:.0%} of epoch {epoch}; {knob}")
+
+    def data_note(self) -> str:
+        """How the batches come, for the run's log."""
+        from engine.data import ImageTensors
+
+        ds = self.train_ds
+        if isinstance(ds, ImageTensors):
+            mb = sum(t.numel() * t.element_size() for t in ds.tensors) / 2 ** 20
+            who = f"one copy for the node's {ds.shared_by} ranks" if ds.shared_by > 1 else "in this process"
+            return f"decoded once: {mb:.0f} MiB of uint8 in memory, {who}"
+        if isinstance(ds, torch.utils.data.TensorDataset):
+            return "in memory"
+        return f"read by {self.workers} loader worker(s) per rank" if self.workers else "read in the training process"
+
+    def _node_share(self) -> NodeShare | None:
+        """How this rank shares decoded data with the other ranks of its node (engine/cache.py)."""
+        c = self.ctx
+        if not _distributed() or c.local_world_size < 2:
+            return None
+
+        def agree(flags):
+            t = torch.tensor([float(f) for f in flags], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return [v > 0 for v in t.tolist()]
+
+        return NodeShare(c.local_rank, c.local_world_size, f"{Path(self.run_dir).resolve()}|node{c.node_rank}",
+                         dist.barrier, agree)
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
@@ -345,6 +408,7 @@ class Trainer:
         elsewhere = None  # model-parallel: the logits come out on the last stage's device
         log_every, channels_last = t.log_every_n_steps, t.channels_last
         to_device = dev.type != "cpu"  # on the CPU the loader's tensors are already where they go
+        prep, prep_batch = self.prep, self.prep.active
         no_sync_needed = contextlib.nullcontext()
 
         while self.pos.step < self.total_steps and self.pos.epoch < max_epochs and not self.stopped:
@@ -371,6 +435,7 @@ class Trainer:
                     pending.clear()
 
             ep_samples = 0
+            ep_wait0, ep_t0 = wait_total, time.perf_counter()
             last_log_t, data_wait, log_samples = time.perf_counter(), 0.0, 0
             micro = start_micro
             while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
@@ -380,6 +445,8 @@ class Trainer:
                     if to_device:
                         x = x.to(dev, non_blocking=True)
                         y = y.to(dev, non_blocking=True)
+                    if prep_batch:
+                        x = prep(x, epoch, micro + j)
                     if channels_last and x.dim() == 4:
                         x = x.contiguous(memory_format=torch.channels_last)
                     waited = time.perf_counter() - t0
@@ -440,24 +507,28 @@ class Trainer:
             if self.stopped:
                 break
             if micro + k > self.steps_per_epoch * k:  # the epoch is complete
-                self._end_epoch(epoch, ep_sums, ep_samples, has_eval)
+                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, (wait_total - ep_wait0, time.perf_counter() - ep_t0))
                 self.pos = Position(epoch + 1, self.pos.step, 0)
                 if cfg.checkpoint.every_epoch and self.pos.step < self.total_steps:
                     self.save_checkpoint()
             elif has_eval:  # max_steps ended it mid-epoch: still report where the model stands
-                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, partial=True)
+                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, (wait_total - ep_wait0, time.perf_counter() - ep_t0),
+                                partial=True)
         if self.last_saved_step != self.pos.step:
             self.save_checkpoint()
         return self.pos
 
-    def _end_epoch(self, epoch, sums, samples, has_eval, partial=False) -> None:
-        sums = torch.cat([sums, torch.tensor([float(samples)], dtype=torch.float64, device=sums.device)])
-        _all_reduce(sums)
-        loss_sum, correct, n = sums.tolist()
+    def _end_epoch(self, epoch, sums, samples, has_eval, waited=(0.0, 0.0), partial=False) -> None:
+        """waited: (seconds waiting for data, seconds of the epoch) on this rank."""
+        extra = torch.tensor([float(samples), *waited], dtype=torch.float64, device=sums.device)
+        sums = _all_reduce(torch.cat([sums, extra]))
+        loss_sum, correct, n, wait_s, wall_s = sums.tolist()
+        if wall_s > 0:
+            self._data_bottleneck(epoch, wait_s / wall_s)
         val = {"loss": None, "accuracy": None}
         if has_eval:
             val = evaluate_model(self.forward_model, self.val_ds, self.ctx, self.cfg.train.batch_size, self.precision,
-                                 channels_last=self.cfg.train.channels_last)
+                                 channels_last=self.cfg.train.channels_last, prep=self.val_prep)
         fields = dict(epoch=epoch, step=self.pos.step, train_loss=loss_sum / n if n else None,
                       train_acc=correct / n if n else None, val_loss=val["loss"], val_acc=val["accuracy"])
         if partial:

@@ -213,7 +213,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         trainer.resume()
         if rank == 0:
             emit("log", level="info",
-                 message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples, "
+                 message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples ({trainer.data_note()}), "
                          f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps in all")
         pos = trainer.fit()
         if rank == 0:

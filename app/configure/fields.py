@@ -39,6 +39,7 @@ CHOICES: dict[str, tuple] = {
     "train.precision": C.PRECISIONS, "optimizer.name": C.OPTIMIZERS, "scheduler.name": C.SCHEDULERS,
     "model.name": C.BUILTIN_MODELS + (CUSTOM,), "data.dataset": C.BUILTIN_DATASETS + (CUSTOM,),
     "fsdp.state_dict": ("full", "sharded"),
+    "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS,
 }
 
 LABELS = {
@@ -52,6 +53,8 @@ LABELS = {
     "checkpoint.dir": "checkpoint dir", "checkpoint.every_n_steps": "every n steps (0: off)",
     "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
+    "data.cache": "decode once (cache)", "data.cache_budget_mb": "cache budget MiB (0: RAM/4)",
+    "data.num_workers": "loader workers (-1: auto)",
 }
 
 HINTS = {
@@ -63,6 +66,9 @@ HINTS = {
     "init_method": "env://, tcp://HOST:PORT or file:///PATH",
     "nodes.ifname": "NIC for gloo/NCCL, e.g. eth0 (empty: they pick one)",
     "train.report_every_s": "how often rank 0 gathers all ranks' progress",
+    "data.cache": "auto: keep decoded images in RAM when they fit the budget",
+    "data.cache_budget_mb": "for all ranks of this node together",
+    "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
 }
 
 
@@ -83,6 +89,8 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "model.kwargs": _custom_model,
     "data.root": lambda v: v("data.dataset") != "synthetic",
     "data.download": lambda v: v("data.dataset") in ("cifar10", "mnist", "fashionmnist"),
+    "data.cache": lambda v: v("data.dataset") in ("cifar10", "mnist", "fashionmnist", "imagefolder"),
+    "data.cache_budget_mb": lambda v: v("data.dataset") in ("cifar10", "mnist", "fashionmnist", "imagefolder"),
     "data.on_device": lambda v: v("accelerator") == "cuda",
     "data.pin_memory": lambda v: v("accelerator") == "cuda",
     "optimizer.momentum": lambda v: v("optimizer.name") == "sgd",

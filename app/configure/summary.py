@@ -31,7 +31,14 @@ def describe(cfg: RunConfig) -> str:
         nodes = f" x {cfg.nodes.num_nodes} nodes (this is node {cfg.nodes.node_rank}: {mine})"
     accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
     return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {cfg.world_size} · "
-            f"global batch {cfg.global_batch}{accum} · {devs}")
+            f"global batch {cfg.global_batch}{accum} · {devs}\n{data_line(cfg)}")
+
+
+def data_line(cfg: RunConfig) -> str:
+    """Where the data lives during the run: decoded in RAM within the node's budget, or streamed."""
+    from engine.cache import plan
+
+    return plan(cfg).line
 
 
 def overrides(current: dict, base: dict) -> list[str]:

@@ -193,6 +193,28 @@ async def test_a_master_addr_no_host_can_have_is_marked_on_its_field(tmp_path, p
         assert invalid(screen, "nodes.master_addr") is None and screen.cfg is not None
 
 
+async def test_the_summary_says_whether_the_data_is_decoded_once_within_the_budget(tmp_path, presets_dir):
+    """Issue 17: the Configure summary states the cache decision and the node's budget."""
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "imgs" / c / f"{i}.png")
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert not screen.form.is_shown("data.cache")  # synthetic: generated in memory
+        assert "generated in memory" in str(screen.query_one("#summary").render())
+        await choose(pilot, "f-data-dataset", "i")
+        await type_into(pilot, "f-data-root", str(tmp_path / "imgs"))
+        assert screen.form.is_shown("data.cache") and screen.form.is_shown("data.cache_budget_mb")
+        text = str(screen.query_one("#summary").render())
+        assert "6 images decoded once into RAM" in text and "one copy for the node's 2 ranks" in text
+        await choose(pilot, "f-data-cache", "n")
+        assert "decoded every epoch" in str(screen.query_one("#summary").render())
+
+
 async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     app = make_app(tmp_path, gpus=two_fake_gpus())
     async with app.run_test(size=SIZE) as pilot:

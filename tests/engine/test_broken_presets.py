@@ -86,7 +86,9 @@ BAD_VALUES = [  # (path, values the schema must refuse)
     ("nodes.node_rank", [5, -1]),
     ("nodes.timeout_s", [0]),
     ("checkpoint.keep_last", [0]),
-    ("data.num_workers", [-1]),
+    ("data.num_workers", [-2]),  # -1 is auto
+    ("data.cache", ["disk", "RAM"]),
+    ("data.augment", ["rotate", "flip+crop"]),
     ("data.train_size", [0]),
     ("data.num_classes", [1]),
     ("data.pin_memory", [True]),  # on a CPU run
