@@ -278,3 +278,35 @@ def _share_rank(rank, key, barrier, out):
     out.put({"values": buf[::97].tolist(), "whole": bool((buf == torch.arange(1000) % 251).all()), "inode": maps[0].split()[4] if maps else None,
              "deleted": bool(maps) and maps[0].endswith("(deleted)")})
     barrier.wait()
+
+
+SLOW_SET = '''
+import time
+import torch
+
+class Slow(torch.utils.data.Dataset):
+    """Each image takes 3 ms to read: far longer than the mlp's step on it."""
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.full((3, 8, 8), float(i % 4)), i % 4
+
+def sets(cfg):
+    return Slow(), None, {"num_classes": 4}
+'''
+
+
+def test_a_run_waiting_for_its_data_says_so_and_names_the_knob(tmp_path, monkeypatch):
+    """Rank 0 logs once when the ranks spend over a quarter of an epoch waiting for batches."""
+    from tests.engine.test_equivalence import run_in_process
+
+    name = f"tdk_slow_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(SLOW_SET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = small_cfg(**{"data.dataset": f"{name}:sets", "data.num_workers": 0, "train.batch_size": 16,
+                       "train.max_steps": 0, "train.epochs": 2})
+    warned = [e["message"] for e in run_in_process(tmp_path / "run", cfg)
+              if e["kind"] == "log" and e.get("level") == "warning"]
+    assert len(warned) == 1, warned  # once, not every epoch
+    assert "data is the bottleneck" in warned[0] and "raise data.num_workers (now 0)" in warned[0]
