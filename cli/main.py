@@ -256,7 +256,7 @@ def cmd_validate(args) -> int:
 
 def cmd_eval(args) -> int:
     ckpt = Path(args.checkpoint).expanduser()
-    if not ckpt.is_file():
+    if not ckpt.exists():  # a file, or a deepspeed run's checkpoint folder
         raise UsageError(f"{args.checkpoint}: no such checkpoint file")
     if args.data_root and not Path(args.data_root).expanduser().exists():
         raise UsageError(f"--data-root: no such folder {args.data_root!r}")

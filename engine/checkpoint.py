@@ -19,6 +19,8 @@ from engine.errors import TorchdeckError
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+_DIR_NAME = re.compile(r"^ckpt-(\d{8,})$")  # a checkpoint directory (deepspeed: every rank writes a part)
+META_NAME = "torchdeck.pt"  # in a checkpoint directory: epoch, step, RNG, config; written last, so it marks it complete
 _TMP = re.compile(r"^\.ckpt-\d{8,}\.pt\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
 
 
@@ -28,6 +30,10 @@ class CheckpointWriteError(TorchdeckError, OSError):
 
 def file_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
+
+
+def dir_name(step: int) -> str:
+    return f"ckpt-{step:08d}"
 
 
 def checkpoint_dir(cfg, run_dir) -> Path:
@@ -148,6 +154,14 @@ def disk_hint(code: int | None) -> str:
             errno.EACCES: "make that folder writable"}.get(code, "check that disk")
 
 
+def write_error(exc: BaseException, final: Path) -> BaseException:
+    """The error to raise for a failed save: one line with what to do when a disk error is behind it."""
+    os_error = _os_error(exc)
+    if os_error is None or isinstance(exc, CheckpointWriteError):
+        return exc
+    return _write_error(os_error, final)
+
+
 def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
     code = getattr(exc, "errno", None)
     why = getattr(exc, "strerror", None) or str(exc)
@@ -163,25 +177,30 @@ def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
     return err
 
 
-def listing(directory: str | Path) -> list[tuple[int, Path]]:
-    """Finished checkpoint files (temp files excluded), oldest first."""
+def listing(directory: str | Path, dirs: bool = False) -> list[tuple[int, Path]]:
+    """Finished checkpoints, oldest first: files, or (dirs) directories holding their META_NAME."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     out = []
     for p in directory.iterdir():
-        m = _NAME.match(p.name)
-        if m and p.is_file():
+        m = (_DIR_NAME if dirs else _NAME).match(p.name)
+        if m and ((p / META_NAME).is_file() if dirs else p.is_file()):
             out.append((int(m.group(1)), p))
     out.sort()
     return out
 
 
-def prune(directory: str | Path, keep_last: int) -> None:
-    files = listing(directory)
-    for _, p in files[:-keep_last] if keep_last > 0 else []:
+def prune(directory: str | Path, keep_last: int, dirs: bool = False) -> None:
+    import shutil
+
+    for _, p in listing(directory, dirs)[:-keep_last] if keep_last > 0 else []:
         try:
-            p.unlink()
+            if dirs:
+                (p / META_NAME).unlink()  # incomplete from here on: `latest` no longer sees it
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         except FileNotFoundError:
             pass
 
@@ -193,33 +212,49 @@ def load(path: str | Path, map_location="cpu") -> dict:
     return state
 
 
-def latest(directory: str | Path) -> tuple[Path, dict] | None:
+def load_meta(path: str | Path) -> dict:
+    """A checkpoint directory's META_NAME (weights_only, like every file torchdeck reads)."""
+    state = torch.load(Path(path) / META_NAME, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "step" not in state or "config" not in state:
+        raise ValueError(f"{path} is not a torchdeck checkpoint directory (no step/config in {META_NAME})")
+    return state
+
+
+def _load(path: Path, dirs: bool) -> dict:
+    return load_meta(path) if dirs else load(path)
+
+
+def latest(directory: str | Path, dirs: bool = False) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads; a damaged newest file falls back to the one before."""
-    for _, p in reversed(listing(directory)):
+    for _, p in reversed(listing(directory, dirs)):
         try:
-            return p, load(p)
+            return p, _load(p, dirs)
         except Exception:
             continue
     return None
 
 
-def resolve_resume(cfg, run_dir) -> tuple[Path, dict] | None:
-    """What `checkpoint.resume` points at; None when there is nothing to resume from."""
+def resolve_resume(cfg, run_dir, dirs: bool = False) -> tuple[Path, dict] | None:
+    """What `checkpoint.resume` points at; None when there is nothing to resume from.
+    dirs: the strategy's checkpoints are directories (deepspeed), not files."""
     r = cfg.checkpoint.resume
     if not r:
         return None
     if r == "latest":
-        found = latest(checkpoint_dir(cfg, run_dir))
+        found = latest(checkpoint_dir(cfg, run_dir), dirs)
         if found is None and not cfg.checkpoint.dir:
-            found = latest_of_earlier_runs(cfg, run_dir)
+            found = latest_of_earlier_runs(cfg, run_dir, dirs)
         return found
     p = Path(r).expanduser()
-    if not p.is_file():
+    if dirs and not (p / META_NAME).is_file():
+        raise FileNotFoundError(f"checkpoint.resume: no complete DeepSpeed checkpoint directory at {p} "
+                                f"(a ckpt-* folder from a deepspeed run's checkpoints/)")
+    if not dirs and not p.is_file():
         raise FileNotFoundError(f"checkpoint.resume: no checkpoint file at {p}")
-    return p, load(p)
+    return p, _load(p, dirs)
 
 
-def latest_of_earlier_runs(cfg, run_dir) -> tuple[Path, dict] | None:
+def latest_of_earlier_runs(cfg, run_dir, dirs: bool = False) -> tuple[Path, dict] | None:
     """A relaunch gets a new run directory: `resume: latest` then continues the newest earlier
     run of the same name next to it (runs/<time>-<name>/checkpoints)."""
     import yaml
@@ -235,11 +270,11 @@ def latest_of_earlier_runs(cfg, run_dir) -> tuple[Path, dict] | None:
             continue
         if name != cfg.name:
             continue
-        for _, p in listing(other / "checkpoints"):
+        for _, p in listing(other / "checkpoints", dirs):
             candidates.append((p.stat().st_mtime, p))
     for _, p in sorted(candidates, reverse=True):
         try:
-            return p, load(p)
+            return p, _load(p, dirs)
         except Exception:
             continue
     return None

@@ -21,12 +21,13 @@ from engine.network import host_problem
 
 SCHEMA_VERSION = 1
 
-STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero")
+STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero", "deepspeed")
 ACCELERATORS = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
+OFFLOAD = ("none", "cpu")  # deepspeed.offload_optimizer / offload_param
 BUILTIN_MODELS = ("cnn", "resnet18", "mlp")
 BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
 _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
@@ -167,6 +168,18 @@ class FSDPConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """strategy deepspeed: the ds_config torchdeck generates (written to <run dir>/ds_config.json)."""
+
+    stage: int = 2  # ZeRO stage: 0 (plain data parallel), 1 optimizer state, 2 + gradients, 3 + parameters
+    offload_optimizer: str = "none"  # none | cpu (stages 1-3)
+    offload_param: str = "none"  # none | cpu (stage 3)
+    overlap_comm: bool = True  # overlap gradient reduction with the backward pass
+    contiguous_gradients: bool = True  # copy gradients into one buffer as they are produced
+    config: str = ""  # your own ds_config.json: its values win; where they differ from the form's, the run says so
+
+
+@dataclass
 class RunConfig:
     schema_version: int = SCHEMA_VERSION
     name: str = "run"
@@ -188,6 +201,7 @@ class RunConfig:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     model_parallel: ModelParallelConfig = field(default_factory=ModelParallelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -407,6 +421,8 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
     choice("scheduler.name", cfg.scheduler.name, SCHEDULERS)
     choice("fsdp.state_dict", cfg.fsdp.state_dict, ("full", "sharded"))
+    choice("deepspeed.offload_optimizer", cfg.deepspeed.offload_optimizer, OFFLOAD)
+    choice("deepspeed.offload_param", cfg.deepspeed.offload_param, OFFLOAD)
     if cfg.model.name not in BUILTIN_MODELS and not _IMPORT_PATH.match(cfg.model.name):
         p.append(("model.name", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:callable'; got {cfg.model.name!r}"))
     if cfg.data.dataset not in BUILTIN_DATASETS and not _IMPORT_PATH.match(cfg.data.dataset):

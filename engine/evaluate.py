@@ -26,12 +26,15 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
     from engine.train import evaluate_model
 
     path = Path(checkpoint_path).expanduser()
-    if not path.is_file():
+    if path.is_dir():
+        state = _deepspeed_state(path)
+    elif not path.is_file():
         raise EvalError(f"no checkpoint file at {path}")
-    try:
-        state = ckpt.load(path)
-    except Exception as exc:
-        raise EvalError(f"{path} is not a loadable torchdeck checkpoint: {exc}") from None
+    else:
+        try:
+            state = ckpt.load(path)
+        except Exception as exc:
+            raise EvalError(f"{path} is not a loadable torchdeck checkpoint: {exc}") from None
     data = dict(state.get("config") or {})
     if not data:
         raise EvalError(f"{path} holds no config; it was not written by torchdeck")
@@ -57,3 +60,29 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
     out = evaluate_model(model, val_ds, ctx, batch_size or max(cfg.train.batch_size, 256))
     out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]))
     return out
+
+
+def _deepspeed_state(path: Path) -> dict:
+    """A deepspeed run's checkpoint directory as one state: its meta and the full fp32 weights
+    gathered from every rank's ZeRO partitions."""
+    import contextlib
+    import io
+
+    from engine import checkpoint as ckpt
+
+    if not (path / ckpt.META_NAME).is_file():
+        raise EvalError(f"{path} is a folder but not a complete torchdeck checkpoint (no {ckpt.META_NAME}: "
+                        "a deepspeed run's checkpoints/ckpt-* folder, or a ckpt-*.pt file)")
+    from engine.strategies.deepspeed import INSTALL_HINT, installed
+
+    if not installed():
+        raise EvalError(f"{path} is a DeepSpeed checkpoint; reading it needs deepspeed ({INSTALL_HINT})")
+    from engine.strategies._deepspeed import full_state_dict
+
+    try:
+        state = ckpt.load_meta(path)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            state["model"] = full_state_dict(path)  # DeepSpeed prints its progress; the result is what counts
+    except Exception as exc:
+        raise EvalError(f"{path} is not a loadable DeepSpeed checkpoint: {exc}") from None
+    return state

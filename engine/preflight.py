@@ -182,8 +182,10 @@ def looks_like_checkpoint(path: Path) -> bool:
 def file_problems(cfg) -> list[Problem]:
     """What the schema cannot see: folders and files the config names, and user code."""
     from engine.config import BUILTIN_DATASETS, BUILTIN_MODELS
+    from engine.strategies import get_strategy
 
-    problems: list[Problem] = []
+    strategy = get_strategy(cfg.strategy)
+    problems: list[Problem] = strategy.preflight(cfg)  # deepspeed: its ds_config.json, its resume folder
     if cfg.data.dataset == "imagefolder":
         root = Path(cfg.data.root).expanduser()
         if not root.is_dir():
@@ -195,7 +197,7 @@ def file_problems(cfg) -> list[Problem]:
             problems.append(("data.root", f"no such folder {str(root)!r}, and data.download is false; set "
                                           f"data.download: true to fetch {cfg.data.dataset} (needs network) "
                                           "or put its files there"))
-    resume = cfg.checkpoint.resume
+    resume = "" if strategy.checkpoint_dirs else cfg.checkpoint.resume  # a folder: the strategy checked it
     if resume and resume != "latest" and not Path(resume).expanduser().is_file():
         problems.append(("checkpoint.resume", f"no such checkpoint file {resume!r} (use a ckpt-*.pt path from a "
                                               "run's checkpoints/ folder, or 'latest')"))
@@ -264,4 +266,4 @@ def describe(cfg) -> list[str]:
     from engine.cache import plan
 
     lines.append(plan(cfg).line)  # decoded once within the node's budget, or streamed
-    return lines
+    return lines + [line for _, line in strat.resolve(cfg.copy())]  # deepspeed: its ds_config, what it replaces

@@ -25,6 +25,7 @@ from engine import events, network
 from engine.config import ConfigError, Hardware, load, resolve_all_gpus
 from engine.errors import TorchdeckError
 from engine.runs.layout import RunDir
+from engine.strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
 POLL_S = 0.5
@@ -330,7 +331,10 @@ class Supervisor:
 
         if cfg.accelerator == "cuda":
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
-        from engine.strategies import get_strategy
+        try:
+            notes = get_strategy(cfg.strategy).resolve(cfg, rd.path)  # deepspeed: the user's ds_config
+        except (TorchdeckError, OSError) as exc:
+            return self._finish(None, "failed", [], str(exc))
         from engine.worker import rank_main, threads_for
 
         nproc = cfg.nproc_per_node
@@ -365,6 +369,8 @@ class Supervisor:
         if port_msg:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
                                      message=port_msg))
+        for level, message in notes:
+            writer.write(events.make("log", rank=None, level=level, message=message))
 
         if writer.write_error is not None:  # unwritable run directory: start nothing
             writer.close()

@@ -22,7 +22,7 @@ from engine.cache import NodeShare, loader_workers
 from engine.data import BatchPrep
 from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
-from engine.optim import Precision, build_optimizer, build_scheduler, set_speed_flags
+from engine.optim import Precision, set_speed_flags
 
 
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
@@ -179,10 +179,6 @@ class Trainer:
         model = build_model(cfg, self.info)
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        self.model = strategy.wrap(model, ctx)
-        self.optimizer = build_optimizer(cfg, strategy, self.model)
-        # Strategy calls get the wrapped module; only the forward goes through the compiled one.
-        self.forward_model = torch.compile(self.model) if t.compile else self.model
 
         inner = strategy.sampler(self.train_ds, ctx, shuffle=True, seed=t.seed)
         if inner is None:
@@ -215,8 +211,10 @@ class Trainer:
                 "lower the batch size or use more data")
         by_epochs = t.epochs * self.steps_per_epoch if t.epochs else math.inf
         self.total_steps = int(min(t.max_steps or math.inf, by_epochs))
-        self.scheduler = build_scheduler(cfg, self.optimizer, self.total_steps, self.steps_per_epoch)
-        self.precision = Precision(cfg, self.device)
+        self.model, self.optimizer, self.scheduler, self.precision = strategy.setup(
+            model, ctx, self.total_steps, self.steps_per_epoch)
+        # Strategy calls get the wrapped module; only the forward goes through the compiled one.
+        self.forward_model = torch.compile(self.model) if t.compile else self.model
         self.pos = Position()
         self.ckpt_dir = ckpt.checkpoint_dir(cfg, run_dir)
         self.last_saved_step = -1
@@ -274,18 +272,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
-        found = ckpt.resolve_resume(self.cfg, self.run_dir)
+        found = ckpt.resolve_resume(self.cfg, self.run_dir, dirs=self.strategy.checkpoint_dirs)
         if found is None:
             if self.cfg.checkpoint.resume and self.ctx.rank == 0:
                 self.emit("log", level="warning",
                           message=f"resume: latest: no checkpoint in {self.ckpt_dir}; starting from scratch")
             return
         path, state = found
-        s, c = self.strategy, self.ctx
-        s.load_model_state(self.model, state["model"], c)
-        s.load_optim_state(self.optimizer, self.model, state["optimizer"], c)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state.get("scaler"))
+        c = self.ctx
+        self.strategy.load_checkpoint(self, path, state)
         ckpt.set_rng_state(state["rng"])
         self.pos = Position(int(state["epoch"]), int(state["step"]), int(state["batches_done"]))
         self.last_saved_step = self.pos.step
@@ -297,21 +292,17 @@ class Trainer:
                                                    f"step {self.pos.step}{note}")
 
     def save_checkpoint(self) -> None:
-        """Every rank gathers its part (sharded strategies need that); rank 0 writes."""
-        s, c = self.strategy, self.ctx
-        model_state = s.model_state(self.model, c)
-        optim_state = s.optim_state(self.optimizer, self.model, c)
+        """Every rank takes part (sharded strategies gather, DeepSpeed ranks write their shards)."""
+        c = self.ctx
+        meta = {
+            "format": ckpt.FORMAT, "events_version": EVENT_VERSION,
+            "epoch": self.pos.epoch, "step": self.pos.step, "batches_done": self.pos.batches_done,
+            "world_size": c.world_size, "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
+            "data": {"name": self.info.name, "in_channels": self.info.in_channels,
+                     "num_classes": self.info.num_classes, "image_size": self.info.image_size},
+        }
+        path = self.strategy.save_checkpoint(self, meta)
         if c.rank == 0:
-            state = {
-                "format": ckpt.FORMAT, "events_version": EVENT_VERSION,
-                "epoch": self.pos.epoch, "step": self.pos.step, "batches_done": self.pos.batches_done,
-                "world_size": c.world_size, "model": model_state, "optimizer": optim_state,
-                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
-                "data": {"name": self.info.name, "in_channels": self.info.in_channels,
-                         "num_classes": self.info.num_classes, "image_size": self.info.image_size},
-            }
-            path = ckpt.save(state, self.ckpt_dir, self.pos.step, self.cfg.checkpoint.keep_last)
             self.emit("checkpoint", epoch=self.pos.epoch, step=self.pos.step, path=str(path))
         self.last_saved_step = self.pos.step
         if _distributed():

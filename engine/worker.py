@@ -326,8 +326,13 @@ def main(argv=None) -> int:
     rd = RunDir(Path(args.run_dir))
     rd.path.mkdir(parents=True, exist_ok=True)
     emit = FileReporter(rd.events_path, rank)
+    from engine.strategies import get_strategy
+
+    notes = get_strategy(cfg.strategy).resolve(cfg, rd.path if local_rank == 0 else None)  # deepspeed's ds_config
     if local_rank == 0:  # before the rendezvous, so run_started comes before any rank_ready
         _open_torchrun_run(cfg, rd, emit, world, local_world, node_rank)
+        for level, message in notes:
+            emit("log", rank=None, level=level, message=message)
     try:
         stopped = train_rank(cfg, rd.path, rank, local_rank, world, emit, rd.stop_path.exists,
                              local_world_size=local_world, node_rank=node_rank)

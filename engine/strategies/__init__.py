@@ -17,6 +17,7 @@ _MODULES = {
     "model-parallel": "engine.strategies.model_parallel",
     "fsdp": "engine.strategies.fsdp",
     "zero": "engine.strategies.zero",
+    "deepspeed": "engine.strategies.deepspeed",
 }
 _cache: dict[str, Strategy] = {}
 
@@ -29,3 +30,4 @@ def get_strategy(name: str) -> Strategy:
 
 def names() -> list[str]:
     return list(_MODULES)
+

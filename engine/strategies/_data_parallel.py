@@ -4,6 +4,7 @@ from engine.strategies.base import Strategy
 
 class ProcessGroupStrategy(Strategy):
     distributed = True
+    min_world = 2  # fewer ranks is plain training (deepspeed: 1, ZeRO-Offload on one GPU)
 
     def nprocs(self, cfg) -> int:
         if cfg.accelerator == "cpu":
@@ -12,7 +13,7 @@ class ProcessGroupStrategy(Strategy):
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
-        if cfg.devices != "all" and self.nprocs(cfg) * cfg.nodes.num_nodes < 2:  # "all": count unknown yet
+        if cfg.devices != "all" and self.nprocs(cfg) * cfg.nodes.num_nodes < self.min_world:  # "all": count unknown yet
             p.append(("devices", f"{self.name} with one process in all is plain training: pick 2 or more "
                                  f"devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}"))
         return p

@@ -29,6 +29,7 @@ class Strategy:
     summary = ""
     distributed = False  # True: one process group across nprocs x num_nodes ranks
     needs_cuda = False
+    checkpoint_dirs = False  # True: its checkpoints are directories (every rank writes a part)
 
     # ------------------------------------------------------------ config side (no torch)
     def nprocs(self, cfg) -> int:
@@ -51,7 +52,27 @@ class Strategy:
         """Devices a local rank uses (for the summary line and the GPU pane)."""
         return [cfg.device_for(local_rank)]
 
+    def preflight(self, cfg) -> list[tuple[str, str]]:
+        """Problems only the file system shows (a file the config names), as (field, reason)."""
+        return []
+
+    def resolve(self, cfg, run_dir=None) -> list[tuple[str, str]]:
+        """Settings taken from elsewhere (deepspeed: a user's ds_config.json) applied to cfg in place,
+        before the ranks start; with run_dir, what was generated is written there. Returns
+        (level, line) notes for the run log and `torchdeck validate`."""
+        return []
+
     # ------------------------------------------------------------ runtime side (torch)
+    def setup(self, model, ctx: RankContext, total_steps: int, steps_per_epoch: int):
+        """(model to train, optimizer, LR scheduler, precision): the parts of a training step.
+        DeepSpeed builds all four at once; every other strategy wraps, then builds the rest."""
+        from engine.optim import Precision, build_optimizer, build_scheduler
+
+        model = self.wrap(model, ctx)
+        optimizer = build_optimizer(ctx.cfg, self, model)
+        scheduler = build_scheduler(ctx.cfg, optimizer, total_steps, steps_per_epoch)
+        return model, optimizer, scheduler, Precision(ctx.cfg, ctx.device)
+
     def wrap(self, model, ctx: RankContext):
         """Move the model to its device(s) and wrap it. Returns the module to train."""
         return model.to(ctx.device)
@@ -72,7 +93,29 @@ class Strategy:
         """Build the optimizer; ZeRO overrides this to shard its state."""
         return params_fn(model.parameters())
 
-    # ------------------------------------------------------------ checkpoint state
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, trainer, meta: dict):
+        """Called on every rank (sharded strategies gather first); rank 0 writes one file with meta
+        (epoch, step, RNG, config...) and the full states. Returns its path on rank 0, else None."""
+        from engine import checkpoint as ckpt
+
+        c = trainer.ctx
+        model_state = self.model_state(trainer.model, c)
+        optim_state = self.optim_state(trainer.optimizer, trainer.model, c)
+        if c.rank != 0:
+            return None
+        state = {**meta, "model": model_state, "optimizer": optim_state,
+                 "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.precision.state_dict()}
+        return ckpt.save(state, trainer.ckpt_dir, meta["step"], trainer.cfg.checkpoint.keep_last)
+
+    def load_checkpoint(self, trainer, path, state: dict) -> None:
+        """Model, optimizer, schedule and scaler from a checkpoint `resolve_resume` found."""
+        c = trainer.ctx
+        self.load_model_state(trainer.model, state["model"], c)
+        self.load_optim_state(trainer.optimizer, trainer.model, state["optimizer"], c)
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.precision.load_state_dict(state.get("scaler"))
+
     # Called on EVERY rank (sharded strategies need a collective to gather); only rank 0 writes.
     def model_state(self, model, ctx: RankContext) -> dict:
         """A full state_dict that loads into the plain, unwrapped model."""
