@@ -517,14 +517,14 @@ def test_stop_then_resume_latest_equals_uninterrupted_and_the_users_file_wins(tm
 @needs_deepspeed
 @pytest.mark.slow
 def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
-    """SIGKILL one rank mid-run (as the OOM killer does): `torchdeck run` exits 1 naming the rank
-    and the signal, and every process of the run is gone within 15 s, as for DDP."""
+    """The shipped `deepspeed` preset through `torchdeck run`; SIGKILL one rank mid-run (as the OOM
+    killer does): the command exits 1 naming the rank and the signal, and every process of the run
+    is gone within 15 s, as for DDP."""
     from tests.engine.test_lifecycle import assert_nothing_left, rank_pids, start_cli, steps_seen, the_run, wait_for
 
-    preset = tmp_path / "long.yaml"
-    preset.write_text(cfgmod.dumps(cfgmod.from_dict(cfg_dict(**{
-        "train.max_steps": 0, "train.epochs": 1000, "data.train_size": 4096}))))
-    proc, log = start_cli(tmp_path, "run", str(preset))
+    long = ["data.train_size=4096", "data.val_size=64", "train.epochs=1000", "train.log_every_n_steps=1",
+            "train.threads_per_rank=1", "nodes.master_port=0"]
+    proc, log = start_cli(tmp_path, "run", "deepspeed", *[a for item in long for a in ("--set", item)])
     run = the_run(tmp_path)
     try:
         wait_for(lambda: steps_seen(run) and len(rank_pids(run)) == 2, 180, "training steps")
