@@ -92,7 +92,7 @@ BAD_VALUES = [  # (path, values the schema must refuse)
     ("data.train_size", [0]),
     ("data.num_classes", [1]),
     ("data.pin_memory", [True]),  # on a CPU run
-    ("strategy", ["ddpp", "deepspeed", "gpu"]),  # gpu: needs cuda
+    ("strategy", ["ddpp", "deepspeed_stage_2", "gpu"]),  # gpu: needs cuda
     ("backend", ["nccl", "ucc"]),  # nccl: needs CUDA
     ("accelerator", ["tpu"] + (["cuda"] if NO_GPU else [])),  # cuda with devices 2: valid on a 2-GPU host
     ("devices", [0, 1, "0,1", [0, 1]]),  # ddp needs >= 2 CPU processes, given as a count
