@@ -534,9 +534,9 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
         code = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            from engine import launch
+            from engine.runs import control
 
-            launch.kill(run)
+            control.kill(run)
     out = log.read_text()
     assert code == 1, out
     assert "rank 1 killed by signal 9" in out
