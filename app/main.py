@@ -99,6 +99,24 @@ class TorchdeckApp(App):
 
         self.push_screen(RunsScreen())
 
+    def resume_run(self, path) -> None:
+        """Start a run that continues `path` from its newest checkpoint and watch it (the Monitor's
+        and the Runs list's Resume; `torchdeck resume RUN` headless)."""
+        from engine.errors import TorchdeckError
+        from engine.runs import control
+
+        try:
+            cfg, origin, step, ckpt = control.resume_config(path)
+            run = control.start(cfg, Path(path).parent, origin)
+        except (TorchdeckError, OSError) as exc:
+            self.notify(f"Cannot resume: {exc}", severity="error", timeout=10)
+            return
+        self.last_run = run.path
+        self.notify(f"Resuming {Path(path).name} from {ckpt.name} (step {step}) as {run.name}")
+        from app.monitor.screen import MonitorScreen
+
+        self.push_screen(MonitorScreen(run.path))
+
     def _on_configure(self, action: str):
         """A palette command that acts on the Configure screen, returning to it first."""
         def go() -> None:

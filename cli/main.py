@@ -116,20 +116,34 @@ def _origin(args) -> dict:
 
 
 def cmd_run(args) -> int:
+    origin = _origin(args)
+    if args.resume == "latest":  # the newest earlier run of this config's name (checkpoint.resume: latest)
+        args.set = list(args.set or []) + ["checkpoint.resume=latest"]
+    elif args.resume:
+        from engine.runs import control
+
+        old = _find_run(args.resume, args.runs_dir)
+        _, ckpt = control.resume_point(old)
+        origin.update(resumed_from=str(old.path), checkpoint=str(ckpt))
+        args.set = list(args.set or []) + [f"checkpoint.resume={ckpt}"]
+    return _launch(args, _config_or_usage(args, launch=True), origin)
+
+
+def _launch(args, cfg, origin: dict, root=None) -> int:
     from cli.progress import Display
     from engine.runs import control
 
-    cfg = _config_or_usage(args, launch=True)
     if cfg.accelerator == "cuda":
         from engine.hardware import visible_devices_warning
 
         warn = visible_devices_warning()
         if warn:
             _err("warning: " + warn)
+    root = root or args.runs_dir
     try:
-        run = control.start(cfg, root=args.runs_dir, origin=_origin(args))
+        run = control.start(cfg, root=root, origin=origin)
     except OSError as exc:
-        where = args.runs_dir or os.environ.get("TORCHDECK_RUNS") or "./runs"
+        where = root or os.environ.get("TORCHDECK_RUNS") or "./runs"
         raise UsageError(f"cannot create the run directory under {where}: {exc.strerror or exc}") from None
     print(f"run directory: {run.path}", flush=True)
     if args.detach:
@@ -147,6 +161,16 @@ def cmd_run(args) -> int:
         return True
 
     return _exit_for(follow(run, Display(), on_interrupt))
+
+
+def cmd_resume(args) -> int:
+    """`torchdeck resume RUN`: a new run that continues RUN from its newest checkpoint."""
+    from engine.runs import control
+
+    run = _find_run(args.run, args.runs_dir)
+    cfg, origin, step, ckpt = control.resume_config(run, args.set)
+    print(f"resuming {run.name} from {ckpt.name} (step {step})", flush=True)
+    return _launch(args, cfg, origin, root=args.runs_dir or run.path.parent)
 
 
 def _find_run(ref: str, runs_dir: str | None):
@@ -256,14 +280,28 @@ def cmd_validate(args) -> int:
 
 def cmd_eval(args) -> int:
     ckpt = Path(args.checkpoint).expanduser()
-    if not ckpt.exists():  # a file, or a deepspeed run's checkpoint folder
-        raise UsageError(f"{args.checkpoint}: no such checkpoint file")
+    if not ckpt.exists() or (ckpt / "config.yaml").is_file():  # a run (directory, name, 'latest'): its newest checkpoint
+        try:
+            run = _find_run(args.checkpoint, getattr(args, "runs_dir", None))
+        except UsageError:
+            raise UsageError(f"{args.checkpoint}: no such checkpoint file or run (give a ckpt-* file or folder, a run "
+                             "directory, or 'latest')") from None
+        try:
+            cfg = run.config()
+        except Exception:
+            cfg = None
+        found = run.checkpoints(cfg)
+        if not found:
+            raise UsageError(f"run {run.name} has no checkpoint (it ended before its first one)")
+        ckpt = found[-1][1]
     if args.data_root and not Path(args.data_root).expanduser().exists():
         raise UsageError(f"--data-root: no such folder {args.data_root!r}")
     from engine.evaluate import evaluate
 
     res = evaluate(str(ckpt), data_root=args.data_root)  # EvalError, DataError, ...: TorchdeckError
-    where = f" (epoch {res['epoch']}, step {res['step']})" if "step" in res else ""
+    from engine.runs.fmt import epoch_at
+
+    where = f" ({epoch_at(res['epoch'], res.get('batches_done', 0))}, step {res['step']})" if "step" in res else ""
     print(f"checkpoint {ckpt}{where}")
     print(f"  dataset {res.get('dataset')}: {res.get('samples')} samples, loss {res.get('loss'):.4f}, "
           f"accuracy {100 * res.get('accuracy', 0):.2f}%")
@@ -346,6 +384,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--node-rank", type=int, help="this node's rank in a multi-node run (nodes.node_rank)")
     s.set_defaults(func=cmd_run)
 
+    s.add_argument("--resume", metavar="RUN", help="continue from RUN's newest checkpoint ('latest': the "
+                                                   "newest earlier run of this config's name)")
+
+    s = sub.add_parser("resume", parents=[common, runs_dir, overrides],
+                       help="continue a stopped or failed run from its newest checkpoint")
+    s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
+    s.add_argument("--detach", action="store_true", help="start it and return; watch later with attach")
+    s.set_defaults(func=cmd_resume, node_rank=None)
+
     s = sub.add_parser("attach", parents=[common, runs_dir], help="watch a run (history, then live)")
     s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
     s.set_defaults(func=cmd_attach)
@@ -368,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("preset")
     s.set_defaults(func=cmd_validate)
 
-    s = sub.add_parser("eval", parents=[common], help="test accuracy of a checkpoint")
-    s.add_argument("checkpoint")
+    s = sub.add_parser("eval", parents=[common, runs_dir], help="test accuracy of a checkpoint")
+    s.add_argument("checkpoint", help="a ckpt-*.pt file, or a run (directory, name, 'latest'): its newest checkpoint")
     s.add_argument("--data-root", metavar="DIR", help="where the data set lives, if not where it was trained")
     s.set_defaults(func=cmd_eval)
 

@@ -44,7 +44,10 @@ def header(view: RunView, now: float, width: int) -> str:
     parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
              (1, f"step {step}/{total or '?'}"), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
     stale = view.stale_ranks(now)
-    if stale:
+    starting = view.startup(now)
+    if starting:
+        parts.append((1, starting))
+    elif stale:
         parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
                          f"{','.join(str(r.rank) for r in stale)} silent"))
     elif not view.final:
@@ -67,7 +70,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
     cells = {
         "rank": f"rank {r.rank:>2}",
         "device": f"{(r.device or (f'node {r.node_rank}' if r.node_rank is not None else '?'))[:10]:<10}",
-        "epoch": f"ep {r.epoch}/{view.total_epochs}" if view.total_epochs else f"ep {r.epoch:>2}",
+        "epoch": f"ep {r.epoch or '-'}/{view.total_epochs}" if view.total_epochs else f"ep {r.epoch or '-':>2}",
         "steps": f"{r.step:>5}/{total or '?':<5}",
         "loss": f"loss {fmt.num(r.loss)}",
         "rate": f"{fmt.rate(r.samples_per_s):>6}/s",
@@ -225,8 +228,7 @@ class Display:
         if not force and mono - self._last < self.interval:
             return
         self._last = mono
-        if view.status == Status.STARTING and not view.ranks and not force:
-            return
+
         now = self.clock()
         if self.tty:
             lines = block(view, now, self.width)

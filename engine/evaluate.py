@@ -58,7 +58,8 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
     model.to(dev)
     ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=dev, cfg=cfg)
     out = evaluate_model(model, val_ds, ctx, batch_size or max(cfg.train.batch_size, 256))
-    out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]))
+    out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]),
+               batches_done=int(state.get("batches_done") or 0))
     return out
 
 

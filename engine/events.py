@@ -9,6 +9,8 @@ Kinds and their fields (beyond v, kind, t):
     run_started    run, strategy, world_size, nproc_per_node, node_rank, num_nodes,
                    global_batch, devices (list of device strings per local rank),
                    master_addr, master_port, pid (supervisor), host, total_steps
+    phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume),
+                   until its first step event; the run's start-up is read from these
     rank_ready     rank, local_rank, device, pid, host, threads
     step           rank, epoch, step (optimizer steps done), total_steps, loss,
                    samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null)
@@ -43,6 +45,7 @@ EVENT_VERSION = 1
 KINDS = (
     "run_started",
     "rank_ready",
+    "phase",
     "step",
     "epoch_end",
     "checkpoint",

@@ -175,7 +175,9 @@ class Trainer:
         self.device = ctx.device
         set_speed_flags(cfg, self.device)
 
+        emit("phase", phase="data")
         self.train_ds, self.val_ds, self.info = build_datasets(cfg, self._node_share())
+        emit("phase", phase="model")
         model = build_model(cfg, self.info)
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -272,6 +274,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
+        if self.cfg.checkpoint.resume:
+            self.emit("phase", phase="resume")
         found = ckpt.resolve_resume(self.cfg, self.run_dir, dirs=self.strategy.checkpoint_dirs)
         if found is None:
             if self.cfg.checkpoint.resume and self.ctx.rank == 0:
@@ -288,7 +292,10 @@ class Trainer:
             note = ""
             if state.get("world_size") not in (None, c.world_size):
                 note = f" (saved with world size {state['world_size']}, now {c.world_size}: data order differs)"
-            self.emit("log", level="info", message=f"resumed from {path} at epoch {self.pos.epoch} "
+            from engine.runs.fmt import epoch_at
+
+            self.emit("log", level="info", message=f"resumed from {path} at "
+                                                   f"{epoch_at(self.pos.epoch, self.pos.batches_done)}, "
                                                    f"step {self.pos.step}{note}")
 
     def save_checkpoint(self) -> None:

@@ -200,6 +200,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             os.environ.setdefault(var, lo)
     if strategy.distributed:
+        emit("phase", phase="rendezvous")
         init_group(cfg, rank, world_size, node_rank)
     try:
         emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
@@ -218,7 +219,9 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         pos = trainer.fit()
         if rank == 0:
             how = "stopped on request" if trainer.stopped else "finished"
-            emit("log", level="info", message=f"{how} at epoch {pos.epoch} step {pos.step}")
+            from engine.runs.fmt import epoch_at
+
+            emit("log", level="info", message=f"{how} at {epoch_at(pos.epoch, pos.batches_done)}, step {pos.step}")
         return trainer.stopped
     finally:
         if strategy.distributed and dist.is_initialized():

@@ -105,7 +105,10 @@ def header_text(state: RunView, now: float, run_name: str) -> Text:
     step, total = state.progress()
     t.append(f" elapsed {fmt.duration(state.elapsed(now))}  ·  ")
     stale = state.stale_ranks(now)
-    if stale:
+    starting = state.startup(now)
+    if starting:
+        t.append(starting, style="cyan")
+    elif stale:
         who = ",".join(str(r.rank) for r in stale)
         t.append(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", style="bold red")
     else:
@@ -396,36 +399,49 @@ class Curves(Horizontal):
         loss.display = acc.display = not empty
         if empty:
             return
-        p = loss.plt
-        p.clear_data()
-        p.clear_figure()
-        p.title("loss")
-        p.xlabel("step")
-        pts = state.steps.points
-        if pts:
-            p.plot([x for x, _ in pts], [y for _, y in pts], label="train (step)", marker="braille")
         ep = [state.epochs[k] for k in sorted(state.epochs)]
-        tr = [(e.step, e.train_loss) for e in ep if e.train_loss is not None]
-        va = [(e.step, e.val_loss) for e in ep if e.val_loss is not None]
-        if tr:
-            p.scatter([x for x, _ in tr], [y for _, y in tr], label="train (epoch)", marker="o")
-        if va:
-            p.scatter([x for x, _ in va], [y for _, y in va], label="val", marker="x")
-        loss.refresh()
-        a = acc.plt
-        a.clear_data()
-        a.clear_figure()
-        a.title("accuracy %")
-        a.xlabel("step")
-        apts = state.step_acc.points
-        if apts:
-            a.plot([x for x, _ in apts], [100 * y for _, y in apts], label="train (step)", marker="braille")
-        tra = [(e.step, 100 * e.train_acc) for e in ep if e.train_acc is not None]
-        vaa = [(e.step, 100 * e.val_acc) for e in ep if e.val_acc is not None]
-        for series, label, marker in ((tra, "train (epoch)", "o"), (vaa, "val", "x")):
-            if series:
-                a.scatter([x for x, _ in series], [y for _, y in series], label=label, marker=marker)
-        acc.refresh()
+        # No legend inside the plots (it covered the newest points, top left or right): the title
+        # says which mark is which.
+        series = {
+            loss: ("loss  ⠿ step o epoch x val", 1.0, state.steps.points,
+                   [(e.step, e.train_loss) for e in ep if e.train_loss is not None],
+                   [(e.step, e.val_loss) for e in ep if e.val_loss is not None]),
+            acc: ("acc %  ⠿ step o epoch x val", 100.0, state.step_acc.points,
+                  [(e.step, e.train_acc) for e in ep if e.train_acc is not None],
+                  [(e.step, e.val_acc) for e in ep if e.val_acc is not None]),
+        }
+        for widget, (title, scale, steps, train, val) in series.items():
+            p = widget.plt
+            p.clear_data()
+            p.clear_figure()
+            p.title(title)
+            p.xlabel("step")
+            xs = [x for x, _ in steps] + [x for x, _ in train] + [x for x, _ in val]
+            if steps:
+                p.plot([x for x, _ in steps], [scale * y for _, y in steps], marker="braille")
+            for pts, marker in ((train, "o"), (val, "x")):
+                if pts:
+                    p.scatter([x for x, _ in pts], [scale * y for _, y in pts], marker=marker)
+            ticks = step_ticks(min(xs), max(xs)) if xs else []
+            if ticks:
+                p.xticks(ticks, [str(t) for t in ticks])
+            widget.refresh()
+
+
+def step_ticks(lo: float, hi: float, most: int = 5) -> list[int]:
+    """Whole step numbers for the x axis (plotext's own ticks are fractions: 55.5, 101.0),
+    spaced 1, 2, 5, 10, 20, 50 ... apart, at most `most` of them."""
+    lo, hi = int(lo), int(hi)
+    if hi <= lo:
+        return [lo]
+    gap = 1
+    while (hi - lo) // gap + 1 > most:
+        for m in (2, 2.5, 2):
+            gap = int(gap * m)
+            if (hi - lo) // gap + 1 <= most:
+                break
+    first = -(-lo // gap) * gap
+    return list(range(first, hi + 1, gap))
 
 
 # ----------------------------------------------------------------------------- log

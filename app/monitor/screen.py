@@ -38,6 +38,7 @@ class MonitorCommands(Provider):
     COMMANDS = (
         ("Stop run", "stop", "Graceful stop: ranks finish the step, rank 0 checkpoints (s)"),
         ("Kill run", "kill", "SIGKILL every process of the run (k)"),
+        ("Resume run", "resume", "A new run that continues this one from its newest checkpoint (R)"),
         ("Leave monitor", "leave", "Back to the previous screen; the run goes on (escape)"),
     )  # "Runs list" is the app's own palette entry, on every screen
 
@@ -67,6 +68,7 @@ class MonitorScreen(Screen):
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("k", "kill", "Kill"),
+        Binding("R", "resume", "Resume"),
         Binding("escape", "leave", "Leave"),
         Binding("r", "runs", "Runs"),
     ]
@@ -290,6 +292,14 @@ class MonitorScreen(Screen):
             self.app.call_from_thread(self.notify, f"Kill failed: {exc}", severity="error")
             return
         self.app.call_from_thread(self.notify, f"Killed {len(pids)} process(es) of the run", severity="warning")
+
+    def action_resume(self) -> None:
+        """Continue a stopped, failed or lost run from its newest checkpoint, in a new run."""
+        if not self.run_state.final:
+            self.notify("Resume continues a run that is over: this one is still going (s stops it)",
+                        severity="warning")
+            return
+        self.app.resume_run(self.run_dir.path)
 
     def action_leave(self) -> None:
         if not self.run_state.final and self.run_dir.is_live():

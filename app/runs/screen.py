@@ -53,6 +53,7 @@ class RunsScreen(Screen):
         Binding("enter", "open", "Open", priority=True),
         Binding("r", "refresh", "Refresh"),
         Binding("d", "delete", "Delete"),
+        Binding("R", "resume", "Resume"),
         Binding("escape", "back", "Back"),
     ]
 
@@ -224,6 +225,13 @@ class RunsScreen(Screen):
                         severity="error", timeout=8)
             return
         self.app.push_screen(MonitorScreen(r.path))
+
+    def action_resume(self) -> None:
+        r = self.selected
+        if r is None:
+            self.notify("no run selected", severity="warning")
+            return
+        self.app.resume_run(r.path)
 
     def action_delete(self) -> None:
         r = self.selected

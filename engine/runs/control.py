@@ -43,6 +43,54 @@ def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None
     return run
 
 
+def resume_point(run) -> tuple[int, Path]:
+    """(step, checkpoint) a run would resume from: its newest checkpoint; UsageError if it has none
+    or is still going."""
+    from engine.errors import UsageError
+
+    run = _as_run(run)
+    status = run.status()
+    if status.live:
+        raise UsageError(f"run {run.name} is {status}: stop it first (torchdeck stop {run.name}), or "
+                         "watch it (torchdeck attach)")
+    try:
+        cfg = run.config()
+    except Exception:
+        cfg = None
+    found = run.checkpoints(cfg)
+    if not found:
+        raise UsageError(f"run {run.name} has no checkpoint to resume from (it ended before its first one; "
+                         "checkpoint.every_n_steps and checkpoint.every_epoch set how often they are written)")
+    return found[-1]
+
+
+def resume_origin(run, ckpt: Path, overrides: list[str] | None = None) -> dict:
+    """origin.json of a run that continues `run` from `ckpt`: the same preset and --set values (and
+    any new ones), and where it came from, so its curves can continue the old ones."""
+    run = _as_run(run)
+    old = run.origin()
+    before = [str(o) for o in old.get("overrides") or [] if isinstance(o, str)]
+    return {"preset": old.get("preset") or str(run.config_path), "overrides": before + list(overrides or []),
+            "resumed_from": str(run.path), "checkpoint": str(ckpt)}
+
+
+def resume_config(run, overrides: list[str] | None = None):
+    """What resuming `run` would start: its config with `overrides` applied and checkpoint.resume
+    at its newest checkpoint, checked as any launch is (TorchdeckError with the reasons
+    otherwise). Returns (cfg, origin, step, checkpoint); `start(cfg, run.path.parent, origin)`
+    launches it. The CLI's `torchdeck resume` and the app's Resume both come here."""
+    from engine import preflight
+    from engine.errors import UsageError
+
+    run = _as_run(run)
+    step, ckpt = resume_point(run)
+    cfg, _ = preflight.load_config(str(run.config_path), list(overrides or []) + [f"checkpoint.resume={ckpt}"])
+    problems = preflight.check(cfg)
+    if problems:
+        raise UsageError(*preflight.lines(problems, str(run.config_path)))
+    return cfg, resume_origin(run, ckpt, overrides), step, ckpt
+
+
 def _as_run(run) -> RunDir:
     return run if isinstance(run, RunDir) else RunDir(Path(run))
 

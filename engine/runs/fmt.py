@@ -36,3 +36,11 @@ def ago(s: float | None) -> str:
     if s < 60:
         return f"{s:.0f}s"
     return duration(s)
+
+
+def epoch_at(epochs_done: int, batches_done: int) -> str:
+    """Where a position (the engine's 0-based count of finished epochs, and batches into the
+    next) is, for people: 'end of epoch 2', or 'epoch 3' while inside it."""
+    if batches_done == 0 and epochs_done > 0:
+        return f"end of epoch {epochs_done}"
+    return f"epoch {epochs_done + 1}"

@@ -133,6 +133,35 @@ class OutputTail:
 # ----------------------------------------------------------------------------- the follower
 
 
+def iter_events(path: Path):
+    """Every complete event of a file, line by line (a long run's file can be hundreds of MiB)."""
+    parse = EventTail(path)._parse
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if line.endswith(b"\n"):
+                    yield from parse([line])
+    except OSError:
+        return
+
+
+_CKPT_STEP = re.compile(r"ckpt-(\d+)(\.pt)?/?$")
+
+
+def resumed_chain(run: RunDir, depth: int = 20) -> list[tuple[RunDir, int]]:
+    """(earlier run, step it was resumed at) for each run this one continues, oldest first."""
+    out, here = [], run
+    for _ in range(depth):
+        origin = here.origin()
+        old, ckpt = origin.get("resumed_from"), str(origin.get("checkpoint") or "")
+        m = _CKPT_STEP.search(ckpt)
+        if not old or not m:
+            break
+        here = RunDir(Path(old))
+        out.append((here, int(m.group(1))))
+    return out[::-1]
+
+
 class Follower:
     """Feeds one RunView from a run directory. Call `poll()` as often as you like; it reads the
     log files and asks about the run's processes only every OUTPUT_EVERY_S / STATUS_EVERY_S."""
@@ -144,6 +173,8 @@ class Follower:
         self.output = OutputTail(self.run) if outputs else None
         self.clock = clock
         self._last_output = self._last_status = -1e9
+        for old, step in resumed_chain(self.run):
+            self.view.add_history(iter_events(old.events_path), step, old.name)
 
     @property
     def skipped(self) -> int:

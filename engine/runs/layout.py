@@ -28,6 +28,7 @@ from engine import events
 from engine.runs.status import Status, decide
 
 _STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
+_CKPT = re.compile(r"ckpt-(\d+)(\.pt)?")  # engine.checkpoint's names: files, or folders (deepspeed)
 
 
 def runs_root() -> Path:
@@ -127,6 +128,22 @@ class RunDir:
     stop_path = property(lambda self: self.path / "stop")
     checkpoint_dir = property(lambda self: self.path / "checkpoints")
     reserve_path = property(lambda self: self.path / ".reserve")
+
+    def checkpoints(self, cfg=None) -> list[tuple[int, Path]]:
+        """(step, path) of its complete checkpoints, oldest first (checkpoint.dir when the config
+        sets one, else checkpoints/ here). Torch-free: read from the names the engine writes."""
+        folder = self.checkpoint_dir
+        if cfg is not None and getattr(cfg.checkpoint, "dir", ""):
+            folder = Path(cfg.checkpoint.dir).expanduser()
+        out = []
+        try:
+            for p in folder.iterdir():
+                m = _CKPT.fullmatch(p.name)
+                if m and (p.is_file() if m.group(2) else p.is_dir()):
+                    out.append((int(m.group(1)), p))
+        except OSError:
+            return []
+        return sorted(out)
 
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank{rank}.log"

@@ -43,6 +43,7 @@ class RankState:
     interval: float | None = None  # typical seconds between its reports (smoothed)
     exited: str | None = None  # "exit 0", "exit 1", "signal SIGKILL"
     from_report: bool = False  # known only through rank 0's rank_report (another node)
+    phase: str = ""  # what it does while starting (PHASES), until its first step
     _step_t: float | None = None
 
     @property
@@ -72,6 +73,11 @@ class EpochPoint:
     train_acc: float | None
     val_loss: float | None
     val_acc: float | None
+
+
+# A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
+PHASES = {"rendezvous": "meeting the other ranks", "data": "building the data set",
+          "model": "building the model", "resume": "loading the checkpoint"}
 
 
 class Thinned:
@@ -170,6 +176,7 @@ class RunView:
     steps: Thinned = field(default_factory=Thinned)  # (step, train loss)
     step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
     best_val_acc: float | None = None
+    phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
     _finished_event: bool = False
@@ -254,9 +261,24 @@ class RunView:
         st._step_t = t
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
 
+    def _on_phase(self, ev, t) -> None:
+        st = self.rank(ev.get("rank"))
+        phase = _text(ev.get("phase"))
+        if phase not in PHASES:
+            raise Malformed(f"unknown phase {phase!r}")
+        st.phase = phase
+        st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
+        self.phase_t.setdefault(phase, t)
+
     def _stepping(self, t: float, step: int) -> None:
         if self.first_step_t is None:
             self.first_step_t, self.first_step = t, step
+            self.phase_t.setdefault("step", t)
+            took = self.startup_breakdown()
+            if took:
+                total = sum(s for _, s in took)
+                self._log(t, "info", None, f"first step {total:.1f} s after the supervisor started: "
+                                           + ", ".join(f"{what} {s:.1f} s" for what, s in took))
         if self.status == Status.STARTING:
             self.status = Status.RUNNING
 
@@ -376,6 +398,36 @@ class RunView:
             self._seen(st, rt)
             self._stepping(rt, st.step)
 
+    def add_history(self, evs, upto_step: int, source: str) -> None:
+        """The curves of the run this one resumed (steps up to its checkpoint), so a resumed run's
+        loss and accuracy continue where they left off. Nothing else of that run comes along."""
+        n = 0
+        for ev in evs:
+            if not isinstance(ev, dict):
+                continue
+            kind = ev.get("kind")
+            try:
+                if kind == "step" and ev.get("rank") == 0 and _i(ev.get("step"), upto_step + 1) <= upto_step:
+                    loss, acc = _f(ev.get("loss")), _f(ev.get("accuracy"))
+                    if loss is not None:
+                        self.steps.add(_i(ev.get("step")), loss)
+                        n += 1
+                    if acc is not None:
+                        self.step_acc.add(_i(ev.get("step")), acc)
+                elif kind == "epoch_end" and ev.get("rank") in (0, None) and _i(ev.get("step"), upto_step + 1) <= upto_step:
+                    epoch = _i(ev.get("epoch")) + 1
+                    val = _f(ev.get("val_acc"))
+                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
+                                                             _f(ev.get("train_acc")), _f(ev.get("val_loss")), val))
+                    if val is not None and (self.best_val_acc is None or val > self.best_val_acc):
+                        self.best_val_acc = val
+            except (TypeError, ValueError, OverflowError):
+                continue
+        if n:
+            self._curve_rank = 0
+            self.curve_version += 1
+            self.version += 1
+
     # ------------------------------------------------------------------ news from the follower
     def add_output(self, rank: int | None, text: str, t: float | None = None) -> None:
         """A line a worker (or the supervisor) printed to its log file. The traceback a failing
@@ -468,6 +520,37 @@ class RunView:
         if self.final or (now is not None and self.stale_ranks(now)):
             return 0.0
         return sum(r.samples_per_s for r in self.rank_list() if r.exited is None)
+
+    def startup(self, now: float) -> str | None:
+        """What a starting run is doing, for the headers; None once it trains (or is over)."""
+        if self.status != Status.STARTING:
+            return None
+        if self.started_t is None:
+            return "starting the supervisor"
+        ranks = [r for r in self.rank_list() if not r.from_report]
+        moving = [r for r in ranks if r.phase]
+        if not moving:
+            return f"ranks importing torch ({now - self.started_t:.0f} s)"
+        order = list(PHASES)
+        behind = min(moving, key=lambda r: order.index(r.phase)).phase
+        n = sum(r.phase == behind for r in moving)
+        world = self.world_size or len(ranks)
+        since = self.phase_t.get(behind, now)
+        return f"{PHASES[behind]} ({n}/{world} rank{'s' if world != 1 else ''}, {max(0.0, now - since):.0f} s)"
+
+    def startup_breakdown(self) -> list[tuple[str, float]]:
+        """Seconds from the supervisor's start to the first step, by phase (the first rank to enter
+        each): where a short run's time goes before it trains."""
+        if self.started_t is None:
+            return []
+        marks = [("torch import", self.started_t)] + [
+            (name, self.phase_t[p]) for p, name in (("rendezvous", "rendezvous"), ("data", "data"),
+                                                    ("model", "model"), ("resume", "checkpoint"),
+                                                    ("step", "first step")) if p in self.phase_t]
+        out = []
+        for (what, t0), (_, t1) in zip(marks, marks[1:]):
+            out.append((what, max(0.0, t1 - t0)))
+        return out
 
     def latest_val_acc(self) -> float | None:
         for k in sorted(self.epochs, reverse=True):

@@ -326,7 +326,7 @@ async def test_palette_lists_the_monitor_actions(tmp_path):
         await pilot.pause(0.2)
         provider = MonitorCommands(screen)
         found = [h.text for h in [h async for h in provider.discover()]]
-        assert found == ["Stop run", "Kill run", "Leave monitor"]
+        assert found == ["Stop run", "Kill run", "Resume run", "Leave monitor"]
         assert "Runs list" in [c.title for c in app.get_system_commands(screen)]  # the app's, on every screen
         hits = [h async for h in provider.search("kill")]
         assert hits and hits[0].text == "Kill run"
@@ -368,3 +368,61 @@ def test_monitor_modules_do_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False", out.stderr
+
+
+async def test_log_lines_rewrap_when_the_terminal_is_resized_at_80x24(tmp_path):
+    """Lines wrapped at the old width were cut when the window shrank (issue 14): every word of a
+    long log line is still in the pane after a resize to 80x24 and back."""
+    from app.monitor.panes import LogPane
+    from app.monitor.screen import MonitorScreen
+
+    run = RunDir.create(from_dict({"name": "wrap", "strategy": "cpu"}), tmp_path / "runs")
+    long = ("epoch 3 is over and this line is long enough to wrap at eighty columns: train loss 0.0123 "
+            "acc 99.7%, val loss 0.0456 acc 99.8%")
+    evs = [started(world=1), ev("log", 1, rank=0, level="info", message=long),
+           ev("run_finished", 2, status="finished", exit_codes=[0], root_cause=None, elapsed_s=2.0)]
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
+    run.write_final("finished", None, [0], 2.0)
+    app = make_app(tmp_path)
+
+    def logged() -> str:
+        return " ".join(strip.text.strip() for strip in app.screen.query_one(LogPane).lines)
+
+    async with app.run_test(size=SIZE) as pilot:
+        await app.push_screen(MonitorScreen(run.path))
+        await until(pilot, lambda: "acc 99.8%" in logged(), 10, "the long line")
+        for size in ((80, 24), (60, 24), (140, 45)):
+            await pilot.resize_terminal(*size)
+            await until(pilot, lambda: app.screen.query_one(LogPane)._width == app.screen.query_one(
+                LogPane).scrollable_content_region.width, 10, "resize seen")
+            await pilot.pause(0.3)
+            text = " ".join(logged().split())
+            assert long in text, (size, text)
+            width = app.screen.query_one(LogPane).scrollable_content_region.width
+            assert max(len(strip.text.rstrip()) for strip in app.screen.query_one(LogPane).lines) <= width
+
+
+def test_a_lost_runs_ranks_are_marked_gone_and_a_stale_rank_stops_the_header():
+    from app.monitor.panes import header_text, rank_text
+    from engine.runs.view import RunView
+
+    st = RunView()
+    st.feed_all([started(), step(0, 5, 10), step(1, 5, 10)])
+    assert "ETA" in header_text(st, T0 + 11, "r").plain
+    head = header_text(st, T0 + 40, "r").plain  # both silent for 30 s
+    assert "STALLED: ranks 0,1 silent" in head and "0 samples/s" in head and "ETA" not in head
+    st.observe(None, alive=False, has_pid=True, quiet_s=600.0, now=T0 + 700)
+    assert st.status == "lost"
+    for r in st.rank_list():
+        line = rank_text(st, r, T0 + 900, 120).plain
+        assert line.rstrip().endswith("gone") and "s" not in line.split()[-1].replace("gone", "")
+
+
+def test_curve_ticks_are_whole_steps():
+    from app.monitor.panes import step_ticks
+
+    for lo, hi in ((1, 4), (1, 10), (3, 300), (1, 187), (100, 107), (1, 123_456)):
+        ticks = step_ticks(lo, hi)
+        assert ticks and all(isinstance(t, int) and lo <= t <= hi for t in ticks) and len(ticks) <= 5
+        gaps = {b - a for a, b in zip(ticks, ticks[1:])}
+        assert len(gaps) <= 1 and all(str(g).strip("0") in ("1", "2", "25", "5") for g in gaps), (lo, hi, ticks)

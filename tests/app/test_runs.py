@@ -433,3 +433,21 @@ async def test_torchdeck_runs_and_the_runs_screen_say_the_same_of_every_run(tmp_
         line = next(ln for ln in lines if ln.split() and ln.split()[1] == key)
         for col in ("strategy", "duration", "progress"):
             assert c[col] in line, (key, col, c[col], line)
+
+
+@pytest.mark.slow
+async def test_resume_from_the_runs_list_starts_a_run_that_continues_it(tmp_path, real_run):
+    """R on a run with a checkpoint: a new run directory that resumes it, watched in the Monitor."""
+    root, real_path = real_run
+    app = make_app(root)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_runs(pilot)
+        select(screen, real_path)
+        await pilot.press("R")
+        assert await until(pilot, lambda: type(app.screen).__name__ == "MonitorScreen", timeout=20)
+        new = Path(app.last_run)
+        origin = json.loads((new / "origin.json").read_text())
+        assert origin["resumed_from"] == str(real_path) and origin["checkpoint"].endswith("ckpt-00000004.pt")
+        assert await until(pilot, lambda: app.screen.run_state.final, timeout=120)
+        assert app.screen.run_state.status == "finished"
+        assert [x for x, _ in app.screen.run_state.steps.points] == [1, 2, 3, 4]  # the old curve came along

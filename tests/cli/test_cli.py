@@ -60,13 +60,41 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
     r = torchdeck("eval", str(ckpt), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "(epoch 0, step 5)" in r.stdout and "dataset synthetic: 64 samples" in r.stdout
+    assert "(epoch 1, step 5)" in r.stdout and "dataset synthetic: 64 samples" in r.stdout  # 5 of 8 batches
     acc = float(r.stdout.split("accuracy ")[1].split("%")[0])
     val_acc = [e["val_acc"] for e in evs if e["kind"] == "epoch_end"][-1]
     assert acc == pytest.approx(100 * val_acc, abs=0.01)  # same model, same val set as the run saw
     r = torchdeck("eval", str(run / "config.yaml"), cwd=tmp_path)
     assert r.returncode == 2 and "not a loadable torchdeck checkpoint" in r.stderr
     assert "Traceback" not in r.stderr
+    for ref in (str(run), "latest", run.name):  # a run: its newest checkpoint
+        r2 = torchdeck("eval", ref, cwd=tmp_path)
+        assert r2.returncode == 0 and f"checkpoint {ckpt}" in r2.stdout, (ref, r2.stdout + r2.stderr)
+    r = torchdeck("eval", "no-such-run", cwd=tmp_path)
+    assert r.returncode == 2 and "no such checkpoint file or run" in r.stderr
+
+    # resume: a new run from the old one's newest checkpoint, with more steps; its curve continues
+    r = torchdeck("resume", "latest", "--set", "train.max_steps=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resuming {run.name} from {ckpt.name} (step 5)" in r.stdout
+    new = next(p for p in run_dirs(tmp_path / "runs") if p != run)
+    origin = json.loads((new / "origin.json").read_text())
+    assert origin["resumed_from"] == str(run) and origin["checkpoint"] == str(ckpt)
+    assert origin["overrides"] == ["train.max_steps=5", "name=tiny-set", "train.max_steps=8"]
+    steps = [e["step"] for e in read_all(new / "events.jsonl") if e["kind"] == "step"]
+    assert steps and min(steps) == 6 and max(steps) == 8  # continued, not restarted
+    assert "resumed from" in r.stdout and "end of epoch" not in r.stdout.split("resumed from")[1][:60]
+    from engine.runs.follow import Follower
+
+    f = Follower(new)
+    f.poll(force=True)
+    assert [x for x, _ in f.view.steps.points] == list(range(1, 9))  # the old curve, then the new
+    r = torchdeck("run", str(tiny), "--resume", str(new), "--set", "train.max_steps=9", "--set", "train.epochs=2",
+                  cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (third,) = [p for p in run_dirs(tmp_path / "runs") if p not in (run, new)]
+    assert json.loads((third / "origin.json").read_text())["resumed_from"] == str(new)
+    assert [e["step"] for e in read_all(third / "events.jsonl") if e["kind"] == "step"] == [9]
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def test_every_line_of_the_live_block_fits_the_terminal_at_80_and_40_columns():
         buf = io.StringIO()
         d = Display(buf, tty=True, width=width)
         d.show(v, force=True)
-        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith("run started")]
+        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step"))]
         assert len(lines) == 3
         for ln in lines:
             assert len(REDRAW.sub("", ln)) < width, (width, ln)
@@ -133,7 +133,7 @@ def test_a_resize_redraws_at_once_and_moves_up_over_the_rewrapped_block():
     d._fixed_width = None
     d.__class__ = type("D", (Display,), {"width": property(lambda self: buf.cols)})
     d.show(v, force=True)
-    first = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith("run started")]
+    first = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step"))]
     widest = max(len(ln) for ln in first)
     buf.cols = 40  # the terminal shrank: the old lines now take more rows each
     d._on_resize()

@@ -131,3 +131,31 @@ def test_footer_has_no_residue_with_a_dropdown_open_at_80x24(term):
     term.keys("Escape")
     time.sleep(0.5)
     assert term.screen().rstrip("\n").splitlines()[-1].rstrip().endswith("▏^p palette")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_headless_progress_fits_an_80_column_terminal_and_redraws_in_place(term, tmp_path):
+    """Issue 14 bug 1: `torchdeck run` in an 80-column tmux printed ~108-column rank lines; they
+    wrapped and the in-place redraw repeated the header down the screen. Now every line fits, the
+    header is on screen once while it runs, and a resize to 60 columns redraws at that width."""
+    slow = TINY.replace("epochs: 1", "epochs: 30").replace("train_size: 512", "train_size: 2048")
+    (tmp_path / "presets" / "slowtiny.yaml").write_text(slow)
+    term.start(f"{TORCHDECK} run slowtiny; echo EXITED $?; sleep 600", width=80, height=24)
+    term.wait_for("RUNNING", timeout=120)
+    time.sleep(3)  # several redraws
+    screen = term.screen()
+    lines = screen.splitlines()
+    assert sum(ln.startswith(("RUNNING", "STARTING")) for ln in lines) == 1, screen
+    assert sum(ln.startswith("rank  0") for ln in lines) == 1, screen
+    block = [ln for ln in lines if ln.startswith(("RUNNING", "STARTING", "rank  "))]
+    assert len(block) == 3 and all(len(ln) < 80 for ln in block), screen
+    subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", "60", "-y", "24"], check=True)
+    time.sleep(2)
+    screen = term.screen()
+    block = [ln for ln in screen.splitlines() if ln.startswith(("RUNNING", "rank  "))]
+    assert block and all(len(ln) < 60 for ln in block), screen
+    assert sum(ln.startswith("RUNNING") for ln in screen.splitlines()) == 1, screen
+    term.keys("C-c")
+    term.wait_for("EXITED 0", timeout=120)  # a graceful stop exits 0
+    assert "run stopped" in term.screen()

@@ -222,3 +222,22 @@ def test_logs_stay_in_time_order_whatever_order_they_arrive_in():
     st.add_output(None, "supervisor said this at the start", T0 + 0.5)
     assert [ln.text for ln in st.logs][0] == "supervisor said this at the start"
     assert st.logs[-1].text.startswith("run finished") and st.log_rewrites == rewrites + 1
+
+
+def test_start_up_phases_are_shown_while_starting_and_summed_at_the_first_step():
+    st = RunView()
+    assert st.startup(T0) == "starting the supervisor"
+    st.feed(started(t=1.0))
+    assert st.startup(T0 + 3) == "ranks importing torch (2 s)"
+    st.feed_all([ev("phase", 4, rank=r, phase="rendezvous") for r in (0, 1)])
+    st.feed(ev("phase", 5, rank=0, phase="data"))
+    assert st.startup(T0 + 6) == "meeting the other ranks (1/2 ranks, 2 s)"  # the rank behind says
+    st.feed(ev("phase", 5.5, rank=1, phase="data"))
+    st.feed_all([ev("phase", 8, rank=r, phase="model") for r in (0, 1)])
+    assert st.startup(T0 + 8.5) == "building the model (2/2 ranks, 0 s)"
+    st.feed(step(0, 1, 9))
+    assert st.startup(T0 + 9) is None and st.status == "running"
+    assert st.startup_breakdown() == [("torch import", 3.0), ("rendezvous", 1.0), ("data", 3.0), ("model", 1.0)]
+    assert any(ln.text == "first step 8.0 s after the supervisor started: torch import 3.0 s, rendezvous 1.0 s, "
+                          "data 3.0 s, model 1.0 s" for ln in st.logs)
+    assert st.feed(ev("phase", 10, rank=0, phase="dancing")) is False  # unknown phase: skipped
