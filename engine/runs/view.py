@@ -176,6 +176,7 @@ class RunView:
     steps: Thinned = field(default_factory=Thinned)  # (step, train loss)
     step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
     best_val_acc: float | None = None
+    elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
@@ -363,6 +364,8 @@ class RunView:
         self.finished_t = t
         self._finished_event = True
         elapsed = _f(ev.get("elapsed_s"))
+        if elapsed is not None and elapsed >= 0:
+            self.elapsed_s = elapsed  # the run's own figure: every front end shows this one
         if self.started_t is None and elapsed is not None:
             self.started_t = t - elapsed
         text = f"run {self.status}" + (f": {self.root_cause}" if self.root_cause else "")
@@ -456,6 +459,8 @@ class RunView:
             self.version += 1
         elif st.final and final is not None:
             self.status = st
+            elapsed = _f(final.get("elapsed_s"))
+            self.elapsed_s = elapsed if elapsed is not None and elapsed >= 0 else self.elapsed_s
             rc = final.get("root_cause")
             self.root_cause = self.root_cause or (None if rc is None else str(rc))
             self.finished_t = self.finished_t or self.last_t or now
@@ -470,6 +475,10 @@ class RunView:
         return [self.ranks[k] for k in sorted(self.ranks) if k >= 0]
 
     def elapsed(self, now: float) -> float | None:
+        """Seconds the run has been going; once over, the duration it recorded itself (the one
+        `torchdeck runs` and the Runs list show from status.json)."""
+        if self.final and self.elapsed_s is not None:
+            return self.elapsed_s
         if self.started_t is None:
             return None
         return max(0.0, (self.finished_t or now) - self.started_t)

@@ -48,7 +48,9 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     (run,) = run_dirs(tmp_path / "runs")
     assert run.name.endswith("tiny-set")
     assert f"run directory: {run}" in r.stdout
-    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    final = json.loads((run / "status.json").read_text())
+    assert final["status"] == "finished"
+    assert not (run / "supervisor.pid").exists() and final["supervisor_pid"] > 0  # only while it lives
     evs = read_all(run / "events.jsonl")
     steps = [e for e in evs if e["kind"] == "step"]
     assert steps and max(e["step"] for e in steps) == 5  # --set train.max_steps=5 took effect
@@ -514,3 +516,37 @@ def test_validate_and_export_warn_of_several_nodes_at_loopback(tmp_path):
     r = torchdeck("validate", "quickstart", "--set", "nodes.num_nodes=2", "--set", "nodes.master_addr=10.1.2.3",
                   cwd=tmp_path)
     assert r.returncode == 0 and "warning" not in r.stdout, r.stdout
+
+
+def test_a_set_typo_is_blamed_on_set_not_on_the_preset(capsys):
+    """Issue 14: `--set train.epoch=3` said `.../presets/quickstart.yaml: train.epoch: unknown key`."""
+    assert cli.main(["validate", "quickstart", "--set", "train.epoch=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("--set: train.epoch: unknown key") and "epochs" in err[0], err
+    assert cli.main(["validate", "quickstart", "--set", "train.batch_size=0"]) == 2
+    assert capsys.readouterr().err.startswith("--set: train.batch_size: ")
+
+
+def test_one_run_reads_the_same_duration_everywhere(tmp_path, capsys):
+    """Issue 14: one run showed 00:12, 0:14 and 14.755 s. attach, runs and the reducer agree now."""
+    from engine import config as c
+    from engine import events
+    from engine.runs.catalog import collect
+    from engine.runs.follow import Follower
+    from engine.runs.layout import RunDir
+
+    run = RunDir.create(c.from_dict({"name": "timed"}), tmp_path)
+    t0 = 1_700_000_000.0
+    evs = [dict(events.make("run_started", strategy="cpu", world_size=1, total_steps=2), t=t0 + 2.0),
+           dict(events.make("step", rank=0, epoch=0, step=2, total_steps=2, loss=0.5), t=t0 + 10.0),
+           dict(events.make("run_finished", status="finished", exit_codes=[0], root_cause=None, elapsed_s=14.755),
+                t=t0 + 12.0)]
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
+    run.write_final("finished", None, [0], 14.755)
+    f = Follower(run)
+    f.poll(force=True)
+    assert f.view.elapsed(t0 + 99) == 14.755
+    (row,) = collect(tmp_path)
+    assert row.cells()["duration"] == "00:14"
+    assert cli.main(["attach", str(run.path)]) == 0
+    assert "run finished after 00:14" in capsys.readouterr().out
