@@ -17,7 +17,7 @@ from engine import cache
 from engine import config as cfgmod
 from engine import events
 from engine.data import BatchPrep, ImageTensors, augment, build_datasets, list_folder
-from tests.engine.test_equivalence import assert_same_weights, final_model, run_supervised, small_cfg
+from tests.engine.helpers import assert_same_weights, final_model, run_supervised, small_cfg
 
 
 def pngs(base: Path, classes=("ant", "bee", "cat"), per_class=6, size=(20, 14), nested=False) -> Path:
@@ -299,7 +299,7 @@ def sets(cfg):
 
 def test_a_run_waiting_for_its_data_says_so_and_names_the_knob(tmp_path, monkeypatch):
     """Rank 0 logs once when the ranks spend over a quarter of an epoch waiting for batches."""
-    from tests.engine.test_equivalence import run_in_process
+    from tests.engine.helpers import run_in_process
 
     name = f"tdk_slow_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{name}.py").write_text(SLOW_SET)

@@ -505,7 +505,7 @@ def test_stop_then_resume_latest_equals_uninterrupted_and_the_users_file_wins(tm
     assert meta["step"] == 32
 
     from engine.evaluate import _deepspeed_state
-    from tests.engine.test_equivalence import final_model, run_in_process
+    from tests.engine.helpers import final_model, run_in_process
 
     monkeypatch.syspath_prepend(str(tmp_path))
     straight = cfg_dict("cpu", devices=1, **{"train.batch_size": 16, "train.grad_accum": 1, "train.max_steps": 0,
@@ -520,7 +520,7 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
     """The shipped `deepspeed` preset through `torchdeck run`; SIGKILL one rank mid-run (as the OOM
     killer does): the command exits 1 naming the rank and the signal, and every process of the run
     is gone within 15 s, as for DDP."""
-    from tests.engine.test_lifecycle import assert_nothing_left, rank_pids, start_cli, steps_seen, the_run, wait_for
+    from tests.engine.helpers import assert_nothing_left, rank_pids, start_cli, steps_seen, the_run, wait_for
 
     long = ["data.train_size=4096", "data.val_size=64", "train.epochs=1000", "train.log_every_n_steps=1",
             "train.threads_per_rank=1", "nodes.master_port=0"]

@@ -3,86 +3,14 @@ process with 2B; accumulation of k x B equals one kB batch. No batch norm or dro
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
 from engine import config as cfgmod
 from engine import events
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def small_cfg(**over) -> dict:
-    """A tiny, fast run: mlp on 8x8 synthetic images, plain SGD with momentum, no eval."""
-    d = {
-        "name": "eq", "strategy": "cpu", "devices": 1,
-        "model": {"name": "mlp", "hidden": 32},
-        "data": {"train_size": 256, "val_size": 64, "image_size": 8},
-        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
-        "train": {"batch_size": 32, "epochs": 2, "max_steps": 6, "eval_every_epoch": False,
-                  "log_every_n_steps": 2, "threads_per_rank": 1},
-        "checkpoint": {"every_epoch": False, "keep_last": 20},
-    }
-    for key, value in over.items():
-        node = d
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return d
-
-
-def run_supervised(run_dir: Path, cfg: dict, timeout: float = 180, env: dict | None = None):
-    """The real thing: `python -m engine.supervisor RUN_DIR` in its own process."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfgmod.save(cfgmod.from_dict(cfg), run_dir / "config.yaml")
-    full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "engine.supervisor", str(run_dir)], cwd=ROOT,
-                          env=full_env, timeout=timeout, capture_output=True, text=True)
-    return proc
-
-
-def run_in_process(run_dir: Path, cfg: dict) -> list[dict]:
-    """One process, no spawn: the same worker code the supervisor runs, for quick single-rank checks."""
-    from engine.worker import train_rank
-
-    out: list[dict] = []
-    run_dir.mkdir(parents=True, exist_ok=True)
-    c = cfgmod.from_dict(cfg)
-    threads = torch.get_num_threads()
-    try:
-        train_rank(c, run_dir, 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
-    finally:
-        torch.set_num_threads(threads)
-    return out
-
-
-def final_model(run_dir: Path) -> dict:
-    found = ckpt.latest(run_dir / "checkpoints")
-    assert found is not None, f"no checkpoint in {run_dir}"
-    return found[1]
-
-
-def assert_same_weights(a: dict, b: dict, atol=1e-5):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=atol, rtol=0), (k, (a[k] - b[k]).abs().max().item())
-
-
-def assert_trained(state: dict, cfg: dict, tmp: Path):
-    """Guard against vacuous equality: the weights moved away from their initial values."""
-    init = run_in_process(tmp, {**cfg, "train": {**cfg["train"], "max_steps": 1},
-                                "optimizer": {**cfg["optimizer"], "lr": 1e-12}})
-    assert init
-    start = final_model(tmp)["model"]
-    moved = max((state[k] - start[k]).abs().max().item() for k in state)
-    assert moved > 1e-3
+from tests.engine.helpers import ROOT, assert_same_weights, assert_trained, final_model, run_in_process, run_supervised, small_cfg  # noqa: F401  (shared)
 
 
 @pytest.mark.slow

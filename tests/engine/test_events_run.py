@@ -12,7 +12,7 @@ from engine.evaluate import EvalError, evaluate
 
 @pytest.mark.slow
 def test_two_rank_run_events_cover_every_kind(tmp_path):
-    from tests.engine.test_equivalence import final_model, run_supervised, small_cfg
+    from tests.engine.helpers import final_model, run_supervised, small_cfg
 
     with socket.socket() as busy:  # the configured port is taken: the run must move, and say so
         busy.bind(("", 0))
@@ -132,7 +132,7 @@ def test_worker_runs_under_torchrun(tmp_path):
     import sys
 
     from engine import config as cfgmod
-    from tests.engine.test_equivalence import ROOT, assert_same_weights, final_model, run_in_process, small_cfg
+    from tests.engine.helpers import ROOT, assert_same_weights, final_model, run_in_process, small_cfg
 
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.batch_size": 16})
     cfgmod.save(cfgmod.from_dict(cfg), tmp_path / "c.yaml")

@@ -19,8 +19,7 @@ import pytest
 from engine import events
 from engine.runs import control
 from engine.runs.layout import RunDir
-from tests.engine.test_lifecycle import port_free
-from tests.engine.test_supervisor import Run, ddp_cfg, runs  # noqa: F401  (runs: the fixture)
+from tests.engine.helpers import Run, ddp_cfg, port_free
 
 FAIL_MODELS = '''
 import os, time
@@ -119,8 +118,7 @@ nodes: {{master_port: 0}}
 def _run_cli(tmp_path: Path, rank: str):
     import subprocess
 
-    from tests.engine.test_lifecycle import cli_cmd, env_for
-    from tests.engine.test_supervisor import USER_MODELS
+    from tests.engine.helpers import USER_MODELS, cli_cmd, env_for
 
     (tmp_path / "usermodels.py").write_text(USER_MODELS)
     (tmp_path / "raises.yaml").write_text(FAILING_PRESET.format(rank=rank))
@@ -132,7 +130,7 @@ def _run_cli(tmp_path: Path, rank: str):
 
 @pytest.mark.slow
 def test_rank_raises_torchdeck_run_shows_root_cause_and_traceback_and_leaves_nothing(tmp_path):
-    from tests.engine.test_lifecycle import the_run
+    from tests.engine.helpers import the_run
 
     proc, log = _run_cli(tmp_path, rank="1")
     run = the_run(tmp_path)
@@ -162,7 +160,7 @@ def test_rank_raises_torchdeck_run_shows_root_cause_and_traceback_and_leaves_not
 def test_sigkill_of_rank_0_frees_the_port_and_leaves_nothing(tmp_path):
     """Rank 0 is the one users worry about (it used to host the store): killing it must still stop
     rank 1 within 15 s, name the signal, and leave the port free."""
-    from tests.engine.test_lifecycle import rank_pids, steps_seen, the_run, wait_for
+    from tests.engine.helpers import rank_pids, steps_seen, the_run, wait_for
 
     proc, log = _run_cli(tmp_path, rank="none")  # never raises
     run = the_run(tmp_path)
@@ -212,7 +210,7 @@ def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path)
     import torch
 
     from engine import checkpoint as ckpt
-    from tests.engine.test_equivalence import ROOT
+    from tests.engine.helpers import ROOT
 
     d, marker = tmp_path / "ck", tmp_path / "in-fsync"
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(d), str(marker)], cwd=ROOT)
@@ -252,7 +250,7 @@ def test_disk_errors_on_save_become_one_clear_message(tmp_path):
     import subprocess
     import sys
 
-    from tests.engine.test_equivalence import ROOT
+    from tests.engine.helpers import ROOT
 
     code = ("import resource, sys, torch\n"
             "from engine import checkpoint as ckpt\n"
@@ -281,7 +279,7 @@ def test_sigkill_of_the_whole_run_during_a_save_then_resume_latest_equals_uninte
     before stays loadable, `resume: latest` in a new run of the same name continues from it,
     and the end result equals an uninterrupted run (one process, batch 2B: see test_equivalence)."""
     from engine import checkpoint as ckpt
-    from tests.engine.test_equivalence import assert_same_weights, final_model, run_in_process, small_cfg
+    from tests.engine.helpers import assert_same_weights, final_model, run_in_process, small_cfg
 
     write_models(tmp_path)
     cfg = ddp_cfg(**{"model.name": "failmodels:heavy", "train.max_steps": 12, "checkpoint.every_n_steps": 2,
@@ -409,7 +407,7 @@ def test_a_full_disk_fails_the_run_with_one_message_and_keeps_its_checkpoints(tm
 
     from engine import checkpoint as ckpt
     from engine import config as cfgmod
-    from tests.engine.test_equivalence import small_cfg
+    from tests.engine.helpers import small_cfg
 
     disk = tmp_path / "disk"
     if not _tiny_disk(disk, "1m"):

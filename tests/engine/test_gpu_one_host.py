@@ -36,8 +36,7 @@ from engine.strategies.base import RankContext
 from engine.train import Trainer
 from engine.worker import FileReporter, seed_everything, train_rank
 from tests.engine import probes
-from tests.engine.test_equivalence import (assert_same_weights, final_model, run_in_process, run_supervised,
-                                           small_cfg)
+from tests.engine.helpers import assert_same_weights, final_model, run_in_process, run_supervised, small_cfg
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,98 +15,9 @@ import pytest
 
 from engine.runs import control
 from engine.events import read_all
-from engine.runs.layout import RunDir
+from tests.engine.helpers import LONG, _as_in_a_terminal, assert_nothing_left, cli_cmd, env_for, port_free, port_of, preset, rank_pids, start_cli, steps_seen, the_run, wait_for  # noqa: F401  (shared)
 
 pytestmark = pytest.mark.slow
-
-LONG = """\
-name: {name}
-strategy: ddp
-accelerator: cpu
-devices: 2
-backend: gloo
-model: {{name: mlp, hidden: 32}}
-data: {{dataset: synthetic, train_size: 4096, val_size: 256, image_size: 16}}
-train: {{batch_size: 16, epochs: {epochs}, max_steps: {max_steps}, log_every_n_steps: 1}}
-nodes: {{master_port: {port}}}
-"""
-
-
-def preset(tmp_path, name="life", epochs=100, max_steps=0, port=0):
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(LONG.format(name=name, epochs=epochs, max_steps=max_steps, port=port))
-    return p
-
-
-def cli_cmd():
-    exe = Path(sys.executable).with_name("torchdeck")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
-
-
-def env_for(tmp_path):
-    return dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
-
-
-def _as_in_a_terminal():
-    """SIGHUP as a login shell leaves it: the suite itself may run under nohup, which children inherit."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def start_cli(tmp_path, *args, log="cli.log"):
-    out = open(tmp_path / log, "w")
-    proc = subprocess.Popen(cli_cmd() + list(args), cwd=tmp_path, env=env_for(tmp_path),
-                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_as_in_a_terminal)
-    return proc, tmp_path / log
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def the_run(tmp_path) -> RunDir:
-    def find():
-        root = tmp_path / "runs"
-        dirs = [p for p in root.iterdir() if (p / "config.yaml").is_file()] if root.exists() else []
-        return dirs[0] if dirs else None
-    return RunDir(wait_for(find, 30, "the run directory"))
-
-
-def steps_seen(run: RunDir, n=3):
-    return sum(1 for e in read_all(run.events_path) if e["kind"] == "step") >= n
-
-
-def rank_pids(run: RunDir):
-    return {e["rank"]: e["pid"] for e in read_all(run.events_path) if e["kind"] == "rank_ready"}
-
-
-def port_of(run: RunDir) -> int:
-    return next(e["master_port"] for e in read_all(run.events_path) if e["kind"] == "run_started")
-
-
-def assert_nothing_left(run: RunDir, pids, within):
-    wait_for(lambda: not control.run_processes(run), within, f"every process of {run.name} to exit")
-    import psutil
-
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"rank processes still alive: {alive}"
-
-
-def port_free(port: int) -> bool:
-    """Bindable as the next run's store binds it (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
 
 
 def test_graceful_stop_with_torchdeck_stop(tmp_path):

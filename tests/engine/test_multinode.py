@@ -16,8 +16,7 @@ import yaml
 
 from engine import config as cfgmod
 from engine import events
-from tests.engine.test_equivalence import (assert_same_weights, assert_trained, final_model,
-                                           run_in_process, run_supervised, small_cfg)
+from tests.engine.helpers import assert_same_weights, assert_trained, final_model, run_in_process, run_supervised, small_cfg
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 

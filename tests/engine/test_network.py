@@ -17,7 +17,7 @@ import pytest
 
 from engine import config as cfgmod
 from engine import events, network
-from tests.engine.test_equivalence import ROOT, small_cfg
+from tests.engine.helpers import ROOT, small_cfg
 
 
 def listening(pids) -> list[tuple[int, str, int]]:

@@ -12,8 +12,7 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine import events
-from tests.engine.test_equivalence import (ROOT, assert_same_weights, final_model, run_in_process,
-                                           run_supervised, small_cfg)
+from tests.engine.helpers import ROOT, assert_same_weights, final_model, run_in_process, run_supervised, small_cfg
 
 
 @pytest.mark.parametrize("opt,sched,precision", [("sgd", "cosine", "32-true"), ("adamw", "onecycle", "32-true"),

@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,120 +15,8 @@ import pytest
 from engine import config as cfgmod
 from engine import events
 from engine.supervisor import choose_port, port_in_use, supervise
-from tests.engine.test_equivalence import ROOT, final_model, small_cfg
-
-USER_MODELS = '''
-import os, time
-from engine.models import mlp
-
-
-def failing(info, at=3, rank="1"):
-    """Raises in the forward of its `at`-th training step on one rank."""
-    net = mlp(info, 32)
-    calls = [0]
-
-    def hook(mod, args):
-        if mod.training:
-            calls[0] += 1
-            if calls[0] == at and os.environ.get("RANK") == rank:
-                raise RuntimeError(f"boom at step {at}")
-    net.register_forward_pre_hook(hook)
-    return net
-
-
-def slow(info, sleep=0.05):
-    net = mlp(info, 32)
-    net.register_forward_pre_hook(lambda mod, args: time.sleep(sleep) if mod.training else None)
-    return net
-'''
-
-
-class Run:
-    """A supervisor started as a user would: its own process, its own session."""
-
-    def __init__(self, tmp_path: Path, cfg: dict, name="run"):
-        (tmp_path / "usermodels.py").write_text(USER_MODELS)
-        self.dir = tmp_path / name
-        self.dir.mkdir()
-        cfgmod.save(cfgmod.from_dict(cfg), self.dir / "config.yaml")
-        env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(self.dir)], cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True,
-                                     # SIGHUP at its default, as from a terminal (the suite may run under nohup),
-                                     # so "the supervisor ignores SIGHUP" is the supervisor's doing
-                                     preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-        self.seen_pids: set[int] = set()
-
-    def events(self) -> list[dict]:
-        return events.read_all(self.dir / "events.jsonl")
-
-    def wait_for(self, pred, timeout=120.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.note_children()
-            for e in self.events():
-                if pred(e):
-                    return e
-            assert self.proc.poll() is None, f"supervisor exited early: {self.output()}"
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting; events: {self.events()[-5:]}")
-
-    def note_children(self) -> None:
-        try:
-            self.seen_pids.update(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-
-    def wait(self, timeout) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(running)"
-        return self.proc.stdout.read()
-
-    def status(self) -> dict:
-        return json.loads((self.dir / "status.json").read_text())
-
-    def assert_nothing_left(self, within=5.0) -> None:
-        pids = self.seen_pids | {e["pid"] for e in self.events() if e["kind"] == "rank_ready"}
-        assert pids, "never saw a rank process"
-        deadline = time.monotonic() + within
-        alive = pids
-        while time.monotonic() < deadline:
-            alive = {p for p in pids if _alive(p)}
-            if not alive:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"processes of the run still alive: {alive}")
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@pytest.fixture
-def runs():
-    started: list[Run] = []
-    yield started
-    for r in started:
-        r.kill()
-
-
-def ddp_cfg(**over):
-    base = {"strategy": "ddp", "devices": 2, "nodes.master_port": 0, "train.batch_size": 8,
-            "train.log_every_n_steps": 1}
-    base.update(over)
-    return small_cfg(**base)
+from tests.engine.helpers import final_model, small_cfg
+from tests.engine.helpers import Run, USER_MODELS, _alive, ddp_cfg  # noqa: F401  (shared)
 
 
 @pytest.mark.slow

@@ -1,0 +1,15 @@
+"""Fixtures the engine tests share (helper functions are in helpers.py)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.helpers import Run
+
+
+@pytest.fixture
+def runs():
+    """Supervisors a test started (helpers.Run); any still alive at the end are killed."""
+    started: list[Run] = []
+    yield started
+    for r in started:
+        r.kill()
