@@ -437,6 +437,8 @@ class RunView:
         rank prints there is already shown with its error event: not a second time."""
         if text.strip() and text.rstrip() in self._traceback_lines.get(rank, ()):
             return
+        if rank is None and any(ln.text == text.strip() for ln in self.logs[-20:]):
+            return  # the supervisor's log repeats what its events said ("run finished")
         self._log(t or self.last_t or time.time(), "output", rank, text)
         self.version += 1
 

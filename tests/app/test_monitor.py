@@ -144,6 +144,12 @@ async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cle
             row = next(ln for ln in text.splitlines() if ln.startswith(f"│ {r}    cpu"))
             assert "4/4" in row
         assert "epoch 1/1 done at step 4" in text  # the log pane replayed the history (epochs from 1)
+        from app.monitor.panes import LogPane
+
+        logged = [strip.text for strip in screen.query_one(LogPane).lines]
+        first = lambda word: next(i for i, ln in enumerate(logged) if word in ln)  # noqa: E731
+        assert first("run started") < first("supervisor ") < first("epoch 1/1 done") < first("run finished"), logged
+        assert st.logs[-1].text == "run finished" and sum(ln.text == "run finished" for ln in st.logs) == 1
         assert "A100" in text  # the fake GPU pane
         assert "supervisor" in text  # host pane process rows
         await pilot.press("escape")
