@@ -286,14 +286,10 @@ def cmd_eval(args) -> int:
         except UsageError:
             raise UsageError(f"{args.checkpoint}: no such checkpoint file or run (give a ckpt-* file or folder, a run "
                              "directory, or 'latest')") from None
-        try:
-            cfg = run.config()
-        except Exception:
-            cfg = None
-        found = run.checkpoints(cfg)
-        if not found:
+        found = run.newest_checkpoint()
+        if found is None:
             raise UsageError(f"run {run.name} has no checkpoint (it ended before its first one)")
-        ckpt = found[-1][1]
+        ckpt = found[1]
     if args.data_root and not Path(args.data_root).expanduser().exists():
         raise UsageError(f"--data-root: no such folder {args.data_root!r}")
     from engine.evaluate import evaluate

@@ -53,15 +53,11 @@ def resume_point(run) -> tuple[int, Path]:
     if status.live:
         raise UsageError(f"run {run.name} is {status}: stop it first (torchdeck stop {run.name}), or "
                          "watch it (torchdeck attach)")
-    try:
-        cfg = run.config()
-    except Exception:
-        cfg = None
-    found = run.checkpoints(cfg)
-    if not found:
+    found = run.newest_checkpoint()
+    if found is None:
         raise UsageError(f"run {run.name} has no checkpoint to resume from (it ended before its first one; "
                          "checkpoint.every_n_steps and checkpoint.every_epoch set how often they are written)")
-    return found[-1]
+    return found
 
 
 def resume_origin(run, ckpt: Path, overrides: list[str] | None = None) -> dict:

@@ -145,6 +145,15 @@ class RunDir:
             return []
         return sorted(out)
 
+    def newest_checkpoint(self) -> tuple[int, Path] | None:
+        """(step, path) of the checkpoint a resume or `torchdeck eval RUN` would use; None if none."""
+        try:
+            cfg = self.config()
+        except Exception:  # an unreadable config: look in checkpoints/ here
+            cfg = None
+        found = self.checkpoints(cfg)
+        return found[-1] if found else None
+
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank{rank}.log"
 

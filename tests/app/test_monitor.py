@@ -1,10 +1,10 @@
-"""The Monitor screen: the RunState reducer on hand-made event streams, then the screen on real
-runs the engine produced (finished, failed, stopped from the screen) and on a run fed live."""
+"""The Monitor screen on real runs the engine produced (finished, failed, stopped from the screen),
+on a run fed live, and on hand-made event streams (tests/run_events.py). The reducer it draws is
+tested on its own in tests/engine/test_run_view.py."""
 from __future__ import annotations
 
-import json
-
 import asyncio
+import json
 import os
 import textwrap
 import time
@@ -18,33 +18,8 @@ from app.sources.nvml import FakeGPUSource, GPUSample
 from engine import events
 from engine.config import from_dict
 from engine.runs.layout import RunDir
-
-T0 = 1_700_000_000.0
-
-
-def ev(kind: str, t: float, **fields) -> dict:
-    """An event from the engine's own builder, at a fixed time. Kinds the builder does not know
-    yet (rank_report lands with multi-node) are built in the same shape."""
-    try:
-        e = events.make(kind, **fields)
-    except ValueError:
-        e = {"v": events.EVENT_VERSION, "kind": kind, **fields}
-    e["t"] = T0 + t
-    return e
-
-
-def started(total=100, world=2, t=0.0):
-    return ev("run_started", t, run="r1", strategy="ddp", world_size=world, nproc_per_node=world, node_rank=0,
-              num_nodes=1, global_batch=64 * world, devices=["cpu"] * world, master_addr="127.0.0.1",
-              master_port=29500, pid=4000, host="box", total_steps=total)
-
-
-def step(rank, s, t, sps=100.0, total=100, wait=0.01, comp=0.09, loss=1.0):
-    return ev("step", t, rank=rank, epoch=0, step=s, total_steps=total, loss=loss, accuracy=0.5,
-              samples_per_s=sps, data_wait_s=wait, compute_s=comp, lr=0.1)
-
-
-# ----------------------------------------------------------------------------- the screen
+from tests.app.screen_helpers import screen_text
+from tests.run_events import T0, ev, started, step
 
 SIZE = (140, 45)
 
@@ -70,25 +45,6 @@ async def until(pilot, cond, timeout: float, what: str):
             return
         await pilot.pause(0.1)
     raise AssertionError(f"{what}: not within {timeout:.0f} s; screen:\n{screen_text(pilot.app)}")
-
-
-def screen_text(app) -> str:
-    """What the screen shows, as plain text lines (the SVG's text runs, in order)."""
-    import html
-    import re
-
-    svg = app.export_screenshot()
-    rows: dict[int, list] = {}
-    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="[\d.]+" '
-                         r'clip-path="url\(#[^)]*-line-(\d+)\)">(.*?)</text>', svg):
-        rows.setdefault(int(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
-    out = []
-    for line in sorted(rows):
-        s = ""
-        for x, txt in sorted(rows[line]):
-            s = s.ljust(int(round(x / 12.2))) + txt
-        out.append(s.replace("\xa0", " "))
-    return "\n".join(out)
 
 
 TINY = {"name": "tiny", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo",
