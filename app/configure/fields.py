@@ -16,7 +16,7 @@ import yaml
 from engine import config as C
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
-DISTRIBUTED = ("ddp", "fsdp", "zero")
+DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")
 
 GROUPS = ("Run", "Distributed", "Model & data", "Optimization", "Precision & speed", "Checkpoints",
           "Strategy options")
@@ -32,6 +32,7 @@ _GROUP_OF = [
     ("optimizer.", "Optimization"), ("scheduler.", "Optimization"), ("train.", "Optimization"),
     ("checkpoint.", "Checkpoints"),
     ("ddp.", "Strategy options"), ("model_parallel.", "Strategy options"), ("fsdp.", "Strategy options"),
+    ("deepspeed.", "Strategy options"),
 ]
 
 CHOICES: dict[str, tuple] = {
@@ -39,6 +40,7 @@ CHOICES: dict[str, tuple] = {
     "train.precision": C.PRECISIONS, "optimizer.name": C.OPTIMIZERS, "scheduler.name": C.SCHEDULERS,
     "model.name": C.BUILTIN_MODELS + (CUSTOM,), "data.dataset": C.BUILTIN_DATASETS + (CUSTOM,),
     "fsdp.state_dict": ("full", "sharded"),
+    "deepspeed.offload_optimizer": C.OFFLOAD, "deepspeed.offload_param": C.OFFLOAD,
     "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS,
 }
 
@@ -55,6 +57,8 @@ LABELS = {
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
     "data.cache": "decode once (cache)", "data.cache_budget_mb": "cache budget MiB (0: RAM/4)",
     "data.num_workers": "loader workers (-1: auto)",
+    "deepspeed.stage": "ZeRO stage", "deepspeed.offload_optimizer": "offload optimizer",
+    "deepspeed.offload_param": "offload parameters", "deepspeed.config": "your ds_config.json",
 }
 
 HINTS = {
@@ -69,6 +73,8 @@ HINTS = {
     "data.cache": "auto: keep decoded images in RAM when they fit the budget",
     "data.cache_budget_mb": "for all ranks of this node together",
     "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
+    "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",
+    "deepspeed.config": "path (empty: generated); its values win, the run lists each one it replaces",
 }
 
 
@@ -102,12 +108,15 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
     # one node is always node 0; a count still being typed (not a number) shows it
     "nodes.node_rank": lambda v: v("strategy") in DISTRIBUTED and v("nodes.num_nodes") != 1,
+    # parameters offload only under stage 3; a stage still being typed shows it
+    "deepspeed.offload_param": lambda v: v("strategy") == "deepspeed" and v("deepspeed.stage") not in (0, 1, 2),
 }
 _PREFIX_SHOWN_WHEN = {
     "nodes.": lambda v: v("strategy") in DISTRIBUTED,
     "ddp.": lambda v: v("strategy") in ("ddp", "zero"),
     "model_parallel.": lambda v: v("strategy") == "model-parallel",
     "fsdp.": lambda v: v("strategy") == "fsdp",
+    "deepspeed.": lambda v: v("strategy") == "deepspeed",
 }
 for _name in ("train_size", "val_size", "num_classes", "image_size"):
     _SHOWN_WHEN[f"data.{_name}"] = lambda v: v("data.dataset") == "synthetic"

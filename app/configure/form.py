@@ -139,12 +139,13 @@ class ConfigForm(VerticalScroll):
             self._cuda_ready = not cpu
             out.append(Horizontal(procs, *row, id="ctl-devices", classes="field-ctl"))
             out.extend(below)
-            out.append(Static("", id="gpu-note", classes="field-msg span2"))
+            out.append(Static("", id="gpu-note", classes="field-msg span2", markup=False))
         else:
             out.append(Input(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
                              id=f.wid, compact=True))
         if f.hint or f.path == "train.batch_size":
-            out.append(Static(f.hint, id="msg-" + _slug(f.path), classes="field-msg span2"))
+            # markup=False: a reason may hold brackets ("pip install 'torchdeck[deepspeed]'", [0, 1])
+            out.append(Static(f.hint, id="msg-" + _slug(f.path), classes="field-msg span2", markup=False))
         for w in out:  # ids looked up often: a query walks the whole DOM, a dict does not
             for x in (w, *w._pending_children):
                 self._w[x.id] = x
@@ -326,7 +327,7 @@ class ConfigForm(VerticalScroll):
         found = self._w.get("msg-" + _slug(f.path))
         if found:
             return found
-        msg = Static("", id="msg-" + _slug(f.path), classes="field-msg span2")
+        msg = Static("", id="msg-" + _slug(f.path), classes="field-msg span2", markup=False)
         parts = self._parts(f)
         self._w[group_id(f.group)].mount(msg, after=parts[-1])
         self._w[msg.id] = msg

@@ -67,10 +67,10 @@ class ConfigureScreen(Screen):
         self._initial = self._read_initial()
         yield Static("", id="preset-bar")
         yield ConfigForm(self._initial[0], id="form")  # built with the preset's values: no second pass
-        yield Static("", id="problems")
-        yield Static("", id="warnings")
-        yield Static("", id="summary")
-        yield Static("", id="command")
+        yield Static("", id="problems", markup=False)
+        yield Static("", id="warnings", markup=False)
+        yield Static("", id="summary", markup=False)
+        yield Static("", id="command", markup=False)
         yield Footer(compact=True)
 
     def _read_initial(self) -> tuple:
