@@ -336,7 +336,7 @@ def cmd_export(args) -> int:
                          "overridden config")
     else:
         config_path = resolve(args.preset).resolve()
-    print(export.torchrun(cfg, str(config_path), args.run_root), end="")
+    print((export.deepspeed if args.deepspeed else export.torchrun)(cfg, str(config_path), args.run_root), end="")
     return EXIT_OK
 
 
@@ -424,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--torchrun", action="store_true", help="torchrun command line per node")
     g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (srun + torchrun)")
+    g.add_argument("--deepspeed", action="store_true", help="DeepSpeed's launcher: a hostfile and a command per node")
     s.add_argument("--write-config", metavar="FILE", help="save the resolved config here and point torchrun at it")
     s.add_argument("--run-root", default="runs", metavar="DIR", help="where each node's run directory goes")
     s.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)

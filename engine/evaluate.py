@@ -83,7 +83,7 @@ def _deepspeed_state(path: Path) -> dict:
     try:
         state = ckpt.load_meta(path)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            state["model"] = full_state_dict(path)  # DeepSpeed prints its progress; the result is what counts
+            state["model"] = full_state_dict(path, state.get("world_size"))  # DeepSpeed prints its progress
     except Exception as exc:
         raise EvalError(f"{path} is not a loadable DeepSpeed checkpoint: {exc}") from None
     return state

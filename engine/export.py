@@ -1,4 +1,5 @@
-"""Export a preset as the standard PyTorch launch: torchrun command lines and a SLURM sbatch script.
+"""Export a preset as the standard PyTorch launch: torchrun command lines and a SLURM sbatch script
+(and, for strategy deepspeed, DeepSpeed's own `deepspeed` launcher with a hostfile).
 
 Users outgrow one box and their clusters speak torchrun and SLURM. The worker entry
 (`python -m engine.worker CONFIG --run-dir DIR`) reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* from
@@ -77,6 +78,44 @@ def torchrun(cfg, config_path: str, run_root: str = "runs") -> str:
             host = f" (master: {cfg.nodes.master_addr})" if k == 0 else ""
             lines.append(f"# node {k}{host}")
         prefix = "".join(f"{key}={shlex.quote(v)} " for key, v in env.items())
+        lines.append(prefix + shlex.join(argv[:-1]) + " " + argv[-1])
+    return "\n".join(lines) + "\n"
+
+
+def hostfile_text(cfg) -> str:
+    """DeepSpeed's hostfile: one `host slots=N` line per node. With `--no_ssh` every node starts its
+    own launcher (as torchrun), so the names only key the nodes; slots count the GPU indices up to
+    the highest one used (the exact ones go in --include) or the CPU processes."""
+    slots = max(cfg.devices) + 1 if cfg.accelerator == "cuda" else cfg.nproc_per_node
+    return "".join(f"node{k} slots={slots}\n" for k in range(cfg.nodes.num_nodes))
+
+
+def deepspeed_argv(cfg, config_path: str, hostfile: str, run_dir: str, node_rank: int) -> list[str]:
+    """argv for one node: DeepSpeed's launcher without ssh, starting `python -m engine.worker`
+    (which reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*, and the launcher's CROSS_RANK/LOCAL_SIZE)."""
+    argv = ["deepspeed", "--hostfile", hostfile, "--no_ssh", "--node_rank", str(node_rank),
+            "--master_addr", cfg.nodes.master_addr, "--master_port", str(cfg.nodes.master_port or 29500)]
+    if cfg.accelerator == "cuda":  # the launcher makes exactly these visible, as CUDA_VISIBLE_DEVICES
+        ids = ",".join(str(i) for i in cfg.devices)
+        argv += ["--include", "@".join(f"node{k}:{ids}" for k in range(cfg.nodes.num_nodes))]
+    return argv + ["--no_local_rank", "--module", "engine.worker", str(config_path), "--run-dir", run_dir]
+
+
+def deepspeed(cfg, config_path: str, run_root: str = "runs", hostfile: str | None = None) -> str:
+    """Shell text: write the hostfile (<name>.hostfile), then one `deepspeed` command per node (run on
+    that node)."""
+    hostfile = hostfile or f"{_name(cfg.name)}.hostfile"
+    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
+             f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
+             f"# DeepSpeed's launcher, no ssh: run each node's line on that node, from the project directory;",
+             f"# every node needs the same config at {config_path}, the hostfile, and torchdeck[deepspeed]"]
+    lines += [f"# warning: {field}: {why}" for field, why in cfgmod.advice(cfg)]
+    lines += [f"cat > {shlex.quote(hostfile)} <<'EOF'", hostfile_text(cfg).rstrip("\n"), "EOF"]
+    for k in range(cfg.nodes.num_nodes):
+        if cfg.nodes.num_nodes > 1:
+            lines.append(f"# node {k}" + (f" (master: {cfg.nodes.master_addr})" if k == 0 else ""))
+        argv = deepspeed_argv(cfg, config_path, hostfile, run_dir_shell(run_root, cfg.name, k), k)
+        prefix = "".join(f"{key}={shlex.quote(v)} " for key, v in _env(cfg).items())
         lines.append(prefix + shlex.join(argv[:-1]) + " " + argv[-1])
     return "\n".join(lines) + "\n"
 

@@ -273,7 +273,8 @@ def _fast_exit(queue) -> None:
 # ----------------------------------------------------------------------------- torchrun entry
 
 
-def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: int) -> None:
+def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: int,
+                       launcher: str = "torchrun") -> None:
     """Local rank 0 makes the node's run directory look like one the supervisor writes (config,
     run_started), so `torchdeck attach DIR`, `torchdeck runs` and the app can open it."""
     from engine import config as cfgmod
@@ -291,7 +292,7 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
          devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(local_world)],
          master_addr=os.environ.get("MASTER_ADDR"), master_port=int(os.environ.get("MASTER_PORT", 0) or 0),
          pid=os.getppid(), host=socket.gethostname(), total_steps=None,
-         threads_per_rank=threads_for(cfg, local_world), launcher="torchrun")
+         threads_per_rank=threads_for(cfg, local_world), launcher=launcher)
 
 
 def _close_torchrun_run(rd, emit, status: str, started: float) -> None:
@@ -323,8 +324,13 @@ def main(argv=None) -> int:
     rank = int(env.get("RANK", 0))
     local_rank = int(env.get("LOCAL_RANK", 0))
     world = int(env.get("WORLD_SIZE", 1))
-    local_world = int(env.get("LOCAL_WORLD_SIZE", 1))
-    node_rank = int(env.get("GROUP_RANK", cfg.nodes.node_rank))
+    # DeepSpeed's launcher (torchdeck export --deepspeed) says LOCAL_SIZE and CROSS_RANK where
+    # torchrun says LOCAL_WORLD_SIZE and GROUP_RANK
+    launcher = "deepspeed" if "CROSS_RANK" in env else "torchrun"
+    local_world = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
+    node_rank = int(env.get("GROUP_RANK") or env.get("CROSS_RANK") or cfg.nodes.node_rank)
+    if launcher == "deepspeed" and cfg.accelerator == "cuda":
+        cfg.devices = list(range(local_world))  # it made exactly the --include'd GPUs visible, in order
     started = time.time()
     rd = RunDir(Path(args.run_dir))
     rd.path.mkdir(parents=True, exist_ok=True)
@@ -333,7 +339,7 @@ def main(argv=None) -> int:
 
     notes = get_strategy(cfg.strategy).resolve(cfg, rd.path if local_rank == 0 else None)  # deepspeed's ds_config
     if local_rank == 0:  # before the rendezvous, so run_started comes before any rank_ready
-        _open_torchrun_run(cfg, rd, emit, world, local_world, node_rank)
+        _open_torchrun_run(cfg, rd, emit, world, local_world, node_rank, launcher)
         for level, message in notes:
             emit("log", rank=None, level=level, message=message)
     try:

@@ -1,4 +1,5 @@
-"""Export dialog: the torchrun command per node and the SLURM sbatch script for the form.
+"""Export dialog: the torchrun command per node and the SLURM sbatch script for the form (and for
+strategy deepspeed, DeepSpeed's launcher: a hostfile and a command per node).
 
 The text comes from engine.export, the same functions `torchdeck export` prints, so what the
 dialog shows is what the CLI would print for this config. Imported when the dialog opens, not on
@@ -27,11 +28,15 @@ class Export:
     write_config: bool  # the form differs from any preset file: the config is written with the files
     cli: str  # the `torchdeck export` command that prints the same torchrun text
     folder: Path
-    name: str  # file names: <name>.torchrun.sh, <name>.sbatch (and <name>.yaml)
+    name: str  # file names: <name>.torchrun.sh, <name>.sbatch (and <name>.yaml, <name>.deepspeed.sh)
+    deepspeed: str = ""  # strategy deepspeed: DeepSpeed's launcher
 
     @property
     def files(self) -> dict[Path, str]:
-        return {self.folder / f"{self.name}.torchrun.sh": self.torchrun, self.folder / f"{self.name}.sbatch": self.sbatch}
+        out = {self.folder / f"{self.name}.torchrun.sh": self.torchrun, self.folder / f"{self.name}.sbatch": self.sbatch}
+        if self.deepspeed:
+            out[self.folder / f"{self.name}.deepspeed.sh"] = self.deepspeed
+        return out
 
 
 def _safe(name: str) -> str:
@@ -62,7 +67,8 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
         cli += ["--write-config", shlex.quote(str(config_path))]
     return Export(torchrun=export.torchrun(cfg, str(config_path)), sbatch=export.sbatch(cfg),
                   config_path=config_path, write_config=write_config, cli=" ".join(cli), folder=folder,
-                  name=name)
+                  name=name, deepspeed=export.deepspeed(cfg, str(config_path))
+                  if cfg.strategy == "deepspeed" else "")
 
 
 def write(exp: Export, cfg) -> list[Path]:
@@ -103,6 +109,10 @@ class ExportDialog(ModalScreen[None]):
                 yield Static(f"same as: {self.exp.cli}", id="export-cli", markup=False, classes="field-msg")
                 yield Static("SLURM: submit with `sbatch FILE` (the config is embedded):", classes="export-title")
                 yield Static(self.exp.sbatch.rstrip("\n"), id="export-sbatch", markup=False, classes="export-text")
+                if self.exp.deepspeed:
+                    yield Static("DeepSpeed's launcher: the hostfile, then one command per node:", classes="export-title")
+                    yield Static(self.exp.deepspeed.rstrip("\n"), id="export-deepspeed", markup=False,
+                                 classes="export-text")
             yield Static(f"w: write {names} to {self.exp.folder}", id="export-where", markup=False,
                          classes="field-msg")
             with Horizontal(classes="dialog-buttons"):

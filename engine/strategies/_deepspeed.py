@@ -227,16 +227,24 @@ def load(engine, path, meta: dict, ctx) -> None:
         raise ValueError(f"checkpoint.resume: DeepSpeed could not load {path} (see this rank's log)")
 
 
-def full_state_dict(path) -> dict:
+def full_state_dict(path, world_size: int | None = None) -> dict:
     """The whole model in fp32 from a DeepSpeed checkpoint directory, for `torchdeck eval` and for
-    loading without DeepSpeed: gathered from every rank's ZeRO partitions (stages 1-3), or the
-    module states a stage-0 run saves whole."""
+    loading without DeepSpeed: gathered from every rank's fp32 ZeRO partitions (stages 1-3), or
+    the module states stages 0-2 also save whole (stage 0; or a node's own folder of a multi-node
+    run, which holds only its ranks' partitions: there the module's weights, in the training
+    precision)."""
     path = Path(path)
     check_weights_only(path)
-    if not list(path.glob("zero_pp_rank_*")):  # stage 0: no partitions
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-        return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    partitions = list(path.glob("zero_pp_rank_*_optim_states.pt"))
+    whole = path / "mp_rank_00_model_states.pt"  # stages 0-2: the module, unpartitioned
+    if partitions and (world_size is None or len(partitions) >= world_size):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    _quiet()
-    return dict(get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name))
+        _quiet()
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name))
+    if not whole.is_file():
+        raise ValueError(f"{path} holds {len(partitions)} of the {world_size} ranks' ZeRO-3 partitions (a node's "
+                         "share of a multi-node run): copy every node's files of this folder into one to read "
+                         "the whole model")
+    state = torch.load(whole, map_location="cpu", weights_only=False)["module"]  # checked above
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}

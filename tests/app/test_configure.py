@@ -531,6 +531,28 @@ async def test_export_shows_what_torchdeck_export_prints_and_writes_it(tmp_path,
         assert type(app.screen).__name__ == "ConfigureScreen"
 
 
+async def test_export_of_deepspeed_adds_its_launcher(tmp_path, presets_dir, monkeypatch):
+    """Strategy deepspeed: the dialog also shows what `torchdeck export --deepspeed` prints (the
+    hostfile and a `deepspeed` line per node) and writes it as <name>.deepspeed.sh."""
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    app = make_app(tmp_path, preset=str(resolve("deepspeed")))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        dialog = app.screen
+        launcher = cli("export", "deepspeed", "--deepspeed", cwd=work)
+        assert shown(dialog, "export-deepspeed") + "\n" == launcher
+        assert "cat > deepspeed.hostfile <<'EOF'" in launcher and "--module engine.worker" in launcher
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert sorted(p.name for p in work.iterdir()) == ["deepspeed.deepspeed.sh", "deepspeed.sbatch",
+                                                          "deepspeed.torchrun.sh"]
+        assert (work / "deepspeed.deepspeed.sh").read_text() == launcher
+
+
 async def test_export_of_an_edited_multi_node_form_writes_its_config(tmp_path, presets_dir, monkeypatch):
     work = tmp_path / "project"
     work.mkdir()

@@ -544,3 +544,78 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
     assert final["status"] == "failed" and "rank 1 killed by signal 9" in final["root_cause"]
     assert_nothing_left(run, list(pids.values()) + [run.supervisor_pid()],
                         within=max(1.0, 15 - (time.monotonic() - t0)))
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_export_for_deepspeeds_launcher_has_a_hostfile_and_a_line_per_node(tmp_path, capsys):
+    """GPUs by index through --include (the launcher makes exactly those visible), no ssh, a new run
+    directory per node and launch, the config every node reads."""
+    from cli.main import main
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(cfgmod.dumps(cfgmod.from_dict(cfg_dict(**{
+        "accelerator": "cuda", "devices": [6, 7], "backend": "nccl", "nodes.num_nodes": 2,
+        "nodes.master_addr": "10.0.0.1", "nodes.master_port": 29600}))))
+    assert main(["export", str(preset), "--deepspeed"]) == 0
+    out = capsys.readouterr().out
+    assert "cat > ds.hostfile <<'EOF'\nnode0 slots=8\nnode1 slots=8\nEOF\n" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("deepspeed ")]
+    assert len(lines) == 2
+    for k, line in enumerate(lines):
+        assert line.startswith(f"deepspeed --hostfile ds.hostfile --no_ssh --node_rank {k} --master_addr 10.0.0.1 "
+                               "--master_port 29600 --include node0:6,7@node1:6,7 --no_local_rank --module "
+                               f"engine.worker {preset.resolve()} --run-dir ")
+        assert line.endswith(f'-ds-node{k}"') and "$(date +%Y%m%d-%H%M%S)" in line
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_exported_deepspeed_launch_runs_as_two_nodes(tmp_path, capsys):
+    """The exported hostfile and lines, run here as two nodes of one CPU rank each (DeepSpeed's own
+    launcher, without ssh): each node writes a run directory that says who launched it, every rank
+    takes part, and the weights equal one process with the whole batch (eval reads them from node
+    0's folder, which holds only its ranks' partitions)."""
+    from cli.main import main
+    from tests.engine.helpers import assert_same_weights, final_model, run_in_process
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = cfg_dict(devices=1, **{"train.batch_size": 16, "train.grad_accum": 1, "nodes.num_nodes": 2,
+                                 "nodes.master_port": port})
+    preset = tmp_path / "job.yaml"
+    preset.write_text(cfgmod.dumps(cfgmod.from_dict(cfg)))
+    assert main(["export", str(preset), "--deepspeed", "--run-root", str(tmp_path / "runs")]) == 0
+    text = capsys.readouterr().out
+    head = text[:text.index("\nEOF\n") + len("\nEOF\n")]
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "deepspeed").exists():  # an environment sharing another's packages: its entry point
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "deepspeed").write_text(f"#!{sys.executable}\nfrom deepspeed.launcher.runner import main\nmain()\n")
+        (bin_dir / "deepspeed").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run(["bash", "-c", head], cwd=tmp_path, env=env, check=True)
+    nodes = [subprocess.Popen(["bash", "-c", ln], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for ln in text.splitlines() if ln.startswith("deepspeed ")]
+    outs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    runs = sorted((tmp_path / "runs").iterdir(), key=lambda p: p.name[-1])
+    assert [p.name[-6:] for p in runs] == ["-node0", "-node1"]
+    ranks = []
+    for k, run in enumerate(runs):
+        evs = events.read_all(run / "events.jsonl")
+        started = next(e for e in evs if e["kind"] == "run_started")
+        assert (started["launcher"], started["node_rank"], started["world_size"]) == ("deepspeed", k, 2)
+        assert json.loads((run / "status.json").read_text())["status"] == "finished"
+        ranks += [e["rank"] for e in evs if e["kind"] == "rank_ready"]
+    assert sorted(ranks) == [0, 1]
+    run_in_process(tmp_path / "one", cfg_dict("cpu", devices=1, **{"train.batch_size": 32, "train.grad_accum": 1}))
+    path, _ = ckpt.latest(runs[0] / "checkpoints", dirs=True)
+    from engine.evaluate import _deepspeed_state
+
+    assert_same_weights(_deepspeed_state(path)["model"], final_model(tmp_path / "one")["model"])
