@@ -14,7 +14,8 @@ import sys
 import time
 import traceback
 
-ORDER = ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app", "scaling", "gpu"]
+ORDER = ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app", "scaling", "imagefolder_vs_plain",
+         "cifar_vs_plain", "startup", "gpu"]
 
 
 def environment() -> dict:

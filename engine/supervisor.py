@@ -10,7 +10,9 @@ so that a disk that filled up during the run still has room for status.json.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import multiprocessing
 import os
 import queue as queue_mod
 import signal
@@ -167,19 +169,23 @@ def meeting_point(cfg, port: int) -> tuple[str, int, bool]:
     return cfg.nodes.master_addr, port, cfg.nodes.num_nodes > 1
 
 
-def host_store(cfg, port: int, msg: str | None):
-    """Host the rendezvous store in the supervisor (as torchrun's agent does), so the port is held
-    from the moment it is chosen: no other run can take it while the ranks import torch.
+@dataclasses.dataclass
+class StoreSocket:
+    """The rendezvous store's listening socket, bound by the supervisor before any torch import
+    and handed to local rank 0, which serves the store on it (engine/worker.py serve_store)."""
 
-    The store listens only where the ranks need it (engine/network.py): loopback on one node, so
-    the ranks are sent there whatever nodes.master_addr says. It is handed an already listening
-    socket (master_listen_fd), since TCPStore itself always binds every interface.
-    Returns (store, address the ranks use, port, message); the ranks join it as clients
-    (TORCHELASTIC_USE_AGENT_STORE)."""
-    from datetime import timedelta
+    sock: socket.socket
+    connect: str  # the address the serving rank's own client uses
+    meet: str  # the address the ranks are told (MASTER_ADDR)
+    port: int
 
-    from torch.distributed import TCPStore
 
+def bind_store(cfg, port: int, msg: str | None) -> tuple[StoreSocket, str | None]:
+    """Bind the rendezvous store's socket now, so the port is held from the moment it is chosen:
+    no other run can take it while the ranks import torch. It listens only where the ranks need
+    it (engine/network.py): loopback on one node, so the ranks are sent there whatever
+    nodes.master_addr says; TCPStore itself would bind every interface, so it is handed this one
+    (master_listen_fd). Returns it and the message for the log."""
     n = cfg.nodes
     host, port, fixed = meeting_point(cfg, port)
     ours = cfg.init_method == "env://"
@@ -191,18 +197,10 @@ def host_store(cfg, port: int, msg: str | None):
             raise PortError(_port_problem(cfg, port, bind, exc)) from exc
         sock = network.listener(bind, 0)
         msg = f"port {port} in use; using {sock.getsockname()[1]}"
-    port = sock.getsockname()[1]
     if note:
         msg = f"{msg}; {note}" if msg else note
-    fd = sock.detach()  # the store owns it from here and closes it when it goes
-    try:
-        store = TCPStore(connect, port, world_size=cfg.world_size, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=n.timeout_s), master_listen_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise
-    return store, (connect if n.num_nodes == 1 and ours else host), port, msg
+    port = sock.getsockname()[1]
+    return StoreSocket(sock, connect, connect if n.num_nodes == 1 and ours else host, port), msg
 
 
 def _port_problem(cfg, port: int, bind: str, exc: OSError) -> str:
@@ -214,6 +212,13 @@ def _port_problem(cfg, port: int, bind: str, exc: OSError) -> str:
 
 
 # ----------------------------------------------------------------------------- supervisor
+
+
+@dataclasses.dataclass
+class Ranks:
+    """The node's rank processes (what torch's ProcessContext holds; the supervisor joins them itself)."""
+
+    processes: list
 
 
 @contextlib.contextmanager
@@ -241,7 +246,7 @@ def _signal_text(exitcode: int | None) -> str | None:
 
 def _cannot_write(path, exc: OSError) -> str:
     """Disk full, over quota, too large: one line with the file, the reason and the fix."""
-    from engine.checkpoint import disk_hint  # torch is loaded in the supervisor by now
+    from engine.checkpoint import disk_hint
 
     return f"cannot write {path}: {exc.strerror or exc}: {disk_hint(exc.errno)}"
 
@@ -326,10 +331,11 @@ class Supervisor:
         except PortError as exc:
             return self._finish(None, "failed", [], str(exc))
 
-        import torch
-        import torch.multiprocessing as mp
+        # No torch here: the ranks start importing theirs at once, and the store they meet at is
+        # served by local rank 0 on the socket bound below (one torch import on the critical path).
+        if cfg.accelerator == "cuda" and cfg.devices == "all":
+            import torch
 
-        if cfg.accelerator == "cuda":
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
         try:
             notes = get_strategy(cfg.strategy).resolve(cfg, rd.path)  # deepspeed: the user's ds_config
@@ -341,14 +347,15 @@ class Supervisor:
         threads = threads_for(cfg)
         child_env = {"OMP_NUM_THREADS": str(threads)}
         strategy = get_strategy(cfg.strategy)
-        store = None  # held for the life of the run
+        store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr
         if strategy.distributed and not cfg.init_method.startswith("file://") and cfg.nodes.node_rank == 0:
             try:
-                store, meet, port, port_msg = host_store(cfg, port, port_msg)
+                store, port_msg = bind_store(cfg, port, port_msg)
             except PortError as exc:
                 return self._finish(None, "failed", [], str(exc))
-            child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+            meet, port = store.meet, store.port
+            child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the other ranks are its clients
         if cfg.nodes.ifname:
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 child_env[var] = os.environ.get(var, cfg.nodes.ifname)
@@ -376,16 +383,23 @@ class Supervisor:
             writer.close()
             return self._finish(None, "failed", [],
                                 f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
-        ctx_mp = mp.get_context("spawn")
+        ctx_mp = multiprocessing.get_context("spawn")  # events are text: no torch needed to carry them
         q = writer.q = ctx_mp.Queue()
         stop_event = ctx_mp.Event()
         writer.start()
         writer.write(events.make("log", rank=None, level="info", message=(
             f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, port {port}, "
             f"{threads} thread(s) per rank")))
+        cfg_dict = cfg.to_dict()
+        pctx = Ranks([ctx_mp.Process(target=rank_main, name=f"rank{i}",
+                                     args=(i, cfg_dict, str(rd.path), q, stop_event, port, meet,
+                                           (store.sock, store.connect) if store is not None and i == 0 else None))
+                      for i in range(nproc)])
         with _environ(child_env):  # the children inherit it; this process (maybe a test) keeps its own
-            pctx = mp.start_processes(rank_main, args=(cfg.to_dict(), str(rd.path), q, stop_event, port, meet),
-                                      nprocs=nproc, join=False, start_method="spawn")
+            for p in pctx.processes:
+                p.start()
+        if store is not None:
+            store.sock.close()  # local rank 0 holds it now
         try:
             died_first, reported = self._join(pctx, stop_event, writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
@@ -400,7 +414,6 @@ class Supervisor:
         for i, code in enumerate(codes):
             writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
         status, cause = self._outcome(codes, died_first, base, reported)
-        del store
         try:
             return self._finish(writer, status, codes, cause)
         finally:

@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -156,23 +157,73 @@ def check_ifname(ifname: str) -> None:
             f"or leave it empty to let gloo/NCCL choose")
 
 
-def init_group(cfg, rank: int, world_size: int, node_rank: int | None = None) -> None:
+_SERVED = None  # the rendezvous store this rank serves, for the life of the process
+
+
+def serve_store(cfg, world_size: int, listener) -> object:
+    """Local rank 0 of node 0 serves the rendezvous store on the socket the supervisor bound (and
+    kept the port with) before any torch import; the other ranks are its clients, as with
+    torchrun's agent store. Returns the store as init_process_group's env:// would see it."""
+    import torch.distributed as dist
+
+    global _SERVED
+    sock, connect = listener
+    port = sock.getsockname()[1]
+    _SERVED = dist.TCPStore(connect, port, world_size=world_size, is_master=True, wait_for_workers=False,
+                            timeout=timedelta(seconds=cfg.nodes.timeout_s), master_listen_fd=sock.detach())
+    return dist.PrefixStore("default_pg", _SERVED)
+
+
+def init_group(cfg, rank: int, world_size: int, node_rank: int | None = None, listener=None) -> None:
     """init_process_group, with a failed rendezvous turned into a message a user can act on."""
     import torch.distributed as dist
 
     try:
-        dist.init_process_group(cfg.resolved_backend, init_method=cfg.init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=cfg.nodes.timeout_s))
+        store = serve_store(cfg, world_size, listener) if listener is not None else None
+        dist.init_process_group(cfg.resolved_backend, init_method=None if store else cfg.init_method, store=store,
+                                rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.nodes.timeout_s))
     except (dist.DistError, TimeoutError) as exc:
         raise RendezvousError(rendezvous_message(cfg, rank, world_size, exc, node_rank)) from exc
 
 
+LEFT_KEY = "torchdeck/left/"
+
+
+def leave_group(rank: int, world_size: int, clean: bool) -> None:
+    """The rank serving the store leaves last: the others may still use it while they tear their
+    group down. Each says it is done; the server waits for them (not after a failure, where the
+    supervisor stops everyone anyway)."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if _SERVED is None:
+            store.set(f"{LEFT_KEY}{rank}", "1")
+        elif clean:
+            store.wait([f"{LEFT_KEY}{r}" for r in range(world_size) if r != rank], timedelta(seconds=60))
+    except Exception:  # leaving is best effort: the run's outcome is already decided
+        pass
+
+
+def _prewarm() -> None:
+    """torch._dynamo takes seconds to import, and the first DDP or optimizer construction needs
+    it: import it while the rank waits for the others and builds its data."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # the main thread will meet the same error where it matters
+        pass
+
+
 def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, emit,
                stop_requested=lambda: False, local_world_size: int | None = None,
-               node_rank: int | None = None) -> bool:
-    """Everything a rank does once its environment (MASTER_ADDR etc.) is set. True: stopped on request."""
+               node_rank: int | None = None, listener=None) -> bool:
+    """Everything a rank does once its environment (MASTER_ADDR etc.) is set. True: stopped on request.
+    `listener`: (socket, address) of the rendezvous store this rank serves (see serve_store)."""
     import torch
     import torch.distributed as dist
+
+    prewarm = threading.Thread(target=_prewarm, name="prewarm", daemon=True)
+    prewarm.start()
 
     from engine.strategies import get_strategy
     from engine.strategies.base import RankContext
@@ -201,7 +252,8 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
             os.environ.setdefault(var, lo)
     if strategy.distributed:
         emit("phase", phase="rendezvous")
-        init_group(cfg, rank, world_size, node_rank)
+        init_group(cfg, rank, world_size, node_rank, listener)
+    clean = False
     try:
         emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
              host=socket.gethostname(), threads=threads)
@@ -222,15 +274,18 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
             from engine.runs.fmt import epoch_at
 
             emit("log", level="info", message=f"{how} at {epoch_at(pos.epoch, pos.batches_done)}, step {pos.step}")
+        clean = True
         return trainer.stopped
     finally:
         if strategy.distributed and dist.is_initialized():
+            leave_group(rank, world_size, clean)
             dist.destroy_process_group()
 
 
-def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None) -> None:
-    """Started once per local rank by the supervisor (torch.multiprocessing, spawn); `addr` is
-    where the supervisor's store listens (loopback on one node), else nodes.master_addr."""
+def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None, listener=None) -> None:
+    """Started once per local rank by the supervisor (multiprocessing, spawn); `addr` is where the
+    rendezvous store listens (loopback on one node), else nodes.master_addr; local rank 0 of node 0
+    gets the store's `listener` and serves it."""
     cfg = from_dict(cfg_dict)
     nproc = cfg.nproc_per_node
     rank = cfg.nodes.node_rank * nproc + local_rank
@@ -246,7 +301,7 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None)
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
     emit = QueueReporter(queue, rank)
     try:
-        if train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set):
+        if train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set, listener=listener):
             rd.stop_path.touch()  # stopped (maybe asked on another node): the run is 'stopped'
     except BaseException as exc:
         error_event(emit, rank, exc)

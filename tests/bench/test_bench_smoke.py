@@ -36,7 +36,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     data = json.loads(out.read_text())
     res = data["results"]
     assert list(res) == ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app",
-                         "scaling", "gpu"]
+                         "scaling", "imagefolder_vs_plain", "cifar_vs_plain", "startup", "gpu"]
     assert not [n for n, r in res.items() if "error" in r]
 
     evp = res["engine_vs_plain"]
@@ -77,6 +77,19 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
             assert app["live"]["events_timed"] > 0 and _positive(app["live"]["cpu_fraction_of_core"])
         else:  # measured on `torchdeck attach` instead, and said so
             assert "NOT RUN" in app["text"] and app["attach"]["events_timed"] > 0
+
+    img = res["imagefolder_vs_plain"]  # issue 17: a PNG folder it wrote, against the scripts
+    for key in ("engine", "decode_once", "decode_once_batched", "tutorial", "streamed"):
+        assert all(_positive(r["samples_per_s"]) and r["val_acc"] is not None for r in img[key]), key
+    assert _positive(img["ratio"]) and img["acc_gap"] is not None
+
+    cif = res["cifar_vs_plain"]
+    assert all(_positive(r["samples_per_s"]) for r in cif["engine"] + cif["plain"] + cif["plain_batched"])
+    assert [(m["ranks"], m["cache"]) for m in cif["memory"]] == [(2, "auto"), (2, "none")]
+    assert all(_positive(m["node_pss_mb"]) for m in cif["memory"])
+
+    st = res["startup"]
+    assert all(_positive(r["first_step_s"]) for r in st["engine"] + st["plain"]) and _positive(st["ratio"])
 
     gpu = res["gpu"]
     if not data["env"]["cuda"]:

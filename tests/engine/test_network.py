@@ -87,9 +87,9 @@ LONG = {"train.epochs": 10_000, "train.max_steps": 0, "train.log_every_n_steps":
 @pytest.mark.timeout(240)
 def test_a_one_node_run_listens_on_loopback_only(tmp_path):
     """A 2-rank gloo run, its supervisor started as `torchdeck run` starts it, on a host whose name
-    resolves to a network address where the kernel lets the test arrange that: the store (in the
-    supervisor) and both ranks' gloo sockets listen on loopback, nothing else. Then the same for
-    tcp://127.0.0.1:PORT, whose store the supervisor hosts too."""
+    resolves to a network address where the kernel lets the test arrange that: the store (bound by
+    the supervisor, served by rank 0) and both ranks' gloo sockets listen on loopback, nothing
+    else. Then the same for tcp://127.0.0.1:PORT, whose store is served the same way."""
     prefix = public_hostname_prefix(tmp_path)
     port = network.listener("127.0.0.1", 0)
     tcp_port = port.getsockname()[1]
@@ -102,14 +102,15 @@ def test_a_one_node_run_listens_on_loopback_only(tmp_path):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         try:
             wait_for(lambda: ranks_training(run / "events.jsonl", 2), 120, sup, f"{name} run")
-            pids = tree(sup.pid)
-            socks = listening(pids)
-            sup_pid = sup.pid  # unshare and sh exec, so this is the supervisor
-            assert any(pid == sup_pid for pid, _, _ in socks), f"no store in the supervisor: {socks}"
-            assert len({pid for pid, _, _ in socks}) == 3, f"store and two ranks' gloo sockets expected: {socks}"
+            socks = listening(tree(sup.pid))  # unshare and sh exec, so sup.pid is the supervisor
+            rank0 = next(e["pid"] for e in events.read_all(run / "events.jsonl")
+                         if e["kind"] == "rank_ready" and e["rank"] == 0)
+            assert not [x for x in socks if x[0] == sup.pid], f"the supervisor itself listens: {socks}"
+            assert len([x for x in socks if x[0] == rank0]) == 2, f"rank 0: the store and its gloo socket: {socks}"
+            assert len({pid for pid, _, _ in socks}) == 2, f"two ranks expected: {socks}"
             assert all(is_loopback(a) for _, a, _ in socks), f"{name}: listens beyond loopback: {socks}"
             if name == "tcp":
-                assert (sup_pid, "127.0.0.1", tcp_port) in socks  # init_method's store, in the supervisor
+                assert (rank0, "127.0.0.1", tcp_port) in socks  # init_method's store, served by rank 0
         finally:
             (run / "stop").touch()
             try:
@@ -174,23 +175,25 @@ def test_the_store_of_several_nodes_listens_on_master_addr_where_it_is_local():
     assert network.store_address(pub or "localhost", num_nodes=1)[:2] == ("127.0.0.1", "127.0.0.1")
 
 
-def test_the_supervisor_s_store_listens_where_store_address_says():
-    """host_store binds the socket it hands TCPStore (master_listen_fd), read back from the kernel."""
-    from engine.supervisor import PortError, host_store
+def test_the_store_listens_where_store_address_says():
+    """bind_store binds the socket that serve_store hands TCPStore (master_listen_fd), read back
+    from the kernel."""
+    from engine.supervisor import PortError, bind_store
+    from engine.worker import serve_store
 
     me = [os.getpid()]
     with network.listener("127.0.0.1", 0) as probe:
         free = probe.getsockname()[1]
     multi = cfgmod.from_dict(small_cfg(strategy="ddp", devices=1, **{"nodes.num_nodes": 2, "nodes.master_port": free}))
-    store, addr, port, msg = host_store(multi, multi.nodes.master_port, None)
-    assert (addr, port, msg) == ("127.0.0.1", multi.nodes.master_port, None)
-    assert (os.getpid(), "127.0.0.1", port) in listening(me)
+    held, msg = bind_store(multi, free, None)
+    assert (held.meet, held.port, msg) == ("127.0.0.1", free, None)
+    assert (os.getpid(), "127.0.0.1", free) in listening(me)
+    with pytest.raises(PortError, match=f"nodes.master_port {free} is in use on this host"):
+        bind_store(multi, free, None)  # held from the start; several nodes never move
+    store = serve_store(multi, 2, (held.sock, held.connect))
     store.set("k", "v")
     assert store.get("k") == b"v"
-    with pytest.raises(PortError, match=f"nodes.master_port {port} is in use on this host"):
-        host_store(multi, port, None)  # held by the first store; several nodes never move
-    del store
-    assert not [s for s in listening(me) if s[2] == port]  # the store closes the socket it was given
+    assert [s for s in listening(me) if s[2] == free] == [(os.getpid(), "127.0.0.1", free)]
 
 
 # ----------------------------------------------------------------------------- master_addr

@@ -160,27 +160,42 @@ def test_single_node_busy_port_picks_another():
     assert port > 0 and str(port) in msg
 
 
-def test_rendezvous_store_is_held_by_the_supervisor_and_moves_off_a_taken_port():
-    """The port is bound from the moment it is chosen; one taken in the meantime is replaced
-    (single node) or named in the error (multi-node)."""
-    from engine.supervisor import PortError, host_store
+def test_rendezvous_port_is_held_from_the_start_and_moves_off_a_taken_port():
+    """The supervisor binds the store's socket (no torch) the moment it picks the port; one taken in
+    the meantime is replaced (single node) or named in the error (multi-node). Local rank 0 serves
+    the store on that very socket."""
+    from engine.supervisor import PortError, bind_store
+    from engine.worker import serve_store
 
     with socket.socket() as s:
         s.bind(("", 0))
         s.listen()
         busy = s.getsockname()[1]
         cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": busy}))
-        store, addr, port, msg = host_store(cfg, busy, None)
+        held, msg = bind_store(cfg, busy, None)
+        port = held.port
         assert port != busy and msg == f"port {busy} in use; using {port}"
-        assert addr == "127.0.0.1"  # one node: the ranks meet on loopback
-        assert port_in_use(port)  # held while the run lives
+        assert held.meet == held.connect == "127.0.0.1"  # one node: the ranks meet on loopback
+        assert port_in_use(port)  # held while the ranks import torch
+        store = serve_store(cfg, 2, (held.sock, held.connect))
         store.set("k", "v")
         assert store.get("k") == b"v"
-        del store
         multi = cfgmod.from_dict(small_cfg(strategy="ddp", devices=1,
                                            **{"nodes.num_nodes": 2, "nodes.master_port": busy}))
         with pytest.raises(PortError, match=f"master_port {busy} is in use"):
-            host_store(multi, busy, None)
+            bind_store(multi, busy, None)
+
+
+def test_the_supervisor_of_a_cpu_run_never_imports_torch(tmp_path):
+    """Its ranks start importing torch at once; the supervisor stays small (issue 17, start-up)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": 0})), run / "config.yaml")
+    code = ("import sys\nfrom engine.supervisor import supervise\nrc = supervise(sys.argv[1])\n"
+            "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=180,
+                         cwd=ROOT)
+    assert "RC 0 TORCH False" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_device_for_uses_the_listed_gpu_indices():
