@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 from engine import config as cfgmod
 from engine import events
 from engine.supervisor import choose_port, port_in_use, supervise
-from tests.engine.helpers import final_model, small_cfg
+from tests.engine.helpers import ROOT, final_model, small_cfg
 from tests.engine.helpers import Run, USER_MODELS, _alive, ddp_cfg  # noqa: F401  (shared)
 
 
