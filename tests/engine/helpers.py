@@ -172,15 +172,22 @@ def assert_nothing_left(run: RunDir, pids, within):
     assert not alive, f"rank processes still alive: {alive}"
 
 
-def port_free(port: int) -> bool:
-    """Bindable as the next run's store binds it (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Bindable as the next one-node run's store binds it: on loopback, with SO_REUSEADDR, so
+    TIME_WAIT leftovers do not count, nor does a gloo socket that happened to get the same port
+    number on another address (binding every interface would count it)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
+
+
+def port_holders(port: int) -> list[tuple]:
+    """Who has a TCP socket on `port` (address, state, pid): for the message of a failed port check."""
+    return [(c.laddr, c.status, c.pid) for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port]
 
 
 USER_MODELS = '''

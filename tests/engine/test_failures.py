@@ -19,7 +19,7 @@ import pytest
 from engine import events
 from engine.runs import control
 from engine.runs.layout import RunDir
-from tests.engine.helpers import Run, ddp_cfg, port_free
+from tests.engine.helpers import Run, ddp_cfg, port_free, port_holders
 
 FAIL_MODELS = '''
 import os, time
@@ -71,7 +71,8 @@ def assert_clean(r: Run, within: float = 5.0) -> None:
     r.assert_nothing_left(within=1.0)
     started = [e for e in r.events() if e["kind"] == "run_started"]
     if started:
-        assert port_free(started[0]["master_port"]), "the master port is still taken"
+        port = started[0]["master_port"]
+        assert port_free(port), f"the master port is still taken: {port_holders(port)}"
 
 
 # ----------------------------------------------------------------------------- a hung collective
