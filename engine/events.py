@@ -26,6 +26,7 @@ Kinds and their fields (beyond v, kind, t):
                       samples_per_s   this rank's rate since the previous report,
                       data_wait       share (0..1) of that time spent waiting for batches,
                       device_mem_mb   CUDA memory allocated on its GPU; on CPU the rank's RSS,
+                      peak_mem_mb     the most so far: max_memory_allocated on a GPU, peak RSS on CPU,
                       t               the rank's own unix time when it took the sample}
                    Only node 0's events.jsonl has it: that is how node 0 sees every node's ranks.
     run_finished   status (finished|failed|stopped), exit_codes (list per local rank),

@@ -28,7 +28,7 @@ from engine.optim import Precision, set_speed_flags
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
 MAX_STOP_INTERVAL = 50  # steps
 # One row per rank in the gathered report; flag and per_step double as the stop agreement.
-REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t")
+REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t", "peak_mem_mb")
 
 
 class TrainError(TorchdeckError):
@@ -364,13 +364,23 @@ class Trainer:
             self._proc = psutil.Process()
         return self._proc.memory_info().rss / 2 ** 20
 
+    def _peak_mem_mb(self) -> float:
+        """The most this rank has held so far: what decides whether a job fits (sampling the current
+        figure from outside misses short peaks and short runs)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2 ** 20
+        import resource
+
+        # KiB on Linux; the kernel's high-water mark lags the RSS psutil reads by a few pages
+        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10, self._device_mem_mb())
+
     def _gather_report(self, flag, per_step, wait_total, samples_total, now) -> list[list[float]]:
         """Every rank's REPORT_ROW, through one all-gather; rank 0 emits them as a rank_report."""
         window = max(now - self._report_t, 1e-9)
         row = [flag, per_step, float(self.pos.epoch), float(self.pos.step),
                (samples_total - self._report_samples) / window,
                min(1.0, (wait_total - self._report_wait) / window),
-               self._device_mem_mb(), time.time()]
+               self._device_mem_mb(), time.time(), self._peak_mem_mb()]
         self._report_t, self._report_wait, self._report_samples = now, wait_total, samples_total
         mine = torch.tensor(row, dtype=torch.float64, device=self.device)
         if _distributed():
@@ -385,7 +395,7 @@ class Trainer:
                 host, node_rank = self._hosts[rank]
                 reports.append({"rank": rank, "host": host, "node_rank": node_rank, "epoch": int(r[2]),
                                 "step": int(r[3]), "samples_per_s": r[4], "data_wait": r[5],
-                                "device_mem_mb": r[6], "t": r[7]})
+                                "device_mem_mb": r[6], "t": r[7], "peak_mem_mb": r[8]})
             self.emit("rank_report", reports=reports)
         return rows
 

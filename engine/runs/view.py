@@ -39,6 +39,7 @@ class RankState:
     samples_per_s: float = 0.0
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
     device_mem_mb: float | None = None
+    peak_mem_mb: float | None = None  # the most it held so far (rank_report)
     last_seen: float | None = None  # event time of the newest news about this rank
     interval: float | None = None  # typical seconds between its reports (smoothed)
     exited: str | None = None  # "exit 0", "exit 1", "signal SIGKILL"
@@ -384,6 +385,9 @@ class RunView:
             mem = _f(rep.get("device_mem_mb"))
             if mem is not None:
                 st.device_mem_mb = mem
+            peak = _f(rep.get("peak_mem_mb"))
+            if peak is not None:
+                st.peak_mem_mb = max(peak, st.peak_mem_mb or 0.0)
             if rep.get("node_rank") is not None:
                 st.node_rank = _i(rep.get("node_rank"))
             if rep.get("host") and not st.host:

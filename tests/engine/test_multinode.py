@@ -105,6 +105,7 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
         assert [r["node_rank"] for r in rows] == [0, 0, 1, 1]
         assert len({r["step"] for r in rows}) == 1  # one collective, entered at the same step by all
         assert all(r["host"] == socket.gethostname() and r["device_mem_mb"] > 0 for r in rows)
+        assert all(r["peak_mem_mb"] >= r["device_mem_mb"] for r in rows)  # the rank's peak RSS, not a sample
     last = reports[-1]["reports"]
     assert all(r["step"] == 4 and r["samples_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in last)
     # what `torchdeck run` printed on node 0 ends with every rank of the job, node 1's from the reports
@@ -297,7 +298,7 @@ def test_rank_reports_in_one_process_follow_report_every_s(tmp_path):
     for e in reports:
         (row,) = e["reports"]
         assert set(row) == {"rank", "host", "node_rank", "epoch", "step", "samples_per_s", "data_wait",
-                            "device_mem_mb", "t"}
+                            "device_mem_mb", "t", "peak_mem_mb"}
         assert row["rank"] == 0 and row["node_rank"] == 0 and row["samples_per_s"] > 0
         assert abs(row["t"] - e["t"]) < 5
     off = run_in_process(tmp_path / "off", small_cfg(**base, **{"train.report_every_s": 0}))

@@ -86,7 +86,7 @@ def test_rank_report_updates_ranks_of_other_nodes_only():
         {"rank": 2, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 9, "samples_per_s": 480.0,
          "data_wait": 0.25, "device_mem_mb": 2000.0, "t": T0 + 5.5},
         {"rank": 3, "host": "node-b", "node_rank": 1, "epoch": 0, "step": 7, "samples_per_s": 300.0,
-         "data_wait": 0.6, "device_mem_mb": 2100.0, "t": T0 + 5.5},
+         "data_wait": 0.6, "device_mem_mb": 2100.0, "t": T0 + 5.5, "peak_mem_mb": 2500.0},
     ]))
     r0 = st.ranks[0]
     assert (r0.step, r0.samples_per_s, r0.device_mem_mb) == (10, 500.0, 1234.0)  # own events win; memory taken
@@ -95,6 +95,9 @@ def test_rank_report_updates_ranks_of_other_nodes_only():
     assert r3.from_report and r3.last_seen == T0 + 5.5 and r3.total_steps == 50
     assert st.rank_spread()[0].rank == 3  # the straggler on the other node is the slowest
     assert 2 not in st.rank_pids().values()  # no local pid for remote ranks
+    st.feed(ev("rank_report", 7, reports=[{"rank": 3, "step": 8, "device_mem_mb": 1900.0, "peak_mem_mb": 2400.0,
+                                           "t": T0 + 6.5}]))
+    assert (st.ranks[3].device_mem_mb, st.ranks[3].peak_mem_mb) == (1900.0, 2500.0)  # the peak never goes down
 
 
 def test_unknown_and_malformed_events_are_skipped():
