@@ -29,8 +29,10 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=870)
+    only = ("engine_vs_plain,ddp_vs_plain,monitoring_cost,events_rate,app,scaling,imagefolder_vs_plain,"
+            "cifar_vs_plain,startup,gpu")  # deepspeed_vs_plain: its own test below
+    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=870)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "### Targets" in p.stdout
     data = json.loads(out.read_text())
@@ -96,6 +98,31 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
         assert "no CUDA" in gpu["skipped"] and "NOT RUN" in gpu["text"]
     else:
         assert all(_positive(r[1]) and _positive(r[2]) for r in gpu["rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_quick_deepspeed(tmp_path):
+    """deepspeed_vs_plain on its own (it starts six DeepSpeed runs): throughput of torchdeck and of
+    the tutorial-style script, and each rank's memory that grows with the model, for DDP and ZeRO-3."""
+    from engine.strategies.deepspeed import installed
+
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "deepspeed_vs_plain", "--json", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=570)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ds = json.loads(out.read_text())["results"]["deepspeed_vs_plain"]
+    if not installed():
+        assert "NOT RUN" in ds["text"] and "pip install" in ds["skipped"]
+        return
+    assert _positive(ds["ratio"])
+    assert all(_positive(r["samples_per_s"]) for r in ds["engine"] + ds["plain"])
+    assert ds["plain"][0]["threads"] == max(1, os.cpu_count() // 2)
+    mem = ds["memory"]["per_strategy"]
+    assert list(mem) == ["ddp", "deepspeed ZeRO-3"]
+    assert all(_positive(m) for v in mem.values() for m in v["peak_rss_mb"] + v["tiny_model_peak_rss_mb"])
 
 
 def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):

@@ -258,7 +258,7 @@ def _scenario(name: str, rank: int, out: Path) -> None:
     trainer.resume()
     pos = trainer.fit()
     if rank == 0:
-        report = {"step": pos.step, "events": [k for k, _ in seen],
+        report = {"step": pos.step, "events": [k for k, _ in seen], "threads": torch.get_num_threads(),
                   "resumed": [f["message"] for k, f in seen if k == "log" and "resumed" in f.get("message", "")]}
         if cfg.strategy == "deepspeed":
             report["param_dtypes"] = sorted({str(p.dtype) for p in trainer.model.module.parameters()})
@@ -321,7 +321,9 @@ def test_zero_stages_equal_ddp(ranks, stage):
     in the same order), and the weights did move."""
     ref = weights(ranks, "ddp")
     got = weights(ranks, f"zero{stage}")
-    assert json.loads((ranks / f"zero{stage}.json").read_text())["step"] == 4
+    report = json.loads((ranks / f"zero{stage}.json").read_text())
+    assert report["step"] == 4
+    assert report["threads"] == 1  # the rank's threads (cores / local ranks) survive deepspeed.initialize
     assert_same(got, ref)
     init = cfgmod.from_dict(cfg_dict("ddp"))
     from engine.data import build_datasets
