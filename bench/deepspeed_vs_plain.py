@@ -8,7 +8,7 @@ builds the loader), over fewer steps.
 
 Memory: an mlp big enough for ZeRO's partitions to show in a rank's resident memory (about 10.5 M
 parameters, 40 MiB in fp32) trained with Adam, whose two moments are what ZeRO-1 shares out first;
-each rank's peak RSS is sampled every 50 ms from outside (psutil), the way the Monitor reads it,
+each rank's peak RSS is what the rank reports at its last step (its high-water mark),
 and the same job with a tiny mlp is subtracted, so torch's and DeepSpeed's libraries drop out.
 Needs the extra: pip install 'torchdeck[deepspeed]'.
 """
@@ -75,29 +75,12 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
 
 
 def _peak_rss(cfg: dict, root) -> list[float]:
-    """Each rank's peak resident memory (MiB) over a real run, sampled from outside every 50 ms."""
-    import psutil
-
-    from engine import events
-
-    peak: dict[int, float] = {}
-    procs: dict[int, psutil.Process] = {}
-
-    def sample(run):
-        if len(procs) < RANKS:
-            for e in events.read_all(run.events_path):
-                if e.get("kind") == "rank_ready" and e["rank"] not in procs:
-                    try:
-                        procs[e["rank"]] = psutil.Process(e["pid"])
-                    except psutil.Error:
-                        pass
-        for r, p in procs.items():
-            try:
-                peak[r] = max(peak.get(r, 0.0), p.memory_info().rss / 2 ** 20)
-            except psutil.Error:
-                pass
-    C.run_engine(C.engine_config(**cfg), root, on_poll=sample)
-    return [peak.get(r) for r in range(RANKS)]
+    """Each rank's peak resident memory (MiB) over a real run, as the rank reports it at its last
+    step (peak_mem_mb of the final rank_report: the kernel's high-water mark, which sampling from
+    outside misses on a short run)."""
+    evs = C.run_engine(C.engine_config(**C.merge(cfg, {"train": {"report_every_s": 3600}})), root)["events"]
+    last = [e for e in evs if e.get("kind") == "rank_report"][-1]["reports"]
+    return [next((r.get("peak_mem_mb") for r in last if r["rank"] == k), None) for k in range(RANKS)]
 
 
 def _memory(s: dict, quick: bool) -> dict:
@@ -107,7 +90,7 @@ def _memory(s: dict, quick: bool) -> dict:
     root = C.tmpdir(NAME + "-mem")
     base = dict(devices=RANKS, backend="gloo", data={"train_size": 2048, "val_size": 0},
                 optimizer={"name": "adam", "lr": 1e-3},
-                train={"batch_size": 32, "max_steps": s["mem_steps"], "log_every_n_steps": 1, "report_every_s": 0})
+                train={"batch_size": 32, "max_steps": s["mem_steps"], "log_every_n_steps": 1})
     jobs = [("ddp", {"strategy": "ddp"}), ("zero (ZeroRedundancyOptimizer)", {"strategy": "zero"})]
     jobs += [(f"deepspeed ZeRO-{st}", {"strategy": "deepspeed", "deepspeed": {"stage": st}}) for st in (1, 2, 3)]
     if quick:
