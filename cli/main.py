@@ -237,6 +237,33 @@ def cmd_stop(args) -> int:
     return EXIT_OK
 
 
+def cmd_stacks(args) -> int:
+    """`torchdeck stacks RUN`: where every rank of this node (and the supervisor) is right now,
+    grouped by place; for a run that is over, the last stacks its watchdog took."""
+    from engine import events
+    from engine.runs import stacks
+
+    run = _find_run(args.run, args.runs_dir)
+    if run.is_live():
+        groups, taken = stacks.take(run)
+        if not taken:
+            print(f"run {run.name}: no process of it on this host answers yet (ranks register once started)")
+            return EXIT_FAILED
+        print(f"stacks of {run.name}: {len(taken)} process(es) on this host, {time.strftime('%H:%M:%S')}")
+    else:
+        last = [e for e in events.read_all(run.events_path) if e.get("kind") == "stacks"]
+        if not last:
+            print(f"run {run.name} is not running (status: {run.status()}) and took no stacks")
+            return EXIT_FAILED
+        groups = last[-1].get("groups") or []
+        when = time.strftime("%H:%M:%S", time.localtime(float(last[-1].get("t") or 0)))
+        print(f"run {run.name} is not running (status: {run.status()}); the stacks it took at {when} "
+              f"({last[-1].get('reason') or 'asked'}):")
+    for line in stacks.render(groups, depth=args.depth):
+        print(line)
+    return EXIT_OK
+
+
 def _table(rows: list[tuple]) -> None:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -402,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", type=float, metavar="SECONDS", nargs="?", const=60.0,
                    help="wait for the run to end (default 60 s)")
     s.set_defaults(func=cmd_stop)
+
+    s = sub.add_parser("stacks", parents=[common, runs_dir],
+                       help="where each rank of a run is now (Python stacks, grouped)")
+    s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
+    s.add_argument("--depth", type=int, default=12, metavar="N", help="frames shown per place (default 12)")
+    s.set_defaults(func=cmd_stacks)
 
     s = sub.add_parser("presets", parents=[common], help="list shipped and user presets")
     s.set_defaults(func=cmd_presets)

@@ -29,6 +29,10 @@ Kinds and their fields (beyond v, kind, t):
                       peak_mem_mb     the most so far: max_memory_allocated on a GPU, peak RSS on CPU,
                       t               the rank's own unix time when it took the sample}
                    Only node 0's events.jsonl has it: that is how node 0 sees every node's ranks.
+    stacks         rank (null), reason (why they were taken: "rank 1 silent for 12 s", "collective
+                   timeout"), summary (one line, see engine/runs/stacks.py summary), groups: one
+                   entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
+                   first}, files (the rank<N>.stacks files read)
     run_finished   status (finished|failed|stopped), exit_codes (list per local rank),
                    root_cause (str or null), elapsed_s
 
@@ -54,6 +58,7 @@ KINDS = (
     "error",
     "rank_exited",
     "rank_report",
+    "stacks",
     "run_finished",
 )
 

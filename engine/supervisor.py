@@ -26,7 +26,9 @@ from pathlib import Path
 from engine import events, network
 from engine.config import ConfigError, Hardware, load, resolve_all_gpus
 from engine.errors import TorchdeckError
+from engine.runs import stacks
 from engine.runs.layout import RunDir
+from engine.runs.view import RunView
 from engine.strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
@@ -51,6 +53,7 @@ class EventWriter(threading.Thread):
         self.done = threading.Event()
         self.count = 0
         self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
+        self.view = RunView()  # the ranks as a front end sees them: the watchdog asks it who is stale
 
     def _guarded(self, fn, *args) -> None:
         with self.lock:
@@ -77,6 +80,19 @@ class EventWriter(threading.Thread):
         if ev.get("kind") == "error":
             self.errors.append(ev)
 
+    def _watch(self, line: str) -> None:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            return
+        with self.lock:
+            self.view.feed(ev)
+
+    def stale(self, now: float) -> list:
+        """(rank, seconds silent) of the ranks the run's own rule calls stale (engine/runs/view.py)."""
+        with self.lock:
+            return [(r.rank, now - r.last_seen) for r in self.view.stale_ranks(now)]
+
     def run(self) -> None:
         last_flush = time.monotonic()
         pending = 0
@@ -94,6 +110,7 @@ class EventWriter(threading.Thread):
                 line = ev if isinstance(ev, str) else events.dumps(ev)
                 if '"kind":"error"' in line:
                     self._note_error(line)
+                self._watch(line)
                 self._guarded(self.fh.write, line + "\n")
                 pending += 1
                 self.count += 1
@@ -259,12 +276,16 @@ def _is_timeout(err: dict) -> bool:
     return "timed out" in text or "timeout" in text
 
 
-def _timeout_cause(err: dict, timeout_s, stuck: list[int]) -> str:
-    """Name the setting that ended the wait, and the ranks that never arrived: a user sees a
+def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = None) -> str:
+    """Name the setting that ended the wait, and the ranks that never arrived and where they were
+    (`where`: rank -> place, from the stacks taken before they were stopped): a user sees a
     timeout on rank 0, but the problem is usually the rank that stopped reporting."""
     limit = f"nodes.timeout_s={timeout_s} s" if timeout_s else "nodes.timeout_s"
+    where = where or {}
+    places = "; ".join(f"rank {r} was in {where[r]}" for r in stuck if r in where)
     who = (f"; rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} sent no error and had to "
-           f"be stopped: the likely hang (see {', '.join(f'rank{r}.log' for r in stuck)})") if stuck else ""
+           f"be stopped: the likely hang (see {', '.join(f'rank{r}.log' for r in stuck)}"
+           + (f"; {places}" if places else "") + ")") if stuck else ""
     return (f"rank {err.get('rank')} ({err.get('host')}): a collective timed out after {limit} waiting for "
             f"the other ranks{who}; raise nodes.timeout_s if a step can legitimately take that long "
             f"[{err.get('exception')}: {err.get('message')}]")
@@ -279,6 +300,10 @@ class Supervisor:
         self.writer_errors: list[dict] = []
         self.write_failure: str | None = None
         self.timeout_s: int | None = None
+        self.base = 0  # global rank of this node's local rank 0
+        self.where: dict = {}  # rank -> where its stacks last showed it (the newest dump)
+        self._dump_lock = threading.Lock()
+        self._stall_dumped = False  # one dump per stall: re-armed once no rank is stale
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -321,6 +346,10 @@ class Supervisor:
         rd = self.rd
         rd.write_pid(os.getpid())
         self._reserve()
+        try:
+            stacks.install(rd.stacks_path(None))
+        except OSError:
+            pass  # an unwritable run directory fails below, with its message
         try:
             cfg = load(rd.config_path)
         except ConfigError as exc:
@@ -400,6 +429,7 @@ class Supervisor:
                 p.start()
         if store is not None:
             store.sock.close()  # local rank 0 holds it now
+        self.base = cfg.nodes.node_rank * nproc
         try:
             died_first, reported = self._join(pctx, stop_event, writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
@@ -452,15 +482,62 @@ class Supervisor:
                 for p in pctx.processes:
                     p.join(5)
                 return [], reported
+            self._watchdog(pctx, writer)
             failed = self._wait_step(pctx, sentinels)
             if failed:
                 # Which ranks died on their own, before we terminate the rest: the root cause is among them.
                 failed += [i for i, p in enumerate(pctx.processes)
                            if i not in failed and p.exitcode not in (0, None)]
+                self._stacks_on_timeout(pctx, writer)
                 self._terminate(pctx)
                 return failed, reported
             if not sentinels:
                 return [], reported
+
+    # ---------------------------------------------------------------- watchdog
+    def dump_stacks(self, pctx, writer, reason: str, wait_s: float = stacks.WAIT_S) -> list[dict]:
+        """Stacks of this node's live ranks, as a `stacks` event (and a line in supervisor.log)."""
+        with self._dump_lock:
+            targets = [(f"rank {self.base + i}", self.base + i, p.pid, self.rd.stacks_path(self.base + i))
+                       for i, p in enumerate(pctx.processes) if p.is_alive()]
+            if not targets:
+                return []
+            taken = stacks.collect(targets, wait_s)
+            groups = stacks.group(taken)
+            self.where.update({ps.rank: ps.where for ps in taken if not ps.error})
+            line = stacks.summary(groups)
+            writer.write(events.make("stacks", rank=None, reason=reason, summary=line, groups=groups,
+                                     files=[ps.file for ps in taken]))
+            try:
+                print(f"stacks ({reason}): {line}", flush=True)
+            except OSError:
+                pass
+            return groups
+
+    def _watchdog(self, pctx, writer) -> None:
+        """When a rank turns stale (the rule the Monitor marks STALE by), dump every rank's stacks
+        once, in a thread (the join loop goes on); again only after every rank was heard from."""
+        silent = writer.stale(time.time())
+        if not silent:
+            self._stall_dumped = False
+            return
+        if self._stall_dumped or self.first_stop_t is not None:
+            return
+        self._stall_dumped = True
+        ranks = sorted(r for r, _ in silent)
+        reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
+                  f"{max(s for _, s in silent):.0f} s")
+        threading.Thread(target=self.dump_stacks, args=(pctx, writer, reason), name="watchdog",
+                         daemon=True).start()
+
+    def _stacks_on_timeout(self, pctx, writer) -> None:
+        """A rank gave up waiting in a collective: before the others are stopped, see where the
+        ones that never arrived are (they are still alive, stuck)."""
+        deadline = time.monotonic() + 1.0
+        while not writer.errors and time.monotonic() < deadline:
+            time.sleep(0.05)  # the failed rank's error event may still be in the pipe
+        if any(_is_timeout(e) for e in writer.errors) and any(p.is_alive() for p in pctx.processes):
+            self.dump_stacks(pctx, writer, "a collective timed out", wait_s=2.0)
 
     @staticmethod
     def _wait_step(pctx, sentinels) -> list[int]:
@@ -522,7 +599,7 @@ class Supervisor:
             if _is_timeout(e):
                 stuck = [base + i for i, c in enumerate(codes)
                          if c != 0 and i not in died_first and base + i not in reporting]
-                cause = _timeout_cause(e, self.timeout_s, stuck)
+                cause = _timeout_cause(e, self.timeout_s, stuck, self.where)
             return "failed", cause
         bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
         code = codes[bad]

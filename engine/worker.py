@@ -22,6 +22,7 @@ from pathlib import Path
 from engine import events
 from engine.config import from_dict
 from engine.errors import TorchdeckError
+from engine.runs import stacks
 from engine.runs.layout import RunDir, write_atomic
 
 
@@ -292,6 +293,7 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
     _redirect_output(rd.rank_log(rank))
+    stacks.install(rd.stacks_path(rank))  # `torchdeck stacks` and the watchdog ask for them
     # Ctrl-C and a closed terminal reach the supervisor, which stops the ranks in step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -390,6 +392,7 @@ def main(argv=None) -> int:
     rd = RunDir(Path(args.run_dir))
     rd.path.mkdir(parents=True, exist_ok=True)
     emit = FileReporter(rd.events_path, rank)
+    stacks.install(rd.stacks_path(rank))
     from engine.strategies import get_strategy
 
     notes = get_strategy(cfg.strategy).resolve(cfg, rd.path if local_rank == 0 else None)  # deepspeed's ds_config

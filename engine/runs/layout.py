@@ -9,6 +9,8 @@ one writer of a run's final status.
         launcher.pid       torchrun's agent, for a run written under torchrun (no supervisor)
         supervisor.log     the supervisor's own output
         rank<N>.log        stdout/stderr of global rank N
+        rank<N>.stacks     the rank's Python stacks, written when asked (engine/runs/stacks.py)
+        supervisor.stacks  the same for the supervisor
         status.json        final status, written last: {"status", "exit_codes", "root_cause", "elapsed_s"}
         stop               present: a graceful stop was asked (the supervisor also takes SIGTERM)
         checkpoints/       ckpt-<step>.pt, newest complete one is the resume point
@@ -156,6 +158,10 @@ class RunDir:
 
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank{rank}.log"
+
+    def stacks_path(self, rank: int | None) -> Path:
+        """Where a rank (None: the supervisor) dumps its stacks when asked (engine/runs/stacks.py)."""
+        return self.path / ("supervisor.stacks" if rank is None else f"rank{rank}.stacks")
 
     def is_run(self) -> bool:
         return self.config_path.is_file()

@@ -179,6 +179,7 @@ class RunView:
     best_val_acc: float | None = None
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
+    stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
     _finished_event: bool = False
@@ -371,6 +372,18 @@ class RunView:
             self.started_t = t - elapsed
         text = f"run {self.status}" + (f": {self.root_cause}" if self.root_cause else "")
         self._log(t, "error" if self.status == Status.FAILED else "info", None, text)
+
+    def _on_stacks(self, ev, t) -> None:
+        """Where the ranks were when the supervisor looked (a rank went silent, a collective timed out)."""
+        groups = ev.get("groups")
+        if not isinstance(groups, list):
+            raise Malformed("stacks without groups")
+        groups = [g for g in groups if isinstance(g, dict)]
+        summary = _text(ev.get("summary")) or " | ".join(f"{_text(g.get('who'))}: {_text(g.get('where'))}"
+                                                          for g in groups)
+        reason = _text(ev.get("reason"), "asked")
+        self.stacks = {"t": t, "reason": reason, "summary": summary, "groups": groups}
+        self._log(t, "warning", None, f"stacks ({reason}): {summary} (torchdeck stacks shows them)")
 
     def _on_rank_report(self, ev, t) -> None:
         """Rank 0's periodic summary of every rank: the only news of ranks on other nodes."""

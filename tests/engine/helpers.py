@@ -209,6 +209,20 @@ def failing(info, at=3, rank="1"):
     return net
 
 
+def stall(info, at=5, rank="1"):
+    """Sleeps in the forward of its `at`-th training step on one rank, for an hour."""
+    net = mlp(info, 32)
+    calls = [0]
+
+    def stall_here(mod, args):
+        if mod.training:
+            calls[0] += 1
+            if calls[0] >= at and os.environ.get("RANK") == rank:
+                time.sleep(3600)
+    net.register_forward_pre_hook(stall_here)
+    return net
+
+
 def slow(info, sleep=0.05):
     net = mlp(info, 32)
     net.register_forward_pre_hook(lambda mod, args: time.sleep(sleep) if mod.training else None)

@@ -1,0 +1,72 @@
+"""Issue 18: when a run hangs, say where each rank is. A real 2-rank gloo run whose rank 1 sleeps
+in its forward from step 5 on (tests/engine/helpers.py USER_MODELS `stall`): the supervisor's
+watchdog dumps the stacks once rank 1 turns stale, `torchdeck stacks` shows the same live, and
+when rank 0's collective times out the root cause says where rank 1 was."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from engine.runs import stacks
+from engine.runs.view import RunView
+from tests.engine.helpers import Run, cli_cmd, ddp_cfg
+
+DUMP = '''\
+Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
+  File "/home/u/torchdeck/engine/train.py", line 341 in _should_stop
+  File "/home/u/torchdeck/engine/worker.py", line 290 in rank_main
+  File "<string>", line 1 in <module>
+'''
+
+
+def test_a_dump_reads_as_the_main_threads_place_and_identical_places_group():
+    threads = stacks.parse("garbage line\n" + DUMP + DUMP)  # two dumps in one file: the newest counts
+    assert len(threads) == 2
+    main = stacks.main_thread(threads)
+    assert main.frames[0].func == "all_reduce"
+    assert stacks.where(main) == ("all_reduce (distributed/distributed_c10d.py:2950) <- "
+                                  "_should_stop (engine/train.py:341)")
+    a = stacks.ProcStack("rank 0", 0, 1, "f", threads)
+    b = stacks.ProcStack("rank 2", 2, 2, "f", threads)
+    c = stacks.ProcStack("rank 1", 1, 3, "f", error="the process is gone")
+    groups = stacks.group([c, b, a])
+    assert stacks.summary(groups) == ("ranks 0,2: all_reduce (distributed/distributed_c10d.py:2950) <- "
+                                      "_should_stop (engine/train.py:341) | rank 1: no dump: the process is gone")
+
+
+@pytest.mark.slow
+def test_a_silent_rank_is_shown_where_it_sleeps_and_named_when_the_collective_times_out(tmp_path, runs):
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:stall", "model.kwargs": {"at": 5},
+                                 "train.max_steps": 200, "nodes.timeout_s": 15}))
+    runs.append(r)
+    r.wait_for(lambda e: e["kind"] == "step" and e["rank"] == 1 and e["step"] >= 4)
+    ev = r.wait_for(lambda e: e["kind"] == "stacks", timeout=60)
+    last = max(e["t"] for e in r.events() if e["kind"] == "step" and e["rank"] == 1)
+    assert ev["t"] - last < 15, "the watchdog dumps within 15 s of rank 1 going silent"
+    where = {rank: g["where"] for g in ev["groups"] for rank in g["ranks"]}
+    assert "stall_here (usermodels.py:" in where[1], ev["summary"]
+    assert "backward" in where[0] or "all_reduce" in where[0], ev["summary"]
+    view = RunView()  # what the Monitor and `torchdeck run` are fed
+    view.feed_all(r.events())
+    assert view.stacks["summary"] == ev["summary"]
+    assert any(ln.level == "warning" and "stall_here" in ln.text for ln in view.logs)
+    assert "silent" in ev["reason"] and "1" in ev["reason"].split(" silent")[0], ev["reason"]
+
+    # the same, asked live from outside
+    out = subprocess.run(cli_cmd() + ["stacks", str(r.dir)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rank 1: stall_here (usermodels.py:" in out.stdout, out.stdout
+    assert "rank 0: " in out.stdout, out.stdout
+    assert "supervisor: " in out.stdout, out.stdout
+
+    assert r.wait(timeout=60) == 1
+    cause = r.status()["root_cause"]
+    assert "a collective timed out after nodes.timeout_s=15 s" in cause, cause
+    assert "rank 1 sent no error" in cause and "rank 1 was in stall_here (usermodels.py:" in cause, cause
