@@ -16,7 +16,6 @@ Planning (what `torchdeck validate` and the Configure summary say) needs no torc
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +199,8 @@ class NodeShare:
         return list(self.agree(flags)) if self.agree is not None else flags
 
     def path(self, split: str) -> Path:
+        import hashlib  # not at import: the app's first frame imports this module (via engine.config)
+
         digest = hashlib.sha1(f"{self.key}\0{split}".encode()).hexdigest()[:20]
         return Path(SHM_DIR) / f"torchdeck-{os.getuid()}-{digest}"
 

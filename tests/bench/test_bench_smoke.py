@@ -38,7 +38,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     data = json.loads(out.read_text())
     res = data["results"]
     assert list(res) == ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app",
-                         "scaling", "imagefolder_vs_plain", "cifar_vs_plain", "startup", "gpu"]
+                         "scaling", "imagefolder_vs_plain", "cifar_vs_plain", "startup", "first_frame", "gpu"]
     assert not [n for n, r in res.items() if "error" in r]
 
     evp = res["engine_vs_plain"]
@@ -92,6 +92,9 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     st = res["startup"]
     assert all(_positive(r["first_step_s"]) for r in st["engine"] + st["plain"]) and _positive(st["ratio"])
+
+    ff = res["first_frame"]  # the app against a Textual hello world, 80x24
+    assert all(_positive(x) for x in ff["torchdeck_s"] + ff["hello_s"]) and _positive(ff["ratio"])
 
     gpu = res["gpu"]
     if not data["env"]["cuda"]:
