@@ -30,7 +30,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     only = ("engine_vs_plain,ddp_vs_plain,monitoring_cost,events_rate,app,scaling,imagefolder_vs_plain,"
-            "cifar_vs_plain,startup,gpu")  # deepspeed_vs_plain: its own test below
+            "cifar_vs_plain,startup,first_frame,gpu")  # deepspeed_vs_plain: its own test below
     p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=870)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
