@@ -38,6 +38,7 @@ class MonitorCommands(Provider):
     COMMANDS = (
         ("Stop run", "stop", "Graceful stop: ranks finish the step, rank 0 checkpoints (s)"),
         ("Kill run", "kill", "SIGKILL every process of the run (k)"),
+        ("Show stacks", "stacks", "Where each rank is: Python stacks grouped by place (t)"),
         ("Resume run", "resume", "A new run that continues this one from its newest checkpoint (R)"),
         ("Leave monitor", "leave", "Back to the previous screen; the run goes on (escape)"),
     )  # "Runs list" is the app's own palette entry, on every screen
@@ -68,6 +69,7 @@ class MonitorScreen(Screen):
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("k", "kill", "Kill"),
+        Binding("t", "stacks", "Stacks"),
         Binding("R", "resume", "Resume"),
         Binding("escape", "leave", "Leave"),
         Binding("r", "runs", "Runs"),
@@ -292,6 +294,11 @@ class MonitorScreen(Screen):
             self.app.call_from_thread(self.notify, f"Kill failed: {exc}", severity="error")
             return
         self.app.call_from_thread(self.notify, f"Killed {len(pids)} process(es) of the run", severity="warning")
+
+    def action_stacks(self) -> None:
+        from app.monitor.stacks import StacksScreen
+
+        self.app.push_screen(StacksScreen(self.run_dir, self.run_state.stacks))
 
     def action_resume(self) -> None:
         """Continue a stopped, failed or lost run from its newest checkpoint, in a new run."""

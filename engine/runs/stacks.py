@@ -210,6 +210,8 @@ def render(groups: list[dict], depth: int = 12) -> list[str]:
                 file, line, func = f
             except (TypeError, ValueError):
                 continue
+            parts = Path(str(file)).parts
+            file = str(file) if len(parts) <= 4 else "…/" + "/".join(parts[-3:])  # the .stacks files have it whole
             lines.append(f"    {func}  {file}:{line}")
         if len(frames) > depth:
             lines.append(f"    ... {len(frames) - depth} outer frame(s)")

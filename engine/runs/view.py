@@ -383,7 +383,7 @@ class RunView:
                                                           for g in groups)
         reason = _text(ev.get("reason"), "asked")
         self.stacks = {"t": t, "reason": reason, "summary": summary, "groups": groups}
-        self._log(t, "warning", None, f"stacks ({reason}): {summary} (torchdeck stacks shows them)")
+        self._log(t, "warning", None, f"stacks ({reason}): {summary}")
 
     def _on_rank_report(self, ev, t) -> None:
         """Rank 0's periodic summary of every rank: the only news of ranks on other nodes."""

@@ -288,7 +288,7 @@ async def test_palette_lists_the_monitor_actions(tmp_path):
         await pilot.pause(0.2)
         provider = MonitorCommands(screen)
         found = [h.text for h in [h async for h in provider.discover()]]
-        assert found == ["Stop run", "Kill run", "Resume run", "Leave monitor"]
+        assert found == ["Stop run", "Kill run", "Show stacks", "Resume run", "Leave monitor"]
         assert "Runs list" in [c.title for c in app.get_system_commands(screen)]  # the app's, on every screen
         hits = [h async for h in provider.search("kill")]
         assert hits and hits[0].text == "Kill run"

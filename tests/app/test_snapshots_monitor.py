@@ -128,3 +128,33 @@ def test_monitor_live_ddp_run(snap_compare, app, run_dir, size):
 def test_monitor_stale_rank_140x45(snap_compare, app, tmp_path):
     """Rank 1 stopped reporting at step 120 (t = 63 s); at 95 s it is flagged stale in red."""
     assert snap_compare(app, terminal_size=(140, 45), run_before=show(make_run(tmp_path, rank1_silent_after=120)))
+
+
+def test_stacks_view_80x24(snap_compare, app, tmp_path, monkeypatch):
+    """Rank 1 went silent; the watchdog's stacks event, opened with t: rank 1 in the user's
+    forward, rank 0 waiting in backward (the gradient all-reduce)."""
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")  # the time it was taken is shown in local time
+    time.tzset()
+    run, n = make_run(tmp_path, rank1_silent_after=120)
+    site = "/venv/lib/python3.11/site-packages/torch"
+    groups = [{"who": "rank 0", "ranks": [0], "where": "_engine_run_backward (autograd/graph.py:829) <- backward "
+                                                        "(engine/optim.py:116)",
+               "frames": [[f"{site}/autograd/graph.py", 829, "_engine_run_backward"],
+                          [f"{site}/_tensor.py", 623, "backward"], ["/src/engine/optim.py", 116, "backward"],
+                          ["/src/engine/train.py", 462, "fit"]]},
+              {"who": "rank 1", "ranks": [1], "where": "stall_here (usermodels.py:29)",
+               "frames": [["/home/me/usermodels.py", 29, "stall_here"],
+                          [f"{site}/nn/modules/module.py", 1826, "inner"], ["/src/engine/train.py", 456, "fit"]]}]
+    ev = events.make("stacks", rank=None, reason="ranks 0,1 silent for 10 s", summary="", groups=groups, files=[])
+    ev["t"] = T0 + 75
+    with open(run.events_path, "a") as fh:
+        fh.write(events.dumps(ev) + "\n")
+
+    async def run_before(pilot):
+        await show((run, n + 1))(pilot)
+        await pilot.press("t")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
