@@ -212,6 +212,73 @@ def cmd_runs(args) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args) -> int:
+    """`torchdeck compare PRESET --strategies a,b,c`: the same job under each strategy, one after
+    another, then one table (engine.runs.compare computes it; the app's Compare screen shows the same)."""
+    from cli.progress import Display
+    from engine.runs import compare, control
+
+    strategies = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
+    if args.save_best:
+        from engine import presets
+
+        presets.check_name(args.save_best)
+        if presets.user_preset_path(args.save_best).exists():
+            raise UsageError(f"--save-best: user preset {args.save_best!r} exists "
+                             f"({presets.user_preset_path(args.save_best)}); pick another name or delete it")
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        raise UsageError(f"--target-acc: a validation accuracy between 0 and 1 (0.8 for 80%), got {args.target_acc:g}")
+    facts, entries = compare.plan(args.preset, strategies, _overrides(args), args.steps, args.epochs)
+    try:
+        path = compare.new_dir(facts["name"], Path(args.runs_dir) if args.runs_dir else None)
+    except OSError as exc:
+        raise UsageError(f"cannot create the comparison directory: {exc.strerror or exc}") from None
+    compare.write_plan(path, facts, entries, args.target_acc)
+    for line in compare.header_lines(facts):
+        print(line)
+    print(f"comparison directory: {path}", flush=True)
+    todo = [i for i, e in enumerate(entries) if not e.skipped]
+    for e in entries:
+        if e.skipped:
+            print(f"{e.strategy}: skipped: {e.skipped}")
+    stopping = []
+
+    def watch(i: int, run) -> None:
+        print(f"[{todo.index(i) + 1}/{len(todo)}] {entries[i].strategy}: {run.path.name}", flush=True)
+
+        def on_interrupt(n: int):
+            stopping.append(n)
+            if n == 1:
+                control.request_stop(run)
+                print("stopping this run and the comparison (the rows so far are kept); Ctrl-C again to kill",
+                      flush=True)
+            else:
+                print(f"killed {len(control.kill(run))} process(es) of the run", flush=True)
+            return True
+
+        follow(run, Display(), on_interrupt)
+
+    comparison = compare.execute(path, facts, entries, watch, stopping=lambda: bool(stopping))
+    print()
+    for line in compare.table_lines(comparison.rows, comparison.target):
+        print(line)
+    print(f"written: {path / compare.TABLE_FILE}, {path / compare.PLAN_FILE}")
+    if args.save_best:
+        best = compare.fastest(comparison)
+        if best is None:
+            print(f"--save-best: no strategy finished{' at the target accuracy' if comparison.target else ''}; "
+                  "nothing saved")
+        else:
+            from engine.presets import save_user_preset
+
+            entry = next(e for e in entries if e.strategy == best.strategy)
+            saved = save_user_preset(entry.preset_cfg, args.save_best)
+            print(f"saved the fastest, {best.strategy}, as user preset {args.save_best} ({saved}); "
+                  f"launch it with: torchdeck run user:{args.save_best}")
+    ran = [r for r in comparison.rows if r.status != compare.SKIPPED]
+    return EXIT_OK if ran and all(r.status == "finished" for r in ran) else EXIT_FAILED
+
+
 def cmd_stop(args) -> int:
     from engine.runs import control
 
@@ -422,6 +489,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("runs", parents=[common, runs_dir], help="list runs with their status")
     s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("compare", parents=[common, runs_dir, overrides],
+                       help="run one job under several strategies, one after another, and compare them")
+    s.add_argument("preset", help="preset name or YAML file: the job every strategy runs")
+    s.add_argument("--strategies", required=True, metavar="LIST",
+                   help="comma-separated, e.g. cpu,ddp,fsdp,zero (also gpu, dp, deepspeed, model-parallel)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, metavar="N", help="optimizer steps per strategy")
+    g.add_argument("--epochs", type=int, metavar="N", help="epochs per strategy")
+    s.add_argument("--target-acc", type=float, metavar="X", help="time each strategy to this validation accuracy (0-1)")
+    s.add_argument("--save-best", metavar="NAME",
+                   help="save the fastest strategy that reached the target as user preset NAME")
+    s.set_defaults(func=cmd_compare, node_rank=None)
 
     s = sub.add_parser("stop", parents=[common, runs_dir], help="stop a run gracefully (checkpoint first)")
     s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")

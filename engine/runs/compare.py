@@ -1,0 +1,492 @@
+"""Strategies side by side: one job run under several strategies, one after another, and the
+numbers that tell them apart, computed once from the runs' events for `torchdeck compare` and
+the app's Compare screen alike.
+
+A comparison directory groups the runs (each an ordinary run directory):
+
+    runs/compare-<YYYYmmdd-HHMMSS>-<preset>/
+        compare.json     the plan: what was held equal, one entry per strategy (its run or why skipped)
+        compare.md       the table, written when the last run ends
+        <stamp>-<preset>-<strategy>/   one run directory per strategy that ran
+
+What is held equal: the preset's model, data, seed, optimizer and learning rate, and the global
+batch (each strategy's per-process batch is the global batch over its processes). What differs:
+strategy, accelerator, devices and backend. Rates leave out warm-up: the first logged window of
+each rank (start-up, first iterations, allocator growth) is not counted.
+No torch, no textual: the app reads comparisons on its event loop.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine import events
+from engine.runs import fmt
+from engine.runs.layout import RunDir, pid_alive, runs_root, write_atomic
+from engine.runs.view import RunView
+
+PLAN_FILE, TABLE_FILE = "compare.json", "compare.md"
+ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
+SKIPPED = "skipped"
+
+
+# ----------------------------------------------------------------------------- the numbers
+
+
+@dataclass
+class Row:
+    """One strategy's line of the table; None where the run did not say (yet)."""
+
+    strategy: str
+    status: str  # starting | running | finished | failed | stopped | lost | skipped | waiting
+    run: str | None = None  # the run directory (absolute path)
+    world: int | None = None
+    global_batch: int | None = None
+    samples_per_s: float | None = None  # global, warm-up left out
+    ratio: float | None = None  # samples_per_s over the baseline's (the first row with a rate)
+    step_s: float | None = None  # seconds per optimizer step, warm-up left out
+    data_wait: float | None = None  # share of the step time the ranks waited for batches
+    peak_mem_mb: list = field(default_factory=list)  # per rank, in rank order
+    mem_kind: str = "RSS"  # RSS (CPU) or allocated (GPU)
+    time_to_target_s: float | None = None  # from the run's start to the first eval at the target
+    final_val_acc: float | None = None
+    steps: int = 0
+    warmup_steps: int = 0
+    reason: str | None = None  # why it was skipped, or the root cause of a failure
+
+    def cells(self, target: float | None = None) -> dict[str, str]:
+        """The row as words, the same in the CLI, compare.md and the app."""
+        mem = self.peak_mem_mb
+        if not mem:
+            mem_s = "-"
+        elif len(mem) <= 4:
+            mem_s = "/".join(f"{m:.0f}" for m in mem) + f" MiB {self.mem_kind}"
+        else:
+            mem_s = f"max {max(mem):.0f} MiB {self.mem_kind} ({len(mem)} ranks)"
+        return {
+            "strategy": self.strategy,
+            "status": self.status,
+            "world": "-" if self.world is None else str(self.world),
+            "batch": "-" if self.global_batch is None else str(self.global_batch),
+            "rate": fmt.rate(self.samples_per_s),
+            "ratio": "-" if self.ratio is None else f"{self.ratio:.2f}x",
+            "step": "-" if self.step_s is None else f"{1000 * self.step_s:.1f} ms",
+            "wait": fmt.pct(self.data_wait),
+            "mem": mem_s,
+            "target": (fmt.duration(self.time_to_target_s) if self.time_to_target_s is not None
+                       else "not reached" if target is not None and self.run and self.final_val_acc is not None
+                       else "-"),
+            "val": fmt.pct(self.final_val_acc),
+        }
+
+
+def columns(target: float | None = None) -> tuple[tuple[str, str], ...]:
+    return (("strategy", "STRATEGY"), ("status", "STATUS"), ("world", "WORLD"), ("batch", "GLOBAL BATCH"),
+            ("rate", "SAMPLES/S"), ("ratio", "VS FIRST"), ("step", "STEP"), ("wait", "DATA WAIT"),
+            ("mem", "PEAK MEM/RANK"),
+            ("target", "TO " + (fmt.pct(target, 0) if target is not None else "TARGET")), ("val", "VAL ACC"))
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return None
+    return float(v)
+
+
+def _rank(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def measure(run, strategy: str | None = None, target: float | None = None) -> Row:
+    """One run's row, from its events and status files. The rate is the global batch over the
+    time per optimizer step of the lowest rank, summed over its logged windows after the first
+    (each step event covers the steps since the one before; evaluation is not in any window)."""
+    rd = run if isinstance(run, RunDir) else RunDir(Path(run))
+    evs = events.read_all(rd.events_path)
+    view = RunView()
+    view.feed_all(evs)
+    final = rd.final_status()
+    pid = rd.owner_pid()
+    view.observe(final, final is None and pid_alive(pid), pid is not None, rd.quiet_s(), time.time())
+    row = Row(strategy=strategy or view.strategy, status=str(view.status), run=str(rd.path),
+              world=view.world_size or None, global_batch=view.global_batch, reason=view.root_cause)
+    if row.global_batch is None or row.world is None:
+        try:
+            cfg = rd.config()
+            row.global_batch, row.world = row.global_batch or cfg.global_batch, row.world or cfg.world_size
+            row.strategy = strategy or cfg.strategy
+        except Exception:  # an unreadable config: the events' figures (or none) stand
+            pass
+    row.mem_kind = "allocated" if any(str(d).startswith("cuda") for d in view.devices) else "RSS"
+
+    last_step: dict[int, int] = {}
+    windows: dict[int, list] = {}  # rank -> [(steps, wall s, data wait s)] after warm-up
+    peaks: dict[int, float] = {}
+    for ev in evs:
+        if not isinstance(ev, dict):
+            continue
+        kind = ev.get("kind")
+        if kind == "step":
+            r, step = _rank(ev.get("rank")), _rank(ev.get("step"))
+            wait, comp = _num(ev.get("data_wait_s")), _num(ev.get("compute_s"))
+            if r is None or step is None or wait is None or comp is None:
+                continue
+            before = last_step.get(r)
+            last_step[r] = step
+            if before is None:
+                if r == min(last_step):
+                    row.warmup_steps = step
+                continue  # warm-up: the first window of each rank
+            if step > before:
+                windows.setdefault(r, []).append((step - before, wait + comp, wait))
+        elif kind == "rank_report" and isinstance(ev.get("reports"), list):
+            for rep in ev["reports"]:
+                if not isinstance(rep, dict) or _rank(rep.get("rank")) is None:
+                    continue
+                m = _num(rep.get("peak_mem_mb"))
+                m = m if m is not None else _num(rep.get("device_mem_mb"))  # runs from before peak_mem_mb
+                if m is not None:
+                    peaks[rep["rank"]] = max(peaks.get(rep["rank"], 0.0), m)
+    row.peak_mem_mb = [round(peaks[r], 1) for r in sorted(peaks)]
+    row.steps = view.progress()[0]
+    if windows:
+        lead = windows[min(windows)]
+        steps, wall = sum(w[0] for w in lead), sum(w[1] for w in lead)
+        if steps > 0 and wall > 0:
+            row.step_s = wall / steps
+            if row.global_batch:
+                row.samples_per_s = row.global_batch / row.step_s
+        waits = [w for ws in windows.values() for w in ws]
+        total = sum(w[1] for w in waits)
+        row.data_wait = sum(w[2] for w in waits) / total if total > 0 else None
+    row.final_val_acc = view.latest_val_acc()
+    if target is not None and view.started_t is not None:
+        for ev in evs:
+            if (isinstance(ev, dict) and ev.get("kind") == "epoch_end" and ev.get("rank") in (0, None)
+                    and (_num(ev.get("val_acc")) or 0.0) >= target and _num(ev.get("t")) is not None):
+                row.time_to_target_s = max(0.0, ev["t"] - view.started_t)
+                break
+    return row
+
+
+def with_ratios(rows: list[Row]) -> list[Row]:
+    """Each row's rate over the baseline's: the first row that has a rate."""
+    base = next((r.samples_per_s for r in rows if r.samples_per_s), None)
+    for r in rows:
+        r.ratio = r.samples_per_s / base if base and r.samples_per_s else None
+    return rows
+
+
+@dataclass
+class Curve:
+    """One run's curves for overlaying: (step, seconds since its start, value)."""
+
+    label: str
+    loss: list = field(default_factory=list)
+    val_acc: list = field(default_factory=list)
+
+
+def curves(run, label: str | None = None) -> Curve:
+    """Training loss (the lowest rank's step events) and validation accuracy (epoch ends)."""
+    rd = run if isinstance(run, RunDir) else RunDir(Path(run))
+    evs = events.read_all(rd.events_path)
+    start = next((_num(e.get("t")) for e in evs if isinstance(e, dict) and e.get("kind") == "run_started"), None)
+    ranks = [_rank(e.get("rank")) for e in evs if isinstance(e, dict) and e.get("kind") == "step"]
+    lead = min((r for r in ranks if r is not None), default=0)
+    c = Curve(label or rd.short_name)
+    for e in evs:
+        if not isinstance(e, dict):
+            continue
+        t, step = _num(e.get("t")), _rank(e.get("step"))
+        if t is None or step is None:
+            continue
+        start = t if start is None else start
+        if e.get("kind") == "step" and e.get("rank") == lead and _num(e.get("loss")) is not None:
+            c.loss.append((step, t - start, e["loss"]))
+        elif e.get("kind") == "epoch_end" and e.get("rank") in (0, None) and _num(e.get("val_acc")) is not None:
+            c.val_acc.append((step, t - start, e["val_acc"]))
+    return c
+
+
+# ----------------------------------------------------------------------------- a comparison on disk
+
+
+@dataclass
+class Comparison:
+    """A comparison directory read back: its plan and its rows, as they stand now."""
+
+    path: Path
+    plan: dict
+    rows: list
+
+    @property
+    def target(self) -> float | None:
+        return _num(self.plan.get("target_acc"))
+
+    def header(self) -> list[str]:
+        return header_lines(self.plan)
+
+
+def is_comparison(path) -> bool:
+    return (Path(path) / PLAN_FILE).is_file()
+
+
+def read_plan(path) -> dict:
+    try:
+        data = json.loads((Path(path) / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load(path) -> Comparison:
+    """The rows of a comparison directory, measured now from its runs (a live one too)."""
+    path = Path(path)
+    plan = read_plan(path)
+    target = _num(plan.get("target_acc"))
+    rows = []
+    for e in plan.get("entries") or []:
+        if not isinstance(e, dict):
+            continue
+        strategy = str(e.get("strategy", "?"))
+        if e.get("skipped"):
+            rows.append(Row(strategy, SKIPPED, reason=str(e["skipped"]), world=e.get("world"),
+                            global_batch=e.get("global_batch")))
+        elif e.get("run") and (path / e["run"] / "config.yaml").is_file():
+            rows.append(measure(path / e["run"], strategy, target))
+        else:
+            rows.append(Row(strategy, "waiting", world=e.get("world"), global_batch=e.get("global_batch")))
+    return Comparison(path, plan, with_ratios(rows))
+
+
+def of_runs(paths, target: float | None = None) -> list[Row]:
+    """Rows for runs picked by hand (the Runs list's marks), in the order given."""
+    return with_ratios([measure(p, None, target) for p in paths])
+
+
+def header_lines(plan: dict) -> list[str]:
+    eq = plan.get("held_equal") or {}
+    lines = [f"comparison of {plan.get('preset', '?')}" + (f" with --set {' '.join(plan['overrides'])}"
+                                                           if plan.get("overrides") else "")]
+    if eq:
+        lines.append("held equal: " + ", ".join(f"{k} {v}" for k, v in eq.items()))
+    lines.append("each strategy runs alone, one after another; rates leave out warm-up (each rank's first "
+                 "logged window)")
+    return lines
+
+
+def table_lines(rows: list[Row], target: float | None = None) -> list[str]:
+    """The table as aligned text, then one line per skipped or failed row saying why."""
+    cols = columns(target)
+    cells = [r.cells(target) for r in rows]
+    grid = [tuple(label for _, label in cols)] + [tuple(c[k] for k, _ in cols) for c in cells]
+    widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
+    out = ["  ".join(v.ljust(w) for v, w in zip(g, widths)).rstrip() for g in grid]
+    out += [f"{r.strategy}: {r.status}: {r.reason}" for r in rows if r.reason]
+    return out
+
+
+def markdown(comparison: Comparison) -> str:
+    cols = columns(comparison.target)
+    lines = [f"# {comparison.header()[0]}", ""] + [ln for ln in comparison.header()[1:]] + [""]
+    lines.append("| " + " | ".join(label for _, label in cols) + " |")
+    lines.append("|" + "---|" * len(cols))
+    for r in comparison.rows:
+        c = r.cells(comparison.target)
+        lines.append("| " + " | ".join(c[k] for k, _ in cols) + " |")
+    why = [f"- {r.strategy} ({r.status}): {r.reason}" for r in comparison.rows if r.reason]
+    if why:
+        lines += [""] + why
+    runs = [f"- {r.strategy}: `{r.run}`" for r in comparison.rows if r.run]
+    if runs:
+        lines += ["", "Runs:"] + runs
+    return "\n".join(lines) + "\n"
+
+
+def write_results(comparison: Comparison) -> None:
+    """compare.json gains the rows as measured; compare.md is the table for people."""
+    plan = dict(comparison.plan)
+    plan["rows"] = [asdict(r) for r in comparison.rows]
+    write_atomic(comparison.path / PLAN_FILE, json.dumps(plan, indent=2))
+    write_atomic(comparison.path / TABLE_FILE, markdown(comparison))
+
+
+def fastest(comparison: Comparison) -> Row | None:
+    """The fastest finished row that reached the target (any finished row without a target)."""
+    target = comparison.target
+    ok = [r for r in comparison.rows if r.status == "finished" and r.samples_per_s
+          and (target is None or r.time_to_target_s is not None)]
+    return max(ok, key=lambda r: r.samples_per_s) if ok else None
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass
+class Entry:
+    """One strategy of a plan: the config it runs, or why this host cannot run it."""
+
+    strategy: str
+    cfg: object = None  # RunConfig with the comparison's limits (steps or epochs)
+    preset_cfg: object = None  # the same without them: what --save-best saves
+    skipped: str | None = None
+
+
+def _placement(strategy: str, base, hw) -> list[str]:
+    """Where a strategy runs, given where the preset runs: the preset's GPUs (or all of them) for
+    GPU strategies; the preset's CPU process count (at least 2) for the multi-process ones."""
+    cuda = base.accelerator == "cuda"
+    gpus = list(base.devices) if cuda and isinstance(base.devices, list) else []
+    procs = base.devices if not cuda and isinstance(base.devices, int) and base.devices >= 2 else 2
+    several = f"[{','.join(map(str, gpus))}]" if len(gpus) >= 2 else "all"
+    on_cpu = ["accelerator=cpu", "data.pin_memory=false", "data.on_device=false"]
+    if strategy == "cpu":
+        return on_cpu + ["devices=1"]
+    if strategy == "gpu":
+        return ["accelerator=cuda", f"devices=[{gpus[0] if gpus else 0}]"]
+    if strategy == "dp":
+        return ["accelerator=cuda", f"devices={several}"]
+    if cuda:
+        return ["accelerator=cuda", f"devices={several}"]
+    return on_cpu + [f"devices={procs}"]
+
+
+def _first_problem(problems) -> str:
+    problems = sorted(problems, key=lambda p: p[0] != "accelerator")  # "no GPU here" says it best
+    f, why = problems[0]
+    return f"{f}: {why}" if f else why
+
+
+def plan(preset: str, strategies: list[str], overrides: list[str] | None = None, steps: int | None = None,
+         epochs: int | None = None, hw=None) -> tuple[dict, list[Entry]]:
+    """What a comparison would run: (the plan's header facts, one Entry per strategy). The preset
+    with `overrides` must itself be valid (ConfigError, UsageError otherwise: nothing starts);
+    a strategy this host cannot run, or whose config the preflight refuses, is an Entry with the
+    reason it is skipped."""
+    from engine import config as cfgmod
+    from engine import preflight
+    from engine.errors import UsageError
+
+    bad = [s for s in strategies if s not in ALL_STRATEGIES]
+    if bad or not strategies:
+        raise UsageError(f"--strategies: unknown {', '.join(bad)}; pick from {', '.join(ALL_STRATEGIES)}"
+                         if bad else "--strategies: name at least one strategy")
+    if steps is not None and epochs is not None:
+        raise UsageError("give --steps or --epochs, not both")
+    if hw is None:
+        from engine.hardware import detect_hardware
+
+        hw = detect_hardware()
+    overrides = list(overrides or [])
+    base, path = preflight.load_config(preset, overrides, hw=hw)
+    problems = preflight.file_problems(base)
+    if problems:
+        raise UsageError(*preflight.lines(problems, str(path)))
+    limits = []
+    if steps is not None:
+        if steps < 2:
+            raise UsageError("--steps: at least 2 (the first logged steps are warm-up)")
+        log_every = max(1, min(base.train.log_every_n_steps, steps // 8))
+        limits = [f"train.max_steps={steps}", "train.epochs=0", f"train.log_every_n_steps={log_every}"]
+    elif epochs is not None:
+        if epochs < 1:
+            raise UsageError("--epochs: at least 1")
+        limits = [f"train.epochs={epochs}", "train.max_steps=0"]
+    gb = base.global_batch
+    entries = []
+    for s in strategies:
+        common = overrides + [f"strategy={s}", "backend=auto", f"name={base.name}-{s}"] + _placement(s, base, hw)
+        try:
+            probe, _ = preflight.load_config(preset, common, hw=hw)
+            split = probe.world_size * probe.train.grad_accum
+            if gb % split:
+                entries.append(Entry(s, skipped=f"the global batch {gb} does not split evenly over {probe.world_size} "
+                                                f"process(es) x accumulation {probe.train.grad_accum}"))
+                continue
+            common.append(f"train.batch_size={gb // split}")
+            cfg, _ = preflight.load_config(preset, common + limits, hw=hw)
+            keep, _ = preflight.load_config(preset, common, hw=hw)
+        except cfgmod.ConfigError as exc:
+            entries.append(Entry(s, skipped=_first_problem(exc.problems)))
+            continue
+        problems = preflight.check(cfg)
+        if problems:
+            entries.append(Entry(s, skipped=_first_problem(problems)))
+            continue
+        entries.append(Entry(s, cfg, keep))
+    limit = (f"{steps} steps" if steps is not None else f"{epochs} epoch(s)" if epochs is not None
+             else (f"{base.train.max_steps} steps" if base.train.max_steps else f"{base.train.epochs} epoch(s)"))
+    facts = {
+        "version": 1, "preset": preset, "name": base.name, "overrides": overrides, "strategies": list(strategies),
+        "held_equal": {"model": base.model.name, "data": base.data.dataset, "seed": base.train.seed,
+                       "global batch": gb, "optimizer": base.optimizer.name, "lr": f"{base.optimizer.lr:g}",
+                       "precision": base.train.precision, "length": limit},
+    }
+    return facts, entries
+
+
+def new_dir(preset_name: str, root: Path | None = None) -> Path:
+    """runs/compare-<time>-<preset>/, unique."""
+    root = Path(root) if root else runs_root()
+    root.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in preset_name).strip("-") or "run"
+    base = root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def write_plan(path: Path, facts: dict, entries: list[Entry], target: float | None) -> dict:
+    data = dict(facts, target_acc=target, created=time.time(), entries=[
+        {"strategy": e.strategy, "run": None, "skipped": e.skipped,
+         "world": e.cfg.world_size if e.cfg is not None else None,
+         "global_batch": e.cfg.global_batch if e.cfg is not None else None} for e in entries])
+    write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
+    return data
+
+
+def record_run(path: Path, strategy_index: int, run: RunDir) -> None:
+    """The plan learns which run directory a strategy got, as soon as it starts."""
+    data = read_plan(path)
+    data["entries"][strategy_index]["run"] = run.path.name
+    write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
+
+
+def runs_in(path) -> list[RunDir]:
+    """The run directories of a comparison, in its order."""
+    path = Path(path)
+    return [RunDir(path / e["run"]) for e in read_plan(path).get("entries") or []
+            if isinstance(e, dict) and e.get("run") and (path / e["run"] / "config.yaml").is_file()]
+
+
+def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=lambda: False) -> Comparison:
+    """Run the plan's strategies one after another (never two at once: they would share the CPU
+    and the rates would say nothing), then write the results. watch(index, run) follows a run
+    until it ends (the CLI draws it); without it, this waits. stopping() true: start no more."""
+    from engine.runs import control
+
+    for i, e in enumerate(entries):
+        if e.skipped:
+            continue
+        if stopping():
+            data = read_plan(path)
+            data["entries"][i]["skipped"] = "not run: the comparison was stopped"
+            write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
+            continue
+        origin = {"preset": facts.get("preset"), "overrides": list(facts.get("overrides") or []),
+                  "comparison": str(path)}
+        run = control.start(e.cfg, root=path, origin=origin)
+        record_run(path, i, run)
+        if watch is not None:
+            watch(i, run)
+        control.wait(run)
+    comparison = load(path)
+    write_results(comparison)
+    return comparison

@@ -1,0 +1,94 @@
+"""`torchdeck compare`: one job under several strategies, one after another, and its table."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import config
+from engine.events import read_all
+from engine.runs import compare
+from tests.run_events import T0, ev, started, step
+
+TORCHDECK = Path(sys.executable).with_name("torchdeck")
+TINY = """\
+name: tiny
+strategy: cpu
+model: {name: cnn}
+data: {dataset: synthetic, train_size: 512, val_size: 128, image_size: 16}
+optimizer: {name: sgd, lr: 0.05}
+train: {batch_size: 64, epochs: 1, seed: 3}
+"""
+
+
+@pytest.mark.slow
+def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    r = subprocess.run(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,ddp,fsdp,zero,dp", "--steps", "12",
+                              "--target-acc", "0.01", "--save-best", "fastest"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "held equal: model cnn, data synthetic, seed 3, global batch 64, optimizer sgd, lr 0.05" in r.stdout
+    (where,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("compare-")]
+    rows = json.loads((where / "compare.json").read_text())["rows"]
+    assert [row["strategy"] for row in rows] == ["cpu", "ddp", "fsdp", "zero", "dp"]
+    ran, (dp,) = rows[:4], rows[4:]
+    for row in ran:
+        assert row["status"] == "finished", row
+        assert row["samples_per_s"] > 0 and row["global_batch"] == 64, row
+        assert row["warmup_steps"] >= 1 and len(row["peak_mem_mb"]) == row["world"], row
+        assert Path(row["run"]).parent == where  # grouped under the comparison
+    assert [row["world"] for row in ran] == [1, 2, 2, 2]
+    assert ran[0]["ratio"] == 1.0
+    # each run is the same job: equal per-process share of one global batch
+    for row in ran:
+        cfg = (Path(row["run"]) / "config.yaml").read_text()
+        assert f"batch_size: {64 // row['world']}" in cfg and "seed: 3" in cfg and "lr: 0.05" in cfg
+    reports = [e for e in read_all(Path(ran[1]["run"]) / "events.jsonl") if e["kind"] == "rank_report"]
+    last = reports[-1]["reports"]  # the ranks report their peak memory (RSS on the CPU)
+    assert [rep["rank"] for rep in last] == [0, 1]
+    assert all(rep["peak_mem_mb"] >= rep["device_mem_mb"] > 0 for rep in last)
+    assert dp["status"] == "skipped" and "GPU" in dp["reason"]
+    assert "dp: skipped: accelerator:" in r.stdout
+    assert "| cpu | finished | 1 | 64 |" in (where / "compare.md").read_text()
+    saved = config.load(tmp_path / "presets" / "fastest.yaml")
+    best = max(ran, key=lambda row: row["samples_per_s"])
+    assert saved.strategy == best["strategy"] and saved.global_batch == 64
+    assert saved.train.max_steps == 0 and saved.train.epochs == 1  # the job, not the comparison's limit
+
+
+def _run(tmp_path, evs, name="20260101-000000-r"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.yaml").write_text("name: r\n")
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    (d / "status.json").write_text(json.dumps({"status": "finished"}))
+    return d
+
+
+def test_measure_leaves_warm_up_out_and_reads_memory_and_target(tmp_path):
+    evs = [started(total=30, world=2)]  # global batch 128
+    for r in (0, 1):  # a slow first window (warm-up), then 20 steps of 0.05 s each
+        evs += [step(r, 10, 5.0, wait=1.0, comp=4.0), step(r, 20, 6.0, wait=0.1, comp=0.4),
+                step(r, 30, 7.0, wait=0.0, comp=0.5)]
+    evs.append(ev("epoch_end", 6.5, rank=0, epoch=0, step=20, train_loss=1.0, train_acc=0.5, val_loss=1.0,
+                  val_acc=0.6))
+    evs.append(ev("epoch_end", 7.5, rank=0, epoch=1, step=30, train_loss=1.0, train_acc=0.5, val_loss=1.0,
+                  val_acc=0.8))
+    evs.append(ev("rank_report", 7.0, rank=0, reports=[
+        {"rank": 0, "device_mem_mb": 300.0, "peak_mem_mb": 410.0}, {"rank": 1, "device_mem_mb": 280.0}]))
+    row = compare.measure(_run(tmp_path, evs), target=0.7)
+    assert row.warmup_steps == 10
+    assert row.step_s == pytest.approx(0.05)
+    assert row.samples_per_s == pytest.approx(128 / 0.05)
+    assert row.data_wait == pytest.approx(0.1 / 1.0)
+    assert row.peak_mem_mb == [410.0, 280.0] and row.mem_kind == "RSS"
+    assert row.time_to_target_s == pytest.approx(7.5) and row.final_val_acc == 0.8
+    slow = compare.measure(_run(tmp_path, [started(total=30, world=2), step(0, 10, 1.0), step(0, 30, 3.0, wait=0.0, comp=2.0)],
+                                "20260101-000000-s"))
+    rows = compare.with_ratios([row, slow])
+    assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(0.5)
