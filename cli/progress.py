@@ -62,7 +62,7 @@ def header(view: RunView, now: float, width: int) -> str:
 
 
 # columns of a rank line, in the order they are dropped when the terminal is narrow
-_OPTIONAL = ("device", "wait", "loss", "epoch")
+_OPTIONAL = ("device", "comm", "wait", "loss", "epoch")
 
 
 def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
@@ -75,6 +75,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
         "loss": f"loss {fmt.num(r.loss)}",
         "rate": f"{fmt.rate(r.samples_per_s):>6}/s",
         "wait": f"wait {fmt.pct(r.data_wait, 0):>4}",
+        "comm": "" if r.comm_wait is None else f"all-reduce {fmt.pct(r.comm_wait, 0):>4}",
     }
     if r.failed_exit:
         tail = f"({r.exited})"
@@ -84,7 +85,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
         tail = f"STALE {fmt.ago(now - r.last_seen)}"
     else:
         tail = ""
-    order = ["rank", "device", "epoch", "bar", "steps", "loss", "rate", "wait"]
+    order = ["rank", "device", "epoch", "bar", "steps", "loss", "rate", "wait", "comm"]
     dropped: set = set()
 
     def build(bar_w: int) -> str:
@@ -129,6 +130,9 @@ def block(view: RunView, now: float, width: int) -> list[str]:
         lines += compact(view, now, width)
     else:
         lines += [rank_line(view, r, now, width) for r in ranks]
+    balance = view.balance_line()
+    if balance:
+        lines.append(_fit(balance, width - 1))
     return lines
 
 

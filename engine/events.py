@@ -13,7 +13,10 @@ Kinds and their fields (beyond v, kind, t):
                    until its first step event; the run's start-up is read from these
     rank_ready     rank, local_rank, device, pid, host, threads
     step           rank, epoch, step (optimizer steps done), total_steps, loss,
-                   samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null)
+                   samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null),
+                   comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report
+                   collective) was in flight, i.e. waiting for the other ranks; null where not
+                   measured (measured today: DDP on the CPU)
     epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval)
     checkpoint     rank, epoch, step, path
     log            rank (null: supervisor), level (info|warning|error), message
@@ -26,6 +29,7 @@ Kinds and their fields (beyond v, kind, t):
                       samples_per_s   this rank's rate since the previous report,
                       data_wait       share (0..1) of that time spent waiting for batches,
                       device_mem_mb   CUDA memory allocated on its GPU; on CPU the rank's RSS,
+                      comm_wait       share (0..1) in the all-reduce (comm_s above; null: not measured),
                       peak_mem_mb     the most so far: max_memory_allocated on a GPU, peak RSS on CPU,
                       t               the rank's own unix time when it took the sample}
                    Only node 0's events.jsonl has it: that is how node 0 sees every node's ranks.

@@ -28,7 +28,37 @@ from engine.optim import Precision, set_speed_flags
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
 MAX_STOP_INTERVAL = 50  # steps
 # One row per rank in the gathered report; flag and per_step double as the stop agreement.
-REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t", "peak_mem_mb")
+REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t", "peak_mem_mb",
+              "comm_wait")
+
+
+class CommClock:
+    """Seconds a rank's gradient all-reduce is in flight, from a DDP comm hook around the default
+    all-reduce: wall clock at the first bucket's launch and at the last one's completion (on
+    the CPU the completion callback runs when gloo is done). The all-reduce evens the ranks out:
+    the rank the others wait for spends the least time here."""
+
+    def __init__(self):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self._allreduce = allreduce_hook
+        self.total = 0.0
+        self._first = self._last = None
+
+    def hook(self, state, bucket):
+        if self._first is None:
+            self._first = time.perf_counter()
+        return self._allreduce(state, bucket).then(self._done)
+
+    def _done(self, fut):
+        self._last = time.perf_counter()
+        return fut.value()
+
+    def settle(self) -> None:
+        """Once per optimizer step, after its syncing backward."""
+        if self._first is not None and self._last is not None:
+            self.total += max(0.0, self._last - self._first)
+        self._first = self._last = None
 
 
 class TrainError(TorchdeckError):
@@ -215,6 +245,10 @@ class Trainer:
         self.total_steps = int(min(t.max_steps or math.inf, by_epochs))
         self.model, self.optimizer, self.scheduler, self.precision = strategy.setup(
             model, ctx, self.total_steps, self.steps_per_epoch)
+        self.comm = None  # where the time goes: waiting for the other ranks (CPU DDP for now)
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) and self.device.type == "cpu":
+            self.comm = CommClock()
+            self.model.register_comm_hook(None, self.comm.hook)
         # Strategy calls get the wrapped module; only the forward goes through the compiled one.
         self.forward_model = torch.compile(self.model) if t.compile else self.model
         self.pos = Position()
@@ -330,6 +364,13 @@ class Trainer:
         per_step = (now - self._check_t) / max(1, self.pos.step - self._check_step)
         self._check_t, self._check_step = now, self.pos.step
         flag = 1.0 if self.stop_requested() else 0.0
+        try:
+            return self._agree(flag, per_step, wait_total, samples_total, now, final)
+        finally:
+            if self.comm is not None:  # a rank that arrives late waits least here too
+                self.comm.total += time.perf_counter() - now
+
+    def _agree(self, flag, per_step, wait_total, samples_total, now, final) -> bool:
         if self.report_every_s > 0 and (self.pos.step >= self._next_report or final):
             rows = self._gather_report(flag, per_step, wait_total, samples_total, now)
             flag = max(r[0] for r in rows)
@@ -347,6 +388,7 @@ class Trainer:
         import socket
 
         self._report_t, self._report_wait, self._report_samples = time.perf_counter(), 0.0, 0
+        self._report_comm = self.comm.total if self.comm is not None else 0.0
         me = (socket.gethostname(), self.ctx.node_rank)
         if _distributed():
             everyone = [None] * self.ctx.world_size
@@ -380,8 +422,10 @@ class Trainer:
         row = [flag, per_step, float(self.pos.epoch), float(self.pos.step),
                (samples_total - self._report_samples) / window,
                min(1.0, (wait_total - self._report_wait) / window),
-               self._device_mem_mb(), time.time(), self._peak_mem_mb()]
+               self._device_mem_mb(), time.time(), self._peak_mem_mb(),
+               -1.0 if self.comm is None else min(1.0, (self.comm.total - self._report_comm) / window)]
         self._report_t, self._report_wait, self._report_samples = now, wait_total, samples_total
+        self._report_comm = self.comm.total if self.comm is not None else 0.0
         mine = torch.tensor(row, dtype=torch.float64, device=self.device)
         if _distributed():
             out = [torch.empty_like(mine) for _ in range(self.ctx.world_size)]
@@ -395,7 +439,8 @@ class Trainer:
                 host, node_rank = self._hosts[rank]
                 reports.append({"rank": rank, "host": host, "node_rank": node_rank, "epoch": int(r[2]),
                                 "step": int(r[3]), "samples_per_s": r[4], "data_wait": r[5],
-                                "device_mem_mb": r[6], "t": r[7], "peak_mem_mb": r[8]})
+                                "device_mem_mb": r[6], "t": r[7], "peak_mem_mb": r[8],
+                                "comm_wait": r[9] if r[9] >= 0 else None})
             self.emit("rank_report", reports=reports)
         return rows
 
@@ -445,6 +490,8 @@ class Trainer:
             ep_samples = 0
             ep_wait0, ep_t0 = wait_total, time.perf_counter()
             last_log_t, data_wait, log_samples = time.perf_counter(), 0.0, 0
+            comm = self.comm
+            comm_log0 = comm.total if comm is not None else 0.0
             micro = start_micro
             while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
                 for j in range(k):
@@ -480,6 +527,8 @@ class Trainer:
                     log_samples += b
                     ep_samples += b
                     samples_total += b
+                if comm is not None:
+                    comm.settle()
                 prec.step(opt, self.model)
                 opt.zero_grad(set_to_none=True)
                 sched.step()
@@ -498,7 +547,10 @@ class Trainer:
                     self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
                               loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
                               samples_per_s=log_samples / wall, data_wait_s=data_wait,
-                              compute_s=max(0.0, wall - data_wait), lr=float(sched.get_last_lr()[0]))
+                              compute_s=max(0.0, wall - data_wait), lr=float(sched.get_last_lr()[0]),
+                              comm_s=None if comm is None else comm.total - comm_log0)
+                    if comm is not None:
+                        comm_log0 = comm.total
                     log_sums.zero_()
                     last_log_t, data_wait, log_samples = now, 0.0, 0
                 if step >= next_check or last:

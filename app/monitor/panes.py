@@ -263,7 +263,7 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
 def rank_header(width: int) -> Text:
     cols = _rank_cols(width)
     dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
-    mem = f" {'mem':>6}" if cols["dev"] else ""
+    mem = f" {'a-red':>5} {'mem':>6}" if cols["dev"] else ""
     return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
                 f"{'loss':>8} {'tr.acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>11}", style="bold")
 
@@ -271,7 +271,7 @@ def rank_header(width: int) -> Text:
 def _rank_cols(width: int) -> dict:
     dev = 14 if width >= 110 else 0
     steps = 15 if width >= 110 else 11
-    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 11 + (7 if dev else 0)
+    fixed = 5 + dev + 3 + 1 + 1 + steps + 1 + 8 + 1 + 6 + 1 + 10 + 1 + 5 + 1 + 11 + (13 if dev else 0)
     return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
@@ -293,7 +293,8 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     t.append(f" {_num(r.loss, '.4f', '-'):>8} {'-' if r.acc is None else format(100 * r.acc, '.1f') + '%':>6}")
     t.append(f" {r.samples_per_s:>10,.0f}")
     t.append(f" {'-' if r.data_wait is None else format(100 * r.data_wait, '.0f') + '%':>5}")
-    if cols["dev"]:  # device memory (host RSS on CPU) from rank 0's periodic rank_report
+    if cols["dev"]:  # share of time in the all-reduce (waiting for the others), then device memory
+        t.append(f" {'-' if r.comm_wait is None else format(100 * r.comm_wait, '.0f') + '%':>5}")
         t.append(f" {'-' if r.device_mem_mb is None else _mb(r.device_mem_mb):>6}")
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
@@ -360,7 +361,11 @@ class RanksPane(Vertical):
             self.query_one("#rank-spread", TextPane).show(
                 Text("no rank has reported yet", style="dim") if not state.final else Text("no rank reported"))
         else:
-            self.query_one("#rank-spread", TextPane).show(rank_spread_text(state))
+            balance = state.balance_line()  # who the others wait for, and why; else the rates' spread
+            self.query_one("#rank-spread", TextPane).show(
+                Text(balance if len(balance) <= width else balance[:width - 1] + "…",
+                     style="green" if state.balance()["even"] else "yellow") if balance
+                else rank_spread_text(state))
 
 
 class RankRow(TextPane):

@@ -38,6 +38,7 @@ class RankState:
     val_acc: float | None = None
     samples_per_s: float = 0.0
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
+    comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
     peak_mem_mb: float | None = None  # the most it held so far (rank_report)
     last_seen: float | None = None  # event time of the newest news about this rank
@@ -297,6 +298,8 @@ class RunView:
         st.samples_per_s = _f(ev.get("samples_per_s")) or 0.0
         wait, comp = _f(ev.get("data_wait_s")) or 0.0, _f(ev.get("compute_s")) or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
+        comm = _f(ev.get("comm_s"))
+        st.comm_wait = min(1.0, max(0.0, comm / (wait + comp))) if comm is not None and wait + comp > 0 else None
         self._seen(st, t)
         self._stepping(t, st.step)
         if self._curve_rank is None or st.rank < self._curve_rank:
@@ -415,6 +418,8 @@ class RunView:
             wait = _f(rep.get("data_wait"))
             if wait is not None:
                 st.data_wait = wait if 0.0 <= wait <= 1.0 else None
+            comm = _f(rep.get("comm_wait"))
+            st.comm_wait = comm if comm is not None and 0.0 <= comm <= 1.0 else None
             self._seen(st, rt)
             self._stepping(rt, st.step)
 
@@ -593,6 +598,36 @@ class RunView:
         if len(live) < 2:
             return None
         return min(live, key=lambda r: r.samples_per_s), max(live, key=lambda r: r.samples_per_s)
+
+    BALANCED = 0.10  # ranks whose all-reduce waits differ by less than this share are even
+
+    def balance(self) -> dict | None:
+        """Where the time goes, and which rank holds the others back. The gradient all-reduce evens
+        the ranks out, so the slow one is not the one with the lowest rate: it is the one the
+        others wait for, the rank that waits least in the all-reduce. Its dominant cause is data
+        (waiting for batches) or compute. None until two ranks report their all-reduce time."""
+        ranks = [r for r in self.rank_list() if not r.failed_exit and r.comm_wait is not None
+                 and r.data_wait is not None and (r.exited is None or self.final)]
+        if len(ranks) < 2:
+            return None
+        slow = min(ranks, key=lambda r: (r.comm_wait, -r.data_wait))
+        waiter = max(ranks, key=lambda r: r.comm_wait)
+        data, comm = slow.data_wait, slow.comm_wait
+        compute = max(0.0, 1.0 - data - comm)
+        return {"rank": slow.rank, "cause": "data" if data >= compute else "compute", "data": data,
+                "compute": compute, "comm": comm, "waiter": waiter.rank, "waits": waiter.comm_wait,
+                "even": waiter.comm_wait - slow.comm_wait < self.BALANCED}
+
+    def balance_line(self) -> str | None:
+        """One line for both front ends; None when the ranks do not measure their all-reduce."""
+        b = self.balance()
+        if b is None:
+            return None
+        split = f"data {b['data']:.0%}, compute {b['compute']:.0%}, all-reduce {b['comm']:.0%}"
+        if b["even"]:
+            return f"rank balance: even (rank {b['rank']}: {split})"
+        return (f"rank {b['rank']} holds the others back: mostly {b['cause']} ({split}); "
+                f"rank {b['waiter']} waits {b['waits']:.0%} of its time in the all-reduce")
 
     def rank_pids(self) -> dict:
         """pid -> rank for the run's processes (the supervisor as None), for the host and GPU panes."""

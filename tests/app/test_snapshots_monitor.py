@@ -57,7 +57,7 @@ def recorded_events(name: str, rank1_silent_after: int | None = None) -> list[di
             put("step", t + 0.01 * r, rank=r, epoch=s // 64, step=s, total_steps=300,
                 loss=2.3 * math.exp(-s / 60) + 0.08 + 0.03 * math.sin(s / 3), accuracy=min(0.97, 0.1 + s / 190),
                 samples_per_s=1290.0 if r == 0 else 1010.0, data_wait_s=0.004 if r == 0 else 0.03,
-                compute_s=0.096, lr=0.1)
+                compute_s=0.096, lr=0.1, comm_s=0.03 if r == 0 else 0.004)
         if s % 64 == 0:
             ep = s // 64 - 1
             for r in (0, 1):

@@ -223,6 +223,25 @@ def stall(info, at=5, rank="1"):
     return net
 
 
+def slow_data(cfg):
+    """A data set (module:callable) whose samples take 2 ms each to read on rank 1 only."""
+    import torch
+
+    class Slow(torch.utils.data.Dataset):
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(0)
+            self.x, self.y = torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            if os.environ.get("RANK") == "1":
+                time.sleep(0.002)
+            return self.x[i], self.y[i]
+    return Slow(2048), Slow(64), {"num_classes": 10}
+
+
 def slow(info, sleep=0.05):
     net = mlp(info, 32)
     net.register_forward_pre_hook(lambda mod, args: time.sleep(sleep) if mod.training else None)

@@ -70,3 +70,23 @@ def test_a_silent_rank_is_shown_where_it_sleeps_and_named_when_the_collective_ti
     cause = r.status()["root_cause"]
     assert "a collective timed out after nodes.timeout_s=15 s" in cause, cause
     assert "rank 1 sent no error" in cause and "rank 1 was in stall_here (usermodels.py:" in cause, cause
+
+
+@pytest.mark.slow
+def test_the_balance_line_names_the_rank_whose_data_is_slow(tmp_path, runs):
+    """Rank 1 reads each sample in 2 ms, rank 0 at once: every rank's rate is the same (the
+    all-reduce evens them out), but rank 0 waits in the all-reduce and rank 1 in its data."""
+    from cli.progress import block
+
+    r = Run(tmp_path, ddp_cfg(**{"data.dataset": "usermodels:slow_data", "data.num_workers": 0,
+                                 "train.max_steps": 40, "train.log_every_n_steps": 5}))
+    runs.append(r)
+    assert r.wait(timeout=120) == 0, r.output()
+    view = RunView()
+    view.feed_all(r.events())
+    b = view.balance()
+    assert b["rank"] == 1 and b["cause"] == "data" and b["waiter"] == 0 and not b["even"], b
+    assert view.ranks[0].comm_wait > 0.5 > view.ranks[1].comm_wait, view.ranks
+    line = view.balance_line()
+    assert line.startswith("rank 1 holds the others back: mostly data"), line
+    assert line in block(view, view.last_t, 200)  # what `torchdeck run` draws
