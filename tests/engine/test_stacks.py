@@ -90,3 +90,39 @@ def test_the_balance_line_names_the_rank_whose_data_is_slow(tmp_path, runs):
     line = view.balance_line()
     assert line.startswith("rank 1 holds the others back: mostly data"), line
     assert line in block(view, view.last_t, 200)  # what `torchdeck run` draws
+
+
+@pytest.mark.slow
+def test_stacks_of_a_run_started_by_torchrun(tmp_path):
+    """Ranks started by torchrun register the same handler; torchrun's agent, which has none, is
+    not signalled (SIGUSR2 would end it)."""
+    import os
+    import signal
+    import sys
+
+    from engine import config as cfgmod
+    from engine import events
+    from tests.engine.helpers import ROOT, USER_MODELS, wait_for
+
+    (tmp_path / "usermodels.py").write_text(USER_MODELS)
+    cfgmod.save(cfgmod.from_dict(ddp_cfg(**{"model.name": "usermodels:stall", "model.kwargs": {"at": 5},
+                                            "train.max_steps": 200})), tmp_path / "c.yaml")
+    run = tmp_path / "run"
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                              "--nproc-per-node", "2", "-m", "engine.worker", str(tmp_path / "c.yaml"),
+                              "--run-dir", str(run)], cwd=ROOT, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path)))
+    try:
+        wait_for(lambda: any(e["kind"] == "step" and e["rank"] == 1 and e["step"] >= 4
+                             for e in events.read_all(run / "events.jsonl")), 90, "rank 1 at step 4")
+        time.sleep(1.0)
+        out = subprocess.run(cli_cmd() + ["stacks", str(run)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "rank 1: stall_here (usermodels.py:" in out.stdout and "rank 0: " in out.stdout, out.stdout
+        assert "2 process(es)" in out.stdout and "supervisor" not in out.stdout, out.stdout
+        time.sleep(0.5)
+        assert agent.poll() is None, "torchrun's agent was signalled"
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(10)
