@@ -400,29 +400,47 @@ def resolve_all_gpus(cfg: RunConfig, hw: Hardware) -> None:
         cfg.devices = list(range(hw.gpu_count))
 
 
-def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]]:
-    """Every rule that needs no torch. Returns (field, reason) pairs; empty means valid."""
-    p: list[tuple[str, str]] = []
+class _Problems(list):
+    """(field, reason) pairs, with the two rules most fields share."""
 
-    def choice(path, value, allowed):
+    def choice(self, path, value, allowed) -> None:
         if value not in allowed:
             guess = difflib.get_close_matches(str(value), allowed, n=1)
             hint = f"; did you mean '{guess[0]}'?" if guess else ""
-            p.append((path, f"must be one of {', '.join(allowed)}; got {value!r}{hint}"))
+            self.append((path, f"must be one of {', '.join(allowed)}; got {value!r}{hint}"))
 
-    def at_least(path, value, low):
+    def at_least(self, path, value, low) -> None:
         if value < low:
-            p.append((path, f"must be at least {low}, got {value}"))
+            self.append((path, f"must be at least {low}, got {value}"))
 
-    choice("strategy", cfg.strategy, STRATEGIES)
-    choice("accelerator", cfg.accelerator, ACCELERATORS)
-    choice("backend", cfg.backend, BACKENDS)
-    choice("train.precision", cfg.train.precision, PRECISIONS)
-    choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
-    choice("scheduler.name", cfg.scheduler.name, SCHEDULERS)
-    choice("fsdp.state_dict", cfg.fsdp.state_dict, ("full", "sharded"))
-    choice("deepspeed.offload_optimizer", cfg.deepspeed.offload_optimizer, OFFLOAD)
-    choice("deepspeed.offload_param", cfg.deepspeed.offload_param, OFFLOAD)
+
+def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]]:
+    """Every rule that needs no torch. Returns (field, reason) pairs; empty means valid. Each
+    field's own range first, then combinations, then the strategy's rules (only for a config
+    whose fields are each fine: its rules may assume them)."""
+    p = _Problems()
+    for rules in (_names, _train_rules, _optimizer_rules, _data_rules, _node_rules):
+        rules(cfg, p)
+    _device_rules(cfg, hw, p)
+    _combination_rules(cfg, hw, p)
+    if not p and cfg.strategy in STRATEGIES:
+        from engine.strategies import get_strategy
+
+        p.extend(get_strategy(cfg.strategy).check(cfg, hw))
+    return list(p)
+
+
+def _names(cfg: RunConfig, p: _Problems) -> None:
+    """Names that must be one of a list (or a module:callable)."""
+    p.choice("strategy", cfg.strategy, STRATEGIES)
+    p.choice("accelerator", cfg.accelerator, ACCELERATORS)
+    p.choice("backend", cfg.backend, BACKENDS)
+    p.choice("train.precision", cfg.train.precision, PRECISIONS)
+    p.choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    p.choice("scheduler.name", cfg.scheduler.name, SCHEDULERS)
+    p.choice("fsdp.state_dict", cfg.fsdp.state_dict, ("full", "sharded"))
+    p.choice("deepspeed.offload_optimizer", cfg.deepspeed.offload_optimizer, OFFLOAD)
+    p.choice("deepspeed.offload_param", cfg.deepspeed.offload_param, OFFLOAD)
     if cfg.model.name not in BUILTIN_MODELS and not _IMPORT_PATH.match(cfg.model.name):
         p.append(("model.name", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:callable'; got {cfg.model.name!r}"))
     if cfg.data.dataset not in BUILTIN_DATASETS and not _IMPORT_PATH.match(cfg.data.dataset):
@@ -430,19 +448,24 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if not re.match(r"^(env://|tcp://[^:/]+:\d+|file://.+)$", cfg.init_method):
         p.append(("init_method", f"must be env://, tcp://HOST:PORT or file:///PATH; got {cfg.init_method!r}"))
 
+
+def _train_rules(cfg: RunConfig, p: _Problems) -> None:
     t = cfg.train
-    at_least("train.batch_size", t.batch_size, 1)
-    at_least("train.epochs", t.epochs, 0)
-    at_least("train.max_steps", t.max_steps, 0)
+    p.at_least("train.batch_size", t.batch_size, 1)
+    p.at_least("train.epochs", t.epochs, 0)
+    p.at_least("train.max_steps", t.max_steps, 0)
     if t.epochs == 0 and t.max_steps == 0:
         p.append(("train.epochs", "epochs and max_steps are both 0: nothing to train; set one of them"))
-    at_least("train.grad_accum", t.grad_accum, 1)
+    p.at_least("train.grad_accum", t.grad_accum, 1)
     if t.grad_clip < 0:
         p.append(("train.grad_clip", f"must be 0 (off) or positive, got {t.grad_clip}"))
-    at_least("train.log_every_n_steps", t.log_every_n_steps, 1)
-    at_least("train.threads_per_rank", t.threads_per_rank, 0)
+    p.at_least("train.log_every_n_steps", t.log_every_n_steps, 1)
+    p.at_least("train.threads_per_rank", t.threads_per_rank, 0)
     if t.report_every_s < 0:
         p.append(("train.report_every_s", f"must be 0 (off) or a number of seconds, got {t.report_every_s}"))
+
+
+def _optimizer_rules(cfg: RunConfig, p: _Problems) -> None:
     o = cfg.optimizer
     if not o.lr > 0:
         p.append(("optimizer.lr", f"must be positive, got {o.lr}"))
@@ -455,47 +478,58 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
         p.append(("optimizer.betas", f"must be two numbers in [0, 1), got {o.betas!r}"))
     s = cfg.scheduler
-    at_least("scheduler.step_size", s.step_size, 1)
+    p.at_least("scheduler.step_size", s.step_size, 1)
     if not 0 < s.gamma <= 1:
         p.append(("scheduler.gamma", f"must be in (0, 1], got {s.gamma}"))
-    at_least("scheduler.warmup_steps", s.warmup_steps, 0)
+    p.at_least("scheduler.warmup_steps", s.warmup_steps, 0)
     if s.name == "warmup" and s.warmup_steps == 0:
         p.append(("scheduler.warmup_steps", "scheduler warmup needs warmup_steps > 0"))
+
+
+def _data_rules(cfg: RunConfig, p: _Problems) -> None:
+    """Data loading and checkpoints."""
     d = cfg.data
     if d.num_workers < -1:
         p.append(("data.num_workers", f"must be -1 (auto) or a number of loader processes, got {d.num_workers}"))
-    at_least("data.prefetch_factor", d.prefetch_factor, 1)
-    choice("data.cache", d.cache, CACHE_MODES)
-    choice("data.augment", d.augment, AUGMENTS)
-    at_least("data.cache_budget_mb", d.cache_budget_mb, 0)
+    p.at_least("data.prefetch_factor", d.prefetch_factor, 1)
+    p.choice("data.cache", d.cache, CACHE_MODES)
+    p.choice("data.augment", d.augment, AUGMENTS)
+    p.at_least("data.cache_budget_mb", d.cache_budget_mb, 0)
     if d.dataset == "synthetic":
-        at_least("data.train_size", d.train_size, 1)
-        at_least("data.val_size", d.val_size, 0)
-        at_least("data.num_classes", d.num_classes, 2)
-        at_least("data.image_size", d.image_size, 8)
+        p.at_least("data.train_size", d.train_size, 1)
+        p.at_least("data.val_size", d.val_size, 0)
+        p.at_least("data.num_classes", d.num_classes, 2)
+        p.at_least("data.image_size", d.image_size, 8)
     if d.dataset == "imagefolder" and not d.root:
         p.append(("data.root", "imagefolder needs data.root pointing at a folder of class sub-folders"))
     c = cfg.checkpoint
-    at_least("checkpoint.every_n_steps", c.every_n_steps, 0)
-    at_least("checkpoint.keep_last", c.keep_last, 1)
+    p.at_least("checkpoint.every_n_steps", c.every_n_steps, 0)
+    p.at_least("checkpoint.keep_last", c.keep_last, 1)
+
+
+def _node_rules(cfg: RunConfig, p: _Problems) -> None:
+    """Nodes, and the per-strategy sections' own ranges."""
     n = cfg.nodes
-    at_least("nodes.num_nodes", n.num_nodes, 1)
+    p.at_least("nodes.num_nodes", n.num_nodes, 1)
     if not 0 <= n.node_rank < max(n.num_nodes, 1):
         p.append(("nodes.node_rank", f"must be in 0..{n.num_nodes - 1} for {n.num_nodes} node(s), got {n.node_rank}"))
     if not 0 <= n.master_port <= 65535:
         p.append(("nodes.master_port", f"must be a port number 1-65535 (0: pick a free one), got {n.master_port}"))
     if n.master_port == 0 and n.num_nodes > 1:
         p.append(("nodes.master_port", "multi-node runs need a fixed master_port that every node uses"))
-    at_least("nodes.timeout_s", n.timeout_s, 1)
+    p.at_least("nodes.timeout_s", n.timeout_s, 1)
     bad_addr = host_problem(n.master_addr)
     if bad_addr:
         p.append(("nodes.master_addr", f"must be node 0's host name or IPv4/IPv6 address (127.0.0.1 on one "
                                        f"machine); {n.master_addr!r} {bad_addr}"))
-    at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
-    at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
+    p.at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
+    p.at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
 
+
+def _device_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
+    """Devices as this host has them (hw None: checked without a host, e.g. for another node)."""
     if cfg.accelerator == "cpu" and isinstance(cfg.devices, int):
-        at_least("devices", cfg.devices, 1)
+        p.at_least("devices", cfg.devices, 1)
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
         if not cfg.devices:
             p.append(("devices", "pick at least one GPU"))
@@ -511,6 +545,9 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
     if cfg.accelerator == "cuda" and hw is not None and hw.gpu_count == 0:
         p.append(("accelerator", "cuda needs an NVIDIA GPU and driver, and this host has none; use accelerator cpu"))
 
+
+def _combination_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
+    """Settings each fine alone that do not go together (or not on this host)."""
     if cfg.backend == "nccl" and cfg.accelerator != "cuda":
         p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
     if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:
@@ -522,12 +559,6 @@ def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]
         p.append(("data.on_device", "keeping data on the device needs accelerator cuda"))
     if cfg.data.pin_memory and cfg.accelerator != "cuda":
         p.append(("data.pin_memory", "pinned memory only helps copies to a GPU; turn it off for CPU runs"))
-
-    if not p and cfg.strategy in STRATEGIES:
-        from engine.strategies import get_strategy
-
-        p.extend(get_strategy(cfg.strategy).check(cfg, hw))
-    return p
 
 
 def _is_loopback(host: str) -> bool:
