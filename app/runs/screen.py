@@ -28,11 +28,14 @@ COLUMNS = (("status", "Status"), ("run", "Run"), ("strategy", "Strategy"), ("wor
 _RIGHT = ("world", "duration")
 
 
-def row_cells(r: RunSummary) -> dict[str, Text]:
-    """The catalog's words for a run, styled: the status by colour, numbers to the right."""
+def row_cells(r: RunSummary, marked: bool = False) -> dict[str, Text]:
+    """The catalog's words for a run, styled: the status by colour, numbers to the right; a run
+    marked for comparing wears a dot before its name."""
     out = {}
     for key, text in r.cells().items():
         style = STATUS_STYLE.get(text, "") if key == "status" else "dim" if key == "set" else ""
+        if key == "run" and marked:
+            text, style = "● " + text, "bold"
         out[key] = Text(text, style=style, justify="right" if key in _RIGHT else "left")
     return out
 
@@ -40,7 +43,8 @@ def row_cells(r: RunSummary) -> dict[str, Text]:
 # ------------------------------------------------------------------------------- the screen
 
 class RunsScreen(Screen):
-    """Past and live runs. Enter opens one in the Monitor; d deletes a finished one."""
+    """Past and live runs. Enter opens one in the Monitor; d deletes a finished one; space marks
+    runs and c compares them (or opens the comparison the run under the cursor belongs to)."""
 
     DEFAULT_CSS = """
     RunsScreen #runs-header { height: 1; background: $panel; padding: 0 1; }
@@ -51,9 +55,11 @@ class RunsScreen(Screen):
     """
     BINDINGS = [
         Binding("enter", "open", "Open", priority=True),
-        Binding("r", "refresh", "Refresh"),
+        Binding("r", "refresh", "Refresh", show=False),  # it refreshes itself every few seconds
         Binding("d", "delete", "Delete"),
         Binding("R", "resume", "Resume"),
+        Binding("space", "mark", "Mark", key_display="spc"),
+        Binding("c", "compare", "Compare"),
         Binding("escape", "back", "Back"),
     ]
 
@@ -68,6 +74,7 @@ class RunsScreen(Screen):
         self._again = False
         self._timer = None
         self._suspended = False
+        self.marked: set[str] = set()  # keys of the runs marked for comparing
 
     @property
     def root(self) -> Path:
@@ -148,6 +155,8 @@ class RunsScreen(Screen):
         if rows is not None:
             live = sum(r.is_live for r in rows)
             counts = f" · {len(rows)} run{'s' if len(rows) != 1 else ''}" + (f", {live} live" if live else "")
+            if self.marked:
+                counts += f" · {len(self.marked)} marked (c compares)"
         self.query_one("#runs-header", Static).update(
             Text.assemble(("torchdeck", "bold"), f" · Runs · {self.root}{counts}"))
 
@@ -157,18 +166,19 @@ class RunsScreen(Screen):
         old_keys = [r.key for r in self.rows]
         new_keys = [r.key for r in rows]
         if old_keys == new_keys and table.row_count == len(rows):
-            before = {r.key: row_cells(r) for r in self.rows}
+            before = {r.key: row_cells(r, r.key in self.marked) for r in self.rows}
             for r in rows:
-                for col, cell in row_cells(r).items():
+                for col, cell in row_cells(r, r.key in self.marked).items():
                     if before[r.key][col] != cell:
                         table.update_cell(r.key, col, cell, update_width=True)
         else:
             table.clear()
             for r in rows:
-                c = row_cells(r)
+                c = row_cells(r, r.key in self.marked)
                 table.add_row(*(c[k] for k, _ in COLUMNS), key=r.key)
             if selected is not None and selected.key in new_keys:
                 table.move_cursor(row=new_keys.index(selected.key))
+        self.marked &= set(new_keys)
         self.rows = rows
         self._header(rows)
         self._detail()
@@ -225,6 +235,33 @@ class RunsScreen(Screen):
                         severity="error", timeout=8)
             return
         self.app.push_screen(MonitorScreen(r.path))
+
+    def action_mark(self) -> None:
+        r = self.selected
+        if r is None:
+            return
+        self.marked ^= {r.key}
+        self.query_one(DataTable).update_cell(r.key, "run", row_cells(r, r.key in self.marked)["run"],
+                                              update_width=True)
+        self._header(self.rows)
+
+    def action_compare(self) -> None:
+        """The marked runs side by side; with none marked, the comparison the run under the cursor
+        was part of (`torchdeck compare`)."""
+        from app.compare.screen import CompareScreen
+        from engine.runs.layout import RunDir, comparison_of
+
+        picked = [r.path for r in self.rows if r.key in self.marked]
+        if len(picked) >= 2:
+            self.app.push_screen(CompareScreen(runs=picked))
+            return
+        r = self.selected
+        where = comparison_of(RunDir(r.path)) if r is not None else None
+        if where is not None and not picked:
+            self.app.push_screen(CompareScreen(comparison=where))
+            return
+        self.notify("mark two or more runs with space, then press c (or put the cursor on a run of a "
+                    "`torchdeck compare` comparison)", severity="warning", timeout=6)
 
     def action_resume(self) -> None:
         r = self.selected

@@ -217,6 +217,9 @@ def find_run(ref: str, root: Path | None = None) -> RunDir:
     for cand in (p, root / ref):
         if (cand / "config.yaml").is_file():
             return RunDir(cand.resolve())
+    for rd in list_runs(root):  # a run of a comparison, by its name
+        if rd.name == ref:
+            return RunDir(rd.path.resolve())
     raise UsageError(f"no run {ref!r}: give a run directory, a name under {root}, or 'latest' "
                      f"(`torchdeck runs` lists them)")
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from engine import events
 from engine.runs import fmt
-from engine.runs.layout import RunDir, pid_alive, runs_root, write_atomic
+from engine.runs.layout import COMPARISON_FILE, RunDir, pid_alive, runs_root, write_atomic
 from engine.runs.view import RunView
 
-PLAN_FILE, TABLE_FILE = "compare.json", "compare.md"
+PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
 ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
 SKIPPED = "skipped"
 

@@ -261,13 +261,28 @@ class RunDir:
         return final
 
 
+COMPARISON_FILE = "compare.json"  # marks a directory grouping the runs of `torchdeck compare`
+
+
+def comparison_of(run: "RunDir") -> Path | None:
+    """The comparison directory a run belongs to, if it was run by `torchdeck compare`."""
+    parent = run.path.parent
+    return parent if (parent / COMPARISON_FILE).is_file() else None
+
+
 def list_runs(root: Path | None = None) -> list[RunDir]:
-    """Every run directory under root, newest first (by modification time)."""
+    """Every run directory under root, and those grouped in a comparison directory there, newest
+    first (by modification time)."""
     root = Path(root) if root else runs_root()
+    dirs = []
     try:
-        dirs = [RunDir(p) for p in root.iterdir() if (p / "config.yaml").is_file()]
+        for p in root.iterdir():
+            if (p / "config.yaml").is_file():
+                dirs.append(RunDir(p))
+            elif (p / COMPARISON_FILE).is_file():
+                dirs += [RunDir(q) for q in p.iterdir() if (q / "config.yaml").is_file()]
     except OSError:
-        return []
+        return dirs
 
     def mtime(r: RunDir) -> float:
         try:

@@ -296,7 +296,7 @@ async def test_escape_goes_back_and_empty_root_says_how_to_start(tmp_path):
         await pilot.pause(0.2)
         assert notes(app).count("no run selected") == 2
         footer_keys = {b.binding.key for b in screen.active_bindings.values() if b.binding.show}
-        assert {"enter", "r", "d", "escape"} <= footer_keys
+        assert {"enter", "d", "escape", "space", "c"} <= footer_keys
         await pilot.press("escape")
         assert await until(pilot, lambda: app.screen is app.configure_screen)
 

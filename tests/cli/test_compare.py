@@ -55,6 +55,8 @@ def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
     assert dp["status"] == "skipped" and "GPU" in dp["reason"]
     assert "dp: skipped: accelerator:" in r.stdout
     assert "| cpu | finished | 1 | 64 |" in (where / "compare.md").read_text()
+    listed = subprocess.run(cmd + ["runs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert all(Path(row["run"]).name in listed.stdout for row in ran)  # `torchdeck runs` lists them too
     saved = config.load(tmp_path / "presets" / "fastest.yaml")
     best = max(ran, key=lambda row: row["samples_per_s"])
     assert saved.strategy == best["strategy"] and saved.global_batch == 64

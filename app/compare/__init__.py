@@ -1,0 +1,1 @@
+"""The Compare screen: strategies (or any runs) side by side."""

@@ -1,0 +1,184 @@
+"""The Compare screen: several runs side by side, a comparison directory (`torchdeck compare`)
+or runs marked in the Runs list. The table is engine.runs.compare's rows, the same numbers
+`torchdeck compare` prints; under it the runs' loss and validation-accuracy curves overlaid,
+one colour per run, x by step or by wall time (x toggles).
+
+The events files are read in a thread worker; while a run of it is live the screen reads them
+again every couple of seconds (the next read is scheduled when one lands, so reads never pile up).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from app.monitor.panes import step_ticks
+from engine.runs import compare
+
+REFRESH_S = 2.0
+# (plotext colour, the same colour for rich): the legend must match the lines
+COLOURS = (("cyan", "cyan"), ("red", "red"), ("green", "green"), ("yellow", "yellow"), ("magenta", "magenta"),
+           ("blue", "blue"), ("orange", "dark_orange"), ("white", "white"))
+STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
+                "stopped": "yellow", "lost": "red", "skipped": "dim", "waiting": "dim"}
+LIVE = ("starting", "running", "waiting")
+
+
+class CompareScreen(Screen):
+    """Rows and overlaid curves of a comparison directory, or of runs picked by hand."""
+
+    DEFAULT_CSS = """
+    CompareScreen #cmp-header { height: auto; max-height: 3; background: $panel; padding: 0 1; }
+    CompareScreen #cmp-table { height: auto; max-height: 10; }
+    CompareScreen #cmp-why { height: auto; max-height: 3; padding: 0 1; color: $text-muted; }
+    CompareScreen #cmp-legend { height: 1; padding: 0 1; }
+    CompareScreen #cmp-plots { height: 1fr; min-height: 6; }
+    CompareScreen #cmp-plots PlotextPlot { width: 1fr; }
+    """
+    BINDINGS = [
+        Binding("x", "toggle_x", "x: step/time"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, comparison: str | Path | None = None, runs: list | None = None):
+        super().__init__(id="compare")
+        self.comparison = Path(comparison) if comparison else None
+        self.run_paths = [Path(p) for p in runs or []]
+        self.rows: list[compare.Row] = []
+        self.curves: list[compare.Curve] = []
+        self.header: list[str] = []
+        self.target: float | None = None
+        self.x_by = "step"  # or "time"
+        self.loaded = False
+        self._timer = None
+
+    def compose(self):
+        from textual_plotext import PlotextPlot
+
+        yield Static("", id="cmp-header")
+        yield DataTable(id="cmp-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="cmp-why")
+        yield Static("", id="cmp-legend")
+        with Horizontal(id="cmp-plots"):
+            yield PlotextPlot(id="cmp-loss")
+            yield PlotextPlot(id="cmp-acc")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        what = self.comparison.name if self.comparison else f"{len(self.run_paths)} runs"
+        self.query_one("#cmp-header", Static).update(Text.assemble(("torchdeck", "bold"), f" · Compare · {what}",
+                                                                   " · reading ..."))
+        self.query_one(DataTable).focus()
+        self._read()
+
+    # ------------------------------------------------------------------ reading
+    @work(thread=True, group="compare-read", exclusive=True)
+    def _read(self) -> None:
+        try:
+            if self.comparison is not None:
+                c = compare.load(self.comparison)
+                rows, header, target = c.rows, c.header(), c.target
+            else:
+                rows, target = compare.of_runs(self.run_paths), None
+                header = ["runs picked in the Runs list; rates leave out warm-up (each rank's first logged window)"]
+            curves = [compare.curves(r.run, r.strategy) for r in rows if r.run]
+            result = (rows, header, target, curves)
+        except Exception as exc:  # an unreadable directory must not leave the screen blank
+            result = exc
+        try:
+            self.app.call_from_thread(self._arrived, result)
+        except RuntimeError:
+            pass  # the app is gone
+
+    def _arrived(self, result) -> None:
+        if not self.is_attached:
+            return
+        if isinstance(result, Exception):
+            self.notify(f"cannot read the comparison: {result}", severity="error", timeout=8)
+            return
+        self.rows, self.header, self.target, self.curves = result
+        self.loaded = True
+        self._show()
+        if any(r.status in LIVE for r in self.rows):
+            self._timer = self.set_timer(REFRESH_S, self._read)
+
+    # ------------------------------------------------------------------ drawing
+    def _colour(self, i: int) -> tuple[str, str]:
+        return COLOURS[i % len(COLOURS)]
+
+    def _show(self) -> None:
+        what = self.comparison.name if self.comparison else f"{len(self.run_paths)} runs"
+        head = Text.assemble(("torchdeck", "bold"), f" · Compare · {what}")
+        for line in self.header[1:] if self.comparison else self.header:
+            head.append("\n" + line, style="dim")
+        self.query_one("#cmp-header", Static).update(head)
+        table = self.query_one(DataTable)
+        cursor = table.cursor_row
+        table.clear(columns=True)
+        cols = compare.columns(self.target)
+        for key, label in cols:
+            table.add_column(label, key=key)
+        for r in self.rows:
+            c = r.cells(self.target)
+            table.add_row(*(Text(c[k], style=STATUS_STYLE.get(c[k], "") if k == "status" else "",
+                                 justify="left" if k in ("strategy", "status", "mem") else "right")
+                            for k, _ in cols))
+        if self.rows:
+            table.move_cursor(row=min(max(cursor, 0), len(self.rows) - 1))
+        why = [f"{r.strategy}: {r.status}: {r.reason}" for r in self.rows if r.reason]
+        self.query_one("#cmp-why", Static).update(Text("\n".join(why)))
+        self.query_one("#cmp-why").display = bool(why)
+        self._plot()
+
+    def _plot(self) -> None:
+        from textual_plotext import PlotextPlot
+
+        legend = Text()
+        for i, c in enumerate(self.curves):
+            legend.append("━━ ", style=self._colour(i)[1])
+            legend.append(c.label + "   ")
+        legend.append(f"x: {'step' if self.x_by == 'step' else 'seconds since start'} (x toggles)", style="dim")
+        self.query_one("#cmp-legend", Static).update(legend)
+        at = 0 if self.x_by == "step" else 1
+        for wid, title, attr, scale, marker in (("#cmp-loss", "training loss", "loss", 1.0, "braille"),
+                                                ("#cmp-acc", "val acc %", "val_acc", 100.0, "dot")):
+            widget = self.query_one(wid, PlotextPlot)
+            p = widget.plt
+            p.clear_data()
+            p.clear_figure()
+            p.title(title)
+            p.xlabel("step" if self.x_by == "step" else "s")
+            xs = []
+            for i, c in enumerate(self.curves):
+                pts = getattr(c, attr)
+                if pts:
+                    x = [pt[at] for pt in pts]
+                    xs += x
+                    p.plot(x, [scale * pt[2] for pt in pts], marker=marker, color=self._colour(i)[0])
+            if xs and self.x_by == "step":
+                ticks = step_ticks(min(xs), max(xs))
+                p.xticks(ticks, [str(t) for t in ticks])
+            widget.refresh()
+
+    # ------------------------------------------------------------------ actions
+    def action_toggle_x(self) -> None:
+        self.x_by = "time" if self.x_by == "step" else "step"
+        self._plot()
+
+    def action_refresh(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self._read()
+
+    def action_back(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        if len(self.app.screen_stack) > 1 and self.app.screen is self:
+            self.app.pop_screen()

@@ -1,0 +1,167 @@
+"""The Compare screen over a comparison directory written with fixed times (the layout
+`torchdeck compare` writes), reached from the Runs list as a user reaches it.
+
+Regenerate the pictures after a deliberate UI change with:
+    .venv/bin/python -m pytest tests/app/test_compare.py --snapshot-update
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable
+
+from app.compare.screen import CompareScreen
+from app.main import TorchdeckApp
+from app.runs.screen import RunsScreen
+from app.sources.nvml import FakeGPUSource
+from engine import config as cfgmod
+from engine import events
+from engine.runs import compare
+from engine.runs.layout import RunDir
+
+T0 = 1_761_998_400.0
+# strategy, world, seconds per step, data wait share, peak RSS per rank, val acc at the end of each epoch
+PLAN = (("cpu", 1, 0.040, 0.05, [700.0], (0.42, 0.61, 0.72)),
+        ("ddp", 2, 0.025, 0.02, [690.0, 688.0], (0.40, 0.58, 0.70)),
+        ("fsdp", 2, 0.045, 0.01, [720.0, 715.0], (0.39, 0.52, 0.58)))
+
+
+def _events(strategy, world, step_s, wait, mem, accs) -> list[dict]:
+    out = []
+
+    def put(kind, dt, **f):
+        e = events.make(kind, **f)
+        e["t"] = T0 + dt
+        out.append(e)
+
+    start = 3.0 + world  # start-up: more ranks take longer to meet
+    put("run_started", 0, run=strategy, strategy=strategy, world_size=world, nproc_per_node=world, node_rank=0,
+        num_nodes=1, global_batch=128, devices=["cpu"] * world, master_addr="127.0.0.1", master_port=0, pid=1,
+        host="box", total_steps=60)
+    t = start
+    for s in range(4, 61, 4):
+        t += 4 * step_s * (3 if s == 4 else 1)  # the first window is warm-up: slower
+        for r in range(world):
+            put("step", t, rank=r, epoch=(s - 1) // 20, step=s, total_steps=60,
+                loss=2.3 * math.exp(-s / (25 if strategy != "fsdp" else 35)) + 0.2, accuracy=0.5,
+                samples_per_s=128 / world / step_s, data_wait_s=4 * step_s * wait, compute_s=4 * step_s * (1 - wait),
+                lr=0.05)
+        if s % 20 == 0:
+            t += 0.5  # evaluation
+            put("epoch_end", t, rank=0, epoch=s // 20 - 1, step=s, train_loss=1.0, train_acc=0.5, val_loss=1.0,
+                val_acc=accs[s // 20 - 1])
+    put("rank_report", t, rank=0, reports=[{"rank": r, "host": "box", "node_rank": 0, "epoch": 2, "step": 60,
+                                            "samples_per_s": 1.0, "data_wait": wait, "device_mem_mb": m - 10,
+                                            "peak_mem_mb": m, "t": T0 + t} for r, m in enumerate(mem)])
+    put("run_finished", t + 0.1, status="finished", exit_codes=[0] * world, root_cause=None, elapsed_s=t + 0.1)
+    return out
+
+
+def make_comparison(root: Path) -> Path:
+    where = root / "compare-20251101-120000-tiny"
+    where.mkdir(parents=True)
+    entries = []
+    for i, (strategy, world, step_s, wait, mem, accs) in enumerate(PLAN):
+        rd = RunDir(where / f"20251101-12000{i}-tiny-{strategy}")
+        rd.path.mkdir()
+        cfgmod.save(cfgmod.from_dict({"name": f"tiny-{strategy}", "strategy": strategy, "devices": world,
+                                      "backend": "gloo" if world > 1 else "auto"}), rd.config_path)
+        rd.events_path.write_text("".join(events.dumps(e) + "\n" for e in _events(strategy, world, step_s, wait,
+                                                                                 mem, accs)))
+        rd.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0] * world, "root_cause": None,
+                                              "elapsed_s": 10.0}))
+        entries.append({"strategy": strategy, "run": rd.name, "skipped": None, "world": world, "global_batch": 128})
+    entries.append({"strategy": "dp", "run": None, "world": None, "global_batch": None,
+                    "skipped": "accelerator: cuda needs an NVIDIA GPU and driver, and this host has none"})
+    plan = {"version": 1, "preset": "tiny.yaml", "name": "tiny", "overrides": [], "target_acc": 0.6,
+            "strategies": [e["strategy"] for e in entries], "entries": entries,
+            "held_equal": {"model": "cnn", "data": "synthetic", "seed": 0, "global batch": 128, "optimizer": "sgd",
+                           "lr": "0.05", "precision": "32-true", "length": "60 steps"}}
+    (where / compare.PLAN_FILE).write_text(json.dumps(plan))
+    return where
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.chdir(tmp_path)
+    make_comparison(Path("runs"))
+    yield TorchdeckApp(runs_root=Path("runs"), gpu_source=FakeGPUSource([]))
+    monkeypatch.undo()
+    time.tzset()
+
+
+async def until(pilot, cond, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        await pilot.pause(0.05)
+    return bool(cond())
+
+
+async def open_comparison(pilot) -> CompareScreen:
+    """F2, then c on a run of the comparison (none marked): the whole comparison opens."""
+    await pilot.press("f2")
+    assert await until(pilot, lambda: isinstance(pilot.app.screen, RunsScreen) and pilot.app.screen.loaded)
+    await pilot.press("c")
+    assert await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.loaded)
+    await pilot.pause(0.3)
+    return pilot.app.screen
+
+
+async def test_runs_list_marks_runs_and_c_compares_them(app):
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.press("f2")
+        assert await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
+        runs = app.screen
+        assert len(runs.rows) == 3  # the comparison's runs are listed with the others
+        await pilot.press("space", "down", "space")
+        assert len(runs.marked) == 2 and "2 marked" in str(runs.query_one("#runs-header").render())
+        await pilot.press("c")
+        assert await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded)
+        screen = app.screen
+        assert len(screen.rows) == 2 and len(screen.curves) == 2
+        assert {r.strategy for r in screen.rows} < {"cpu", "ddp", "fsdp"}
+        await pilot.press("escape")
+        assert await until(pilot, lambda: app.screen is runs)
+        await pilot.press("space", "up", "space")  # unmark both: c opens the cursor run's comparison
+        assert not runs.marked
+        screen = await open_comparison_from_runs(pilot)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 4
+        rows = {r.strategy: r for r in screen.rows}
+        assert rows["dp"].status == "skipped" and "GPU" in rows["dp"].reason
+        # the numbers are engine.runs.compare's: ddp 0.025 s per step after warm-up, 128 samples a step
+        assert rows["ddp"].samples_per_s == pytest.approx(128 / 0.025)
+        assert rows["cpu"].ratio == 1.0 and rows["ddp"].ratio == pytest.approx(0.040 / 0.025)
+        assert rows["fsdp"].time_to_target_s is None and rows["cpu"].time_to_target_s is not None
+        assert [c.label for c in screen.curves] == ["cpu", "ddp", "fsdp"]
+        assert screen.x_by == "step"
+        await pilot.press("x")
+        assert screen.x_by == "time"
+
+
+async def open_comparison_from_runs(pilot) -> CompareScreen:
+    await pilot.press("c")
+    assert await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.loaded)
+    return pilot.app.screen
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)], ids=["80x24", "140x45"])
+def test_compare_screen(snap_compare, app, size):
+    assert snap_compare(app, terminal_size=size, run_before=open_comparison)
+
+
+def test_compare_screen_by_wall_time_140x45(snap_compare, app):
+    async def run_before(pilot):
+        await open_comparison(pilot)
+        await pilot.press("x")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(140, 45), run_before=run_before)
