@@ -444,6 +444,9 @@ class Supervisor:
         for i, code in enumerate(codes):
             writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
         status, cause = self._outcome(codes, died_first, base, reported)
+        records = self.rd.flight_records() if status == "failed" else []
+        if records:  # NCCL's watchdog dumped what each rank's last collectives were (a GPU timeout)
+            cause = f"{cause}; NCCL flight recorder: {', '.join(p.name for p in records)} in {self.rd.path}"
         try:
             return self._finish(writer, status, codes, cause)
         finally:

@@ -175,6 +175,17 @@ def serve_store(cfg, world_size: int, listener) -> object:
     return dist.PrefixStore("default_pg", _SERVED)
 
 
+def flight_recorder(rd) -> None:
+    """Switch NCCL's flight recorder on (a ring of the last collectives, dumped per rank into the
+    run directory when one times out), unless the user set it up: the root cause names the files.
+    Old and new names of the variables, so whichever this torch reads."""
+    prefix = str(rd.flight_recorder_prefix)
+    for var, value in (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_FR_BUFFER_SIZE", "2000"),
+                       ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix),
+                       ("TORCH_FR_DUMP_TEMP_FILE", prefix)):
+        os.environ.setdefault(var, value)
+
+
 def init_group(cfg, rank: int, world_size: int, node_rank: int | None = None, listener=None) -> None:
     """init_process_group, with a failed rendezvous turned into a message a user can act on."""
     import torch.distributed as dist
@@ -251,6 +262,8 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         lo = loopback_ifname()
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             os.environ.setdefault(var, lo)
+    if strategy.distributed and cfg.resolved_backend == "nccl":
+        flight_recorder(RunDir(run_dir))
     if strategy.distributed:
         emit("phase", phase="rendezvous")
         init_group(cfg, rank, world_size, node_rank, listener)

@@ -11,6 +11,7 @@ one writer of a run's final status.
         rank<N>.log        stdout/stderr of global rank N
         rank<N>.stacks     the rank's Python stacks, written when asked (engine/runs/stacks.py)
         supervisor.stacks  the same for the supervisor
+        nccl_trace_rank_<N>  NCCL's flight recorder of rank N, dumped when a collective times out (GPU)
         status.json        final status, written last: {"status", "exit_codes", "root_cause", "elapsed_s"}
         stop               present: a graceful stop was asked (the supervisor also takes SIGTERM)
         checkpoints/       ckpt-<step>.pt, newest complete one is the resume point
@@ -155,6 +156,15 @@ class RunDir:
             cfg = None
         found = self.checkpoints(cfg)
         return found[-1] if found else None
+
+    flight_recorder_prefix = property(lambda self: self.path / "nccl_trace_rank_")
+
+    def flight_records(self) -> list[Path]:
+        """The NCCL flight recorder dumps the ranks of this node left (one per rank, on a timeout)."""
+        try:
+            return sorted(self.path.glob(self.flight_recorder_prefix.name + "*"))
+        except OSError:
+            return []
 
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank{rank}.log"

@@ -126,3 +126,21 @@ def test_stacks_of_a_run_started_by_torchrun(tmp_path):
     finally:
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait(10)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_nccl_timeout_names_the_flight_recorder_files(tmp_path, runs):
+    """On GPUs NCCL's flight recorder is on: a rank that never arrives leaves its dumps in the run
+    directory and the root cause names them."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (one NCCL rank each)")
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:stall", "model.kwargs": {"at": 5},
+                                 "accelerator": "cuda", "devices": 2, "backend": "nccl",
+                                 "train.max_steps": 200, "nodes.timeout_s": 10}))
+    runs.append(r)
+    assert r.wait(timeout=180) == 1
+    cause = r.status()["root_cause"]
+    assert "NCCL flight recorder: nccl_trace_rank_" in cause, cause
