@@ -133,6 +133,9 @@ class TorchdeckApp(App):
         yield SystemCommand("Export torchrun / sbatch",
                             "torchrun command per node and a SLURM sbatch script for the form (F6)",
                             self._on_configure("export"))
+        yield SystemCommand("Compare strategies",
+                            "Run the form's job under several strategies, one after another, and compare them (F7)",
+                            self._on_configure("compare"))
         yield SystemCommand("Runs list", "Past and live runs (F2)", self.action_runs)
         yield from super().get_system_commands(screen)
 

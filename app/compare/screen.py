@@ -43,6 +43,7 @@ class CompareScreen(Screen):
     BINDINGS = [
         Binding("x", "toggle_x", "x: step/time"),
         Binding("r", "refresh", "Refresh"),
+        Binding("s", "stop", "Stop"),
         Binding("escape", "back", "Back"),
     ]
 
@@ -176,6 +177,18 @@ class CompareScreen(Screen):
             self._timer.stop()
             self._timer = None
         self._read()
+
+    def action_stop(self) -> None:
+        """A comparison started from Configure runs in the background: the running strategy stops
+        (it checkpoints) and the rest do not start."""
+        if not any(r.status in LIVE for r in self.rows):
+            self.notify("nothing is running here", severity="warning")
+        elif self.comparison is None or not (self.comparison / compare.JOB_FILE).is_file():
+            self.notify("stop it where it runs: Ctrl-C in `torchdeck compare`, or its run's Monitor (s)",
+                        severity="warning", timeout=8)
+        else:
+            compare.request_stop(self.comparison)
+            self.notify("stopping: the running strategy checkpoints and ends; the rest do not start")
 
     def action_back(self) -> None:
         if self._timer is not None:

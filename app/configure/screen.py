@@ -46,6 +46,7 @@ class ConfigureScreen(Screen):
         Binding("ctrl+s,f4", "save_preset", "Save preset"),
         Binding("f2", "runs", "Runs"),
         Binding("f6,ctrl+t", "export", "Export"),
+        Binding("f7", "compare", "Compare", show=False),  # the palette's "Compare strategies"
     ]
 
     def __init__(self, preset: str | Path | None = None):
@@ -313,6 +314,32 @@ class ConfigureScreen(Screen):
         from app.monitor.screen import MonitorScreen  # imported on first launch, not on the first frame
 
         self.app.push_screen(MonitorScreen(run.path))
+
+    def action_compare(self) -> None:
+        """The form's job under several strategies, one after another, watched in the Compare screen."""
+        if self._refused("compare"):
+            return
+        from app.compare.dialog import CompareDialog
+
+        cfg = self.cfg
+
+        def picked(choice: dict | None) -> None:
+            if not choice:
+                return
+            from engine.errors import TorchdeckError
+            from engine.runs import compare
+
+            try:
+                path = compare.launch(cfg, choice["strategies"], steps=choice["steps"], target=choice["target"],
+                                      root=self.app.runs_root, hw=self.hw)
+            except (TorchdeckError, OSError) as exc:
+                self.notify(f"Cannot compare: {exc}", severity="error", timeout=10)
+                return
+            from app.compare.screen import CompareScreen
+
+            self.app.push_screen(CompareScreen(comparison=path))
+
+        self.app.push_screen(CompareDialog(cfg.name), picked)
 
     def _focus_field(self, path: str) -> None:
         f = BY_PATH[path]

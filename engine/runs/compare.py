@@ -490,3 +490,66 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
     comparison = load(path)
     write_results(comparison)
     return comparison
+
+
+# ----------------------------------------------------------------------------- in the background (the app)
+
+JOB_FILE, LOG_FILE, STOP_FILE = "job.yaml", "compare.log", "stop"
+
+
+def launch(job, strategies: list[str], steps: int | None = None, epochs: int | None = None,
+           target: float | None = None, root: Path | None = None, hw=None) -> Path:
+    """Start a comparison of the config `job` that outlives the caller (the app): the plan is made
+    here, so a refusal is an exception and nothing starts; then `python -m engine.runs.compare DIR`
+    runs it in its own session. Returns the comparison directory."""
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    from engine import config as cfgmod
+
+    path = new_dir(job.name, root)
+    try:
+        cfgmod.save(job, path / JOB_FILE)
+        facts, entries = plan(str(path / JOB_FILE), strategies, [], steps, epochs, hw=hw)
+    except Exception:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    facts.update(preset=job.name, job=JOB_FILE, steps=steps, epochs=epochs)
+    write_plan(path, facts, entries, target)
+    with open(path / LOG_FILE, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.runs.compare", str(path)], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return path
+
+
+def request_stop(path) -> None:
+    """No further strategy starts; the one running now stops gracefully (it checkpoints)."""
+    (Path(path) / STOP_FILE).touch()
+
+
+def _run_detached(path: Path) -> int:
+    """The body of `python -m engine.runs.compare DIR`: the plan written by `launch`, run."""
+    from engine.runs import control
+
+    facts = read_plan(path)
+    _, entries = plan(str(path / facts.get("job", JOB_FILE)), list(facts.get("strategies") or []), [],
+                      facts.get("steps"), facts.get("epochs"))
+    stop = path / STOP_FILE
+
+    def watch(i, run) -> None:
+        while control.wait(run, timeout=0.5) is None:
+            if stop.exists() and not run.stop_path.exists():
+                control.request_stop(run)
+
+    comparison = execute(path, facts, entries, watch, stopping=stop.exists)
+    print("\n".join(table_lines(comparison.rows, comparison.target)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_run_detached(Path(sys.argv[1])))

@@ -165,3 +165,40 @@ def test_compare_screen_by_wall_time_140x45(snap_compare, app):
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(140, 45), run_before=run_before)
+
+
+@pytest.mark.slow
+async def test_configure_compare_strategies_launches_a_comparison_and_shows_its_rows(tmp_path, monkeypatch):
+    """F7 (the palette's "Compare strategies"): checkboxes pick cpu and dp; cpu runs for real in
+    the background, dp is skipped on this host; the Compare screen follows it to the end."""
+    from textual.widgets import Checkbox, Input
+
+    from app.compare.dialog import CompareDialog
+
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text("name: tiny\nstrategy: cpu\nmodel: {name: mlp, hidden: 32}\n"
+                      "data: {dataset: synthetic, train_size: 256, val_size: 64, image_size: 16}\n"
+                      "train: {batch_size: 32, epochs: 1}\n")
+    app = TorchdeckApp(preset=str(preset), gpu_source=FakeGPUSource([]), runs_root=tmp_path / "runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await until(pilot, lambda: getattr(app.screen, "cfg", None) is not None)
+        await pilot.press("f7")
+        assert await until(pilot, lambda: isinstance(app.screen, CompareDialog))
+        dialog = app.screen
+        for s, on in (("ddp", False), ("fsdp", False), ("zero", False), ("dp", True)):
+            dialog.query_one(f"#cmp-{s}", Checkbox).value = on
+        dialog.query_one("#cmp-steps", Input).value = "1"
+        await pilot.click("#go")
+        assert "at least 2" in str(dialog.query_one("#cmp-error").render())  # said there; nothing started
+        assert not (tmp_path / "runs").exists()
+        dialog.query_one("#cmp-steps", Input).value = "6"
+        await pilot.pause(0.2)
+        await pilot.click("#go")
+        assert await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded), (
+            app.screen, [n.message for n in app._notifications], str(dialog.query_one("#cmp-error").render()))
+        screen = app.screen
+        assert await until(pilot, lambda: [r.status for r in screen.rows] == ["finished", "skipped"], timeout=120)
+        cpu, dp = screen.rows
+        assert cpu.samples_per_s > 0 and cpu.global_batch == 32 and "GPU" in dp.reason
+        assert (screen.comparison / compare.TABLE_FILE).is_file()  # the background runner wrote its table

@@ -1,0 +1,83 @@
+"""Compare strategies, from Configure: which strategies (checkboxes), how long, and a target
+accuracy; the form's job is then run under each, one after another (engine.runs.compare.launch)."""
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, Static
+
+from engine.runs.compare import ALL_STRATEGIES
+
+DEFAULT = ("cpu", "ddp", "fsdp", "zero")
+
+
+class CompareDialog(ModalScreen["dict | None"]):
+    """Returns {"strategies": [...], "steps": int, "target": float | None}, or None when cancelled."""
+
+    DEFAULT_CSS = """
+    CompareDialog #cmp-pick { grid-size: 4; grid-gutter: 0 1; height: auto; }
+    CompareDialog #cmp-pick Checkbox { width: 1fr; }
+    CompareDialog .cmp-line { height: auto; }
+    CompareDialog .cmp-line Label { padding: 1 1 0 0; }
+    CompareDialog .cmp-line Input { width: 12; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, job_name: str):
+        super().__init__(classes="dialog-screen")
+        self.job_name = job_name
+
+    def compose(self):
+        with Vertical(classes="dialog"):
+            yield Label(f"Run {self.job_name} under each strategy, one after another:")
+            with Grid(id="cmp-pick"):
+                for s in ALL_STRATEGIES:
+                    yield Checkbox(s, s in DEFAULT, id=f"cmp-{s}")
+            with Horizontal(classes="cmp-line"):
+                yield Label("steps each")
+                yield Input("50", id="cmp-steps", type="integer")
+                yield Label("target val acc")
+                yield Input("", id="cmp-target", placeholder="e.g. 0.6")
+            yield Static("", id="cmp-error", classes="field-msg -error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Compare", variant="primary", id="go")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#go", Button).focus()
+
+    def choice(self) -> dict | str:
+        """What was picked, or why it cannot start (said in the dialog, which stays open)."""
+        picked = [s for s in ALL_STRATEGIES if self.query_one(f"#cmp-{s}", Checkbox).value]
+        if not picked:
+            return "pick at least one strategy"
+        try:
+            steps = int(self.query_one("#cmp-steps", Input).value or "0")
+        except ValueError:
+            steps = 0
+        if steps < 2:
+            return "steps each: a whole number, at least 2 (the first logged steps are warm-up)"
+        text = self.query_one("#cmp-target", Input).value.strip()
+        target = None
+        if text:
+            try:
+                target = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+            except ValueError:
+                target = -1.0
+            if not 0 < target <= 1:
+                return "target val acc: between 0 and 1 (0.6, or 60%), or empty"
+        return {"strategies": picked, "steps": steps, "target": target}
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id != "go":
+            self.dismiss(None)
+            return
+        got = self.choice()
+        if isinstance(got, str):
+            self.query_one("#cmp-error", Static).update(got)
+            return
+        self.dismiss(got)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
