@@ -202,9 +202,11 @@ def summary(groups: list[dict]) -> str:
 def render(groups: list[dict], depth: int = 12) -> list[str]:
     """The grouped stacks as text lines: each group's line, then its main thread, innermost first."""
     lines = []
-    for g in groups:
+    for g in groups if isinstance(groups, list) else []:  # read back from an events file: input
+        if not isinstance(g, dict):
+            continue
         lines.append(f"{g.get('who')}: {g.get('where')}")
-        frames = g.get("frames") or []
+        frames = g.get("frames") if isinstance(g.get("frames"), list) else []
         for f in frames[:depth]:
             try:
                 file, line, func = f

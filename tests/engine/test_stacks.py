@@ -39,6 +39,13 @@ def test_a_dump_reads_as_the_main_threads_place_and_identical_places_group():
     groups = stacks.group([c, b, a])
     assert stacks.summary(groups) == ("ranks 0,2: all_reduce (distributed/distributed_c10d.py:2950) <- "
                                       "_should_stop (engine/train.py:341) | rank 1: no dump: the process is gone")
+    assert stacks.render(groups, depth=1)[:3] == [
+        "ranks 0,2: all_reduce (distributed/distributed_c10d.py:2950) <- _should_stop (engine/train.py:341)",
+        "    all_reduce  …/torch/distributed/distributed_c10d.py:2950", "    ... 3 outer frame(s)"]
+    # a stacks event read back from a file is input: odd shapes are skipped, never raised
+    assert stacks.render([{"who": "rank 0", "where": "x", "frames": 7}, "junk", {"frames": [[1, 2]]}]) == [
+        "rank 0: x", "None: None"]
+    assert stacks.render("junk") == []
 
 
 @pytest.mark.slow
