@@ -14,7 +14,7 @@ from pathlib import Path
 from engine.errors import UsageError
 from engine.runs import fmt
 from engine.runs.follow import EventTail
-from engine.runs.layout import RunDir, list_runs, pid_alive, runs_root
+from engine.runs.layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
 from engine.runs.status import Status
 from engine.runs.view import RunView
 
@@ -227,7 +227,9 @@ def find_run(ref: str, root: Path | None = None) -> RunDir:
 def deletable(path: Path, root: Path) -> str | None:
     """Why this run directory must not be deleted now, or None when it may be."""
     path, root = Path(path), Path(root)
-    if path.resolve().parent != root.resolve() or not (path / "config.yaml").is_file():
+    parent = path.resolve().parent
+    in_comparison = parent.parent == root.resolve() and comparison_of(RunDir(path)) is not None
+    if (parent != root.resolve() and not in_comparison) or not (path / "config.yaml").is_file():
         return f"{path} is not a run directory under {root}; not deleting it"
     rd = RunDir(path)
     if not rd.status().live:

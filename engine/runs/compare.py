@@ -256,6 +256,9 @@ def load(path) -> Comparison:
                             global_batch=e.get("global_batch")))
         elif e.get("run") and (path / e["run"] / "config.yaml").is_file():
             rows.append(measure(path / e["run"], strategy, target))
+        elif e.get("run"):
+            rows.append(Row(strategy, "deleted", reason=f"its run directory {e['run']} is gone", world=e.get("world"),
+                            global_batch=e.get("global_batch")))
         else:
             rows.append(Row(strategy, "waiting", world=e.get("world"), global_batch=e.get("global_batch")))
     return Comparison(path, plan, with_ratios(rows))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from app.sources.nvml import FakeGPUSource
 from engine import config as cfgmod
 from engine import events
 from engine.runs import compare
+from engine.runs.catalog import deletable
 from engine.runs.layout import RunDir
 
 T0 = 1_761_998_400.0
@@ -145,6 +147,12 @@ async def test_runs_list_marks_runs_and_c_compares_them(app):
         assert screen.x_by == "step"
         await pilot.press("x")
         assert screen.x_by == "time"
+    # a comparison's run may be deleted like any finished run; its row then says so
+    fsdp = Path(rows["fsdp"].run)
+    assert deletable(fsdp, Path("runs")) is None
+    shutil.rmtree(fsdp)
+    again = {r.strategy: r for r in compare.load(fsdp.parent).rows}
+    assert again["fsdp"].status == "deleted" and again["ddp"].status == "finished"
 
 
 async def open_comparison_from_runs(pilot) -> CompareScreen:
