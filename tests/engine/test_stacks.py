@@ -151,3 +151,27 @@ def test_a_nccl_timeout_names_the_flight_recorder_files(tmp_path, runs):
     assert r.wait(timeout=180) == 1
     cause = r.status()["root_cause"]
     assert "NCCL flight recorder: nccl_trace_rank_" in cause, cause
+
+
+def _step(rank, wait, comm, t=100.0):
+    from engine import events
+
+    ev = events.make("step", rank=rank, epoch=0, step=10, total_steps=100, loss=1.0, accuracy=0.5,
+                     samples_per_s=100.0, data_wait_s=wait, compute_s=1.0 - wait, lr=0.1, comm_s=comm)
+    ev["t"] = t
+    return ev
+
+
+def test_balance_from_step_events_and_from_another_nodes_report():
+    view = RunView()
+    view.feed_all([_step(0, 0.05, 0.30), _step(1, 0.05, 0.25)])
+    assert view.balance()["even"] and view.balance_line().startswith("rank balance: even")
+    # rank 2 lives on another node: only rank 0's rank_report carries it; it computes, the others wait
+    view.feed({"v": 1, "kind": "rank_report", "t": 101.0, "rank": 0, "reports": [
+        {"rank": 2, "host": "b", "node_rank": 1, "epoch": 0, "step": 10, "samples_per_s": 100.0,
+         "data_wait": 0.02, "comm_wait": 0.01, "device_mem_mb": 1.0, "t": 101.0}]})
+    b = view.balance()
+    assert (b["rank"], b["cause"], b["even"], b["waiter"]) == (2, "compute", False, 0), b
+    assert view.balance_line().startswith("rank 2 holds the others back: mostly compute (data 2%, compute 97%")
+    view.feed(_step(1, 0.05, None, t=102.0))  # a rank that does not time its all-reduce: no verdict on it
+    assert view.ranks[1].comm_wait is None and view.balance()["rank"] == 2
