@@ -24,7 +24,7 @@ from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 from engine import events, network
-from engine.config import ConfigError, Hardware, load, resolve_all_gpus
+from engine.config import Hardware, load, resolve_all_gpus
 from engine.errors import TorchdeckError
 from engine.runs import stacks
 from engine.runs.layout import RunDir
@@ -232,6 +232,19 @@ def _port_problem(cfg, port: int, bind: str, exc: OSError) -> str:
 
 
 @dataclasses.dataclass
+class _Plan:
+    """What the supervisor decided before starting the ranks (Supervisor._plan)."""
+
+    port: int
+    port_msg: str | None
+    notes: list
+    threads: int
+    child_env: dict
+    store: StoreSocket | None
+    meet: str
+
+
+@dataclasses.dataclass
 class Ranks:
     """The node's rank processes (what torch's ProcessContext holds; the supervisor joins them itself)."""
 
@@ -352,98 +365,109 @@ class Supervisor:
             pass  # an unwritable run directory fails below, with its message
         try:
             cfg = load(rd.config_path)
-        except ConfigError as exc:
+            self.timeout_s = cfg.nodes.timeout_s
+            plan = self._plan(cfg)
+        except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config
             return self._finish(None, "failed", [], str(exc))
-        self.timeout_s = cfg.nodes.timeout_s
-        try:
-            port, port_msg = choose_port(cfg)
-        except PortError as exc:
-            return self._finish(None, "failed", [], str(exc))
+        writer = EventWriter(rd.events_path, None)
+        self._announce(cfg, plan, writer)
+        if writer.write_error is not None:  # unwritable run directory: start nothing
+            writer.close()
+            if plan.store is not None:
+                plan.store.sock.close()
+            return self._finish(None, "failed", [],
+                                f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
+        ranks, stop_event = self._spawn(cfg, plan, writer)
+        return self._collect(ranks, stop_event, writer)
 
-        # No torch here: the ranks start importing theirs at once, and the store they meet at is
-        # served by local rank 0 on the socket bound below (one torch import on the critical path).
+    def _plan(self, cfg) -> "_Plan":
+        """Everything decided before a rank starts: port, store socket, threads, environment.
+        No torch here: the ranks start importing theirs at once, and the store they meet at is
+        served by local rank 0 on the socket bound here (one torch import on the critical path)."""
+        port, port_msg = choose_port(cfg)
         if cfg.accelerator == "cuda" and cfg.devices == "all":
             import torch
 
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
-        try:
-            notes = get_strategy(cfg.strategy).resolve(cfg, rd.path)  # deepspeed: the user's ds_config
-        except (TorchdeckError, OSError) as exc:
-            return self._finish(None, "failed", [], str(exc))
-        from engine.worker import rank_main, threads_for
+        strategy = get_strategy(cfg.strategy)
+        notes = strategy.resolve(cfg, self.rd.path)  # deepspeed: the user's ds_config
+        from engine.worker import threads_for
 
-        nproc = cfg.nproc_per_node
         threads = threads_for(cfg)
         child_env = {"OMP_NUM_THREADS": str(threads)}
-        strategy = get_strategy(cfg.strategy)
         store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr
         if strategy.distributed and not cfg.init_method.startswith("file://") and cfg.nodes.node_rank == 0:
-            try:
-                store, port_msg = bind_store(cfg, port, port_msg)
-            except PortError as exc:
-                return self._finish(None, "failed", [], str(exc))
+            store, port_msg = bind_store(cfg, port, port_msg)
             meet, port = store.meet, store.port
             child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the other ranks are its clients
         if cfg.nodes.ifname:
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 child_env[var] = os.environ.get(var, cfg.nodes.ifname)
+        return _Plan(port, port_msg, notes, threads, child_env, store, meet)
 
-        writer = EventWriter(rd.events_path, None)
+    def _announce(self, cfg, plan: "_Plan", writer: EventWriter) -> None:
+        """run_started and the supervisor's notes, written before any rank exists."""
+        strategy = get_strategy(cfg.strategy)
         total = None
         if cfg.data.dataset == "synthetic":
             per_rank = cfg.data.train_size // (cfg.world_size if strategy.distributed else 1)
             spe = per_rank // cfg.train.batch_size // cfg.train.grad_accum
             total = min(cfg.train.max_steps or 10 ** 18, (cfg.train.epochs or 10 ** 18) * spe)
         writer.write(events.make(
-            "run_started", run=rd.name, strategy=cfg.strategy, world_size=cfg.world_size,
-            nproc_per_node=nproc, node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
+            "run_started", run=self.rd.name, strategy=cfg.strategy, world_size=cfg.world_size,
+            nproc_per_node=cfg.nproc_per_node, node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
             global_batch=cfg.global_batch,
-            devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(nproc)],
-            master_addr=cfg.nodes.master_addr, master_port=port, pid=os.getpid(),
-            host=socket.gethostname(), total_steps=total, threads_per_rank=threads, epochs=cfg.train.epochs))
-        if port_msg:
-            writer.write(events.make("log", rank=None, level="warning" if "in use" in port_msg else "info",
-                                     message=port_msg))
-        for level, message in notes:
+            devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(cfg.nproc_per_node)],
+            master_addr=cfg.nodes.master_addr, master_port=plan.port, pid=os.getpid(),
+            host=socket.gethostname(), total_steps=total, threads_per_rank=plan.threads, epochs=cfg.train.epochs))
+        if plan.port_msg:
+            writer.write(events.make("log", rank=None, level="warning" if "in use" in plan.port_msg else "info",
+                                     message=plan.port_msg))
+        for level, message in plan.notes:
             writer.write(events.make("log", rank=None, level=level, message=message))
 
-        if writer.write_error is not None:  # unwritable run directory: start nothing
-            writer.close()
-            return self._finish(None, "failed", [],
-                                f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
-        ctx_mp = multiprocessing.get_context("spawn")  # events are text: no torch needed to carry them
+    def _spawn(self, cfg, plan: "_Plan", writer: EventWriter):
+        """Start the node's ranks (spawn context: events are text, no torch needed to carry them)."""
+        from engine.worker import rank_main
+
+        nproc = cfg.nproc_per_node
+        ctx_mp = multiprocessing.get_context("spawn")
         q = writer.q = ctx_mp.Queue()
         stop_event = ctx_mp.Event()
         writer.start()
         writer.write(events.make("log", rank=None, level="info", message=(
-            f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, port {port}, "
-            f"{threads} thread(s) per rank")))
+            f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, port {plan.port}, "
+            f"{plan.threads} thread(s) per rank")))
         cfg_dict = cfg.to_dict()
-        pctx = Ranks([ctx_mp.Process(target=rank_main, name=f"rank{i}",
-                                     args=(i, cfg_dict, str(rd.path), q, stop_event, port, meet,
-                                           (store.sock, store.connect) if store is not None and i == 0 else None))
-                      for i in range(nproc)])
-        with _environ(child_env):  # the children inherit it; this process (maybe a test) keeps its own
-            for p in pctx.processes:
+        store = plan.store
+        ranks = Ranks([ctx_mp.Process(target=rank_main, name=f"rank{i}",
+                                      args=(i, cfg_dict, str(self.rd.path), q, stop_event, plan.port, plan.meet,
+                                            (store.sock, store.connect) if store is not None and i == 0 else None))
+                       for i in range(nproc)])
+        with _environ(plan.child_env):  # the children inherit it; this process (maybe a test) keeps its own
+            for p in ranks.processes:
                 p.start()
         if store is not None:
             store.sock.close()  # local rank 0 holds it now
         self.base = cfg.nodes.node_rank * nproc
+        return ranks, stop_event
+
+    def _collect(self, ranks: "Ranks", stop_event, writer: EventWriter) -> int:
+        """Wait for the ranks, then record how each ended and the run's outcome."""
         try:
-            died_first, reported = self._join(pctx, stop_event, writer)
+            died_first, reported = self._join(ranks, stop_event, writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
-            for p in pctx.processes:
+            for p in ranks.processes:
                 if p.is_alive():
                     p.kill()
                     p.join(5)
-        codes = [p.exitcode for p in pctx.processes]
-        base = cfg.nodes.node_rank * nproc
+        codes = [p.exitcode for p in ranks.processes]
         writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
         self.writer_errors = writer.errors
         for i, code in enumerate(codes):
-            writer.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=_signal_text(code)))
-        status, cause = self._outcome(codes, died_first, base, reported)
+            writer.write(events.make("rank_exited", rank=self.base + i, exitcode=code, signal=_signal_text(code)))
+        status, cause = self._outcome(codes, died_first, self.base, reported)
         records = self.rd.flight_records() if status == "failed" else []
         if records:  # NCCL's watchdog dumped what each rank's last collectives were (a GPU timeout)
             cause = f"{cause}; NCCL flight recorder: {', '.join(p.name for p in records)} in {self.rd.path}"

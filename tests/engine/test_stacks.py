@@ -130,9 +130,19 @@ def test_stacks_of_a_run_started_by_torchrun(tmp_path):
         assert "2 process(es)" in out.stdout and "supervisor" not in out.stdout, out.stdout
         time.sleep(0.5)
         assert agent.poll() is None, "torchrun's agent was signalled"
-    finally:
-        os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait(10)
+    finally:  # torchrun starts each rank in a session of its own: a SIGKILL of the agent leaves them
+        ranks = [e["pid"] for e in events.read_all(run / "events.jsonl") if e["kind"] == "rank_ready"]
+        agent.terminate()  # the agent stops its ranks on SIGTERM
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(10)
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.gpu
