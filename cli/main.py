@@ -372,6 +372,22 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def cmd_metrics(args) -> int:
+    from engine import metrics
+
+    if not args.csv and not args.tensorboard:
+        raise UsageError("torchdeck metrics: say where: --csv FILE and/or --tensorboard DIR")
+    run = _find_run(args.run, args.runs_dir)
+    if args.tensorboard and not metrics.tensorboard_available():
+        raise UsageError("--tensorboard: the tensorboard package is not installed (pip install tensorboard); "
+                         "--csv works without it")
+    sink = metrics.convert(run.events_path, Path(args.csv) if args.csv else None,
+                           Path(args.tensorboard) if args.tensorboard else None)
+    where = " and ".join(x for x in (args.csv, args.tensorboard) if x)
+    print(f"{run.name}: {sink.rows} metric rows written to {where}")
+    return EXIT_OK
+
+
 def cmd_eval(args) -> int:
     ckpt = Path(args.checkpoint).expanduser()
     if not ckpt.exists() or (ckpt / "config.yaml").is_file():  # a run (directory, name, 'latest'): its newest checkpoint
@@ -528,6 +544,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", help="a ckpt-*.pt file, or a run (directory, name, 'latest'): its newest checkpoint")
     s.add_argument("--data-root", metavar="DIR", help="where the data set lives, if not where it was trained")
     s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("metrics", parents=[common, runs_dir],
+                       help="write a run's step and epoch metrics as CSV or TensorBoard files")
+    s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
+    s.add_argument("--csv", metavar="FILE", help="one row per step event and per epoch, flat columns")
+    s.add_argument("--tensorboard", metavar="DIR", help="TensorBoard event files (needs the tensorboard package)")
+    s.set_defaults(func=cmd_metrics)
 
     s = sub.add_parser("env", parents=[common], help="paste-able report of versions, GPUs, backends")
     s.set_defaults(func=cmd_env)

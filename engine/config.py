@@ -180,6 +180,13 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Where metrics go besides events.jsonl and metrics.csv (always written; engine/metrics.py)."""
+
+    tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard (needs the tensorboard package)
+
+
+@dataclass
 class RunConfig:
     schema_version: int = SCHEMA_VERSION
     name: str = "run"
@@ -202,6 +209,7 @@ class RunConfig:
     model_parallel: ModelParallelConfig = field(default_factory=ModelParallelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -54,6 +54,7 @@ class EventWriter(threading.Thread):
         self.count = 0
         self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
         self.view = RunView()  # the ranks as a front end sees them: the watchdog asks it who is stale
+        self.metrics = None  # engine.metrics.MetricsSink: metrics.csv (and TensorBoard) fed as events come
 
     def _guarded(self, fn, *args) -> None:
         with self.lock:
@@ -112,11 +113,15 @@ class EventWriter(threading.Thread):
                     self._note_error(line)
                 self._watch(line)
                 self._guarded(self.fh.write, line + "\n")
+                if self.metrics is not None:
+                    self._guarded(self.metrics.add_line, line)
                 pending += 1
                 self.count += 1
             now = time.monotonic()
             if pending and (now - last_flush >= FLUSH_EVERY_S or ev is None):
                 self._guarded(self.fh.flush)
+                if self.metrics is not None:
+                    self._guarded(self.metrics.flush)
                 pending, last_flush = 0, now
         self._guarded(self.fh.flush)
         self.done.set()
@@ -131,6 +136,8 @@ class EventWriter(threading.Thread):
 
     def close(self) -> None:
         self._guarded(self.fh.flush)
+        if self.metrics is not None:
+            self._guarded(self.metrics.close)
         try:
             self.fh.close()
         except OSError:
@@ -304,6 +311,19 @@ def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = 
             f"[{err.get('exception')}: {err.get('message')}]")
 
 
+def _open_metrics(writer: EventWriter, cfg, rd: RunDir) -> str | None:
+    """metrics.csv beside events.jsonl (and TensorBoard when asked); the line to log, if any."""
+    from engine.metrics import MetricsSink
+
+    try:
+        writer.metrics = MetricsSink(rd.metrics_path, rd.tensorboard_dir if cfg.logging.tensorboard else None)
+    except OSError as exc:
+        return f"metrics.csv not written: {_cannot_write(rd.metrics_path, exc)}"
+    if writer.metrics.note:
+        print(writer.metrics.note, flush=True)
+    return writer.metrics.note
+
+
 class Supervisor:
     def __init__(self, run_dir):
         self.rd = RunDir(Path(run_dir))
@@ -370,6 +390,9 @@ class Supervisor:
         except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config
             return self._finish(None, "failed", [], str(exc))
         writer = EventWriter(rd.events_path, None)
+        metrics_note = _open_metrics(writer, cfg, rd)
+        if metrics_note:
+            plan.notes = [*plan.notes, ("warning", metrics_note)]
         self._announce(cfg, plan, writer)
         if writer.write_error is not None:  # unwritable run directory: start nothing
             writer.close()

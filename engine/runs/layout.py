@@ -5,6 +5,8 @@ one writer of a run's final status.
         config.yaml        the resolved config the run was started with
         origin.json        where it came from: the preset and the --set overrides
         events.jsonl       one event per line (engine.events)
+        metrics.csv        step and epoch figures as flat columns (engine.metrics), written as they come
+        tensorboard/       TensorBoard event files, with logging.tensorboard: true
         supervisor.pid     pid of the supervisor while it lives (its process group = its pid)
         launcher.pid       torchrun's agent, for a run written under torchrun (no supervisor)
         supervisor.log     the supervisor's own output
@@ -124,6 +126,8 @@ class RunDir:
     config_path = property(lambda self: self.path / "config.yaml")
     origin_path = property(lambda self: self.path / "origin.json")
     events_path = property(lambda self: self.path / "events.jsonl")
+    metrics_path = property(lambda self: self.path / "metrics.csv")
+    tensorboard_dir = property(lambda self: self.path / "tensorboard")
     status_path = property(lambda self: self.path / "status.json")
     pid_path = property(lambda self: self.path / "supervisor.pid")
     launcher_pid_path = property(lambda self: self.path / "launcher.pid")

@@ -1,0 +1,152 @@
+"""Metrics where other tools read them: `metrics.csv` beside events.jsonl (pandas, a spreadsheet,
+gnuplot) and, with `logging.tensorboard: true`, TensorBoard event files in `tensorboard/`.
+
+One row per step event (every rank's) and per epoch end (train and validation figures), with
+fixed flat columns so the file can be written as the run goes and read while it grows. The
+supervisor feeds it live from its event writer; `torchdeck metrics RUN` rebuilds both from a past
+run's events.jsonl. No torch (the supervisor of a CPU run never imports it): TensorBoard files are
+written with the `tensorboard` package itself, an optional extra; without it the run says so once
+and keeps the CSV, as Lightning falls back to its CSV logger.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+COLUMNS = ("t", "kind", "rank", "epoch", "step", "loss", "accuracy", "lr", "samples_per_s", "data_wait_s",
+           "compute_s", "train_loss", "train_acc", "val_loss", "val_acc")
+KINDS = ("step", "epoch_end")
+# what each kind plots in TensorBoard, under which tag (step figures per rank: ranks differ)
+_TB_TAGS = {"step": ("loss", "accuracy", "lr", "samples_per_s", "data_wait_s", "compute_s"),
+            "epoch_end": ("train_loss", "train_acc", "val_loss", "val_acc")}
+TB_MISSING = ("logging.tensorboard: the tensorboard package is not installed (pip install tensorboard, "
+              "or torchdeck's [tensorboard] extra); writing metrics.csv only")
+
+
+def wanted(line: str) -> bool:
+    """Cheap test on a serialized event before parsing it (the writer thread sees every line)."""
+    return '"kind":"step"' in line or '"kind":"epoch_end"' in line
+
+
+def row(ev: dict) -> list | None:
+    """The CSV row of one event, or None for events that carry no metrics."""
+    if not isinstance(ev, dict) or ev.get("kind") not in KINDS:
+        return None
+    out = []
+    for col in COLUMNS:
+        v = ev.get(col)
+        if isinstance(v, float) and not math.isfinite(v):
+            v = str(v)  # nan / inf: spelled the way pandas reads them back
+        out.append("" if v is None or isinstance(v, (dict, list)) else v)
+    return out
+
+
+def tensorboard_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _TBWriter:
+    """TensorBoard scalars through the tensorboard package's own event file writer (no torch)."""
+
+    def __init__(self, logdir: Path):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self._Event, self._Summary = Event, Summary
+        self._w = EventFileWriter(str(logdir))
+
+    def add(self, ev: dict) -> None:
+        kind = ev["kind"]
+        values = []
+        for key in _TB_TAGS[kind]:
+            v = ev.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                tag = f"rank{ev.get('rank')}/{key}" if kind == "step" else f"epoch/{key}"
+                values.append(self._Summary.Value(tag=tag, simple_value=float(v)))
+        if kind == "epoch_end" and ev.get("rank") not in (0, None):
+            return  # epoch figures are reduced over the ranks: every rank sends the same ones
+        if values:
+            self._w.add_event(self._Event(wall_time=float(ev.get("t") or 0.0), step=int(ev.get("step") or 0),
+                                          summary=self._Summary(value=values)))
+
+    def flush(self) -> None:
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class MetricsSink:
+    """Appends metric rows to a CSV file (header first when the file is new) and, when asked and
+    installed, to TensorBoard. `note` is the one line to tell the user (TensorBoard missing)."""
+
+    def __init__(self, csv_path: Path | None, tensorboard_dir: Path | None = None):
+        self.note: str | None = None
+        self._fh = self._csv = None
+        if csv_path is not None:
+            csv_path = Path(csv_path)
+            new = not csv_path.exists() or csv_path.stat().st_size == 0
+            self._fh = open(csv_path, "a", newline="")
+            self._csv = csv.writer(self._fh)
+            if new:
+                self._csv.writerow(COLUMNS)
+        self._tb = None
+        if tensorboard_dir is not None:
+            if tensorboard_available():
+                self._tb = _TBWriter(Path(tensorboard_dir))
+            else:
+                self.note = TB_MISSING
+        self.rows = 0
+
+    def add(self, ev: dict) -> None:
+        r = row(ev)
+        if r is None:
+            return
+        if self._csv is not None:
+            self._csv.writerow(r)
+        if self._tb is not None:
+            self._tb.add(ev)
+        self.rows += 1
+
+    def add_line(self, line: str) -> None:
+        if wanted(line):
+            try:
+                self.add(json.loads(line))
+            except ValueError:
+                pass
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def convert(events_path: Path, csv_path: Path | None = None, tensorboard_dir: Path | None = None) -> MetricsSink:
+    """A past run's events into a new CSV file and/or TensorBoard folder; returns the sink (rows, note)."""
+    from engine import events
+
+    if csv_path is not None:
+        Path(csv_path).unlink(missing_ok=True)
+    sink = MetricsSink(csv_path, tensorboard_dir)
+    try:
+        for ev in events.read_all(events_path):
+            sink.add(ev)
+    finally:
+        sink.close()
+    return sink

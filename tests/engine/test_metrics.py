@@ -1,0 +1,54 @@
+"""metrics.csv beside events.jsonl, TensorBoard when installed (or one line saying it is not),
+and `torchdeck metrics` rebuilding both from a past run."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from cli.main import main as cli_main
+from engine import metrics
+from engine.events import read_all
+from engine.runs.layout import RunDir
+from tests.engine.helpers import run_supervised, small_cfg
+
+
+def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys):
+    run = tmp_path / "runs" / "m"
+    cfg = small_cfg(strategy="ddp", devices=2, **{"train.eval_every_epoch": True, "train.max_steps": 0,
+                                                  "train.epochs": 2, "data.train_size": 128,
+                                                  "logging.tensorboard": True})
+    proc = run_supervised(run, cfg)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rd = RunDir(run)
+    evs = read_all(rd.events_path)
+    want = [e for e in evs if e["kind"] in ("step", "epoch_end")]
+    with open(rd.metrics_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(want) > 4
+    assert {r["rank"] for r in rows if r["kind"] == "step"} == {"0", "1"}
+    for r, e in zip(rows, want):
+        assert (r["kind"], int(r["rank"]), int(r["step"])) == (e["kind"], e["rank"], e["step"])
+        key = "loss" if e["kind"] == "step" else "val_loss"
+        assert float(r[key]) == e[key]
+    notes = [e["message"] for e in evs if e["kind"] == "log" and "tensorboard" in e["message"]]
+    if metrics.tensorboard_available():
+        assert not notes and any(rd.tensorboard_dir.glob("events.out.tfevents.*"))
+    else:  # Lightning's fallback: say so once, keep the CSV
+        assert notes == [metrics.TB_MISSING]
+        assert metrics.TB_MISSING in proc.stdout  # supervisor.log, when launched
+
+    out = tmp_path / "again.csv"
+    assert cli_main(["metrics", str(run), "--csv", str(out)]) == 0
+    assert out.read_text() == rd.metrics_path.read_text()
+    assert f"{len(want)} metric rows" in capsys.readouterr().out
+    code = cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb")])
+    if metrics.tensorboard_available():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(tmp_path / "tb"))
+        acc.Reload()
+        losses = [s.value for s in acc.Scalars("rank1/loss")]
+        assert code == 0 and losses == pytest.approx([float(r["loss"]) for r in rows if r["kind"] == "step" and r["rank"] == "1"], rel=1e-6)  # float32
+    else:
+        assert code == 2 and "tensorboard package is not installed" in capsys.readouterr().err
