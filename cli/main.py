@@ -369,6 +369,11 @@ def cmd_validate(args) -> int:
     warnings += [f"{field}: {why}" for field, why in advice(cfg)]
     for w in warnings:
         print("  warning: " + w)
+    if args.explain:
+        from engine import presets
+
+        for line in preflight.explain(args.preset, _overrides(args), cfg, presets.resolve(args.preset)):
+            print(line)
     return EXIT_OK
 
 
@@ -538,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", parents=[common, overrides],
                        help="check a preset and show world size, global batch, devices")
     s.add_argument("preset")
+    s.add_argument("--explain", action="store_true",
+                   help="list every value that is not a default and where it came from (preset, --set, host, environment)")
     s.set_defaults(func=cmd_validate)
 
     s = sub.add_parser("eval", parents=[common, runs_dir], help="test accuracy of a checkpoint")

@@ -267,3 +267,90 @@ def describe(cfg) -> list[str]:
 
     lines.append(plan(cfg).line)  # decoded once within the node's budget, or streamed
     return lines + [line for _, line in strat.resolve(cfg.copy())]  # deepspeed: its ds_config, what it replaces
+
+
+# ----------------------------------------------------------------------------- where values came from
+
+# Environment variables torchdeck itself reads, and what each changes (shown when set).
+ENV_READ = {
+    "TORCHDECK_PRESETS": "where user presets are looked up and saved",
+    "XDG_CONFIG_HOME": "user presets live under it (unless TORCHDECK_PRESETS is set)",
+    "TORCHDECK_RUNS": "where run directories go (unless --runs-dir)",
+    "CUDA_VISIBLE_DEVICES": "which physical GPUs the indices in `devices` name",
+    "GLOO_SOCKET_IFNAME": "the ranks' network interface for gloo; wins over nodes.ifname",
+    "NCCL_SOCKET_IFNAME": "the ranks' network interface for NCCL; wins over nodes.ifname",
+}
+
+
+def _flat(data, prefix: str = "") -> dict:
+    """{"train.batch_size": 64, ...}: mappings flattened, lists kept whole (they are one value)."""
+    out = {}
+    for k, v in (data or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _preset_kind(path: Path) -> str:
+    from engine import presets
+
+    path = path.resolve()
+    for kind, folder in (("shipped preset", presets.shipped_presets_dir()), ("user preset", presets.user_presets_dir())):
+        try:
+            path.relative_to(folder.resolve())
+            return kind
+        except (ValueError, OSError):
+            pass
+    return "preset file"
+
+
+def explain(preset: str, overrides: list[str] | None, cfg, path: Path) -> list[str]:
+    """Every value that is not the schema's default, with where it came from (the preset file,
+    shipped or the user's, a --set, this host), then the environment variables that change what
+    a run does: no hidden global config (Accelerate issue 1133)."""
+    import yaml
+
+    from engine import config as cfgmod
+    from engine import presets
+
+    try:
+        written = _flat(yaml.safe_load(Path(path).read_text()) or {})
+    except (OSError, ValueError, yaml.YAMLError):
+        written = {}
+    sets: dict[str, str] = {}
+    for item in overrides or []:
+        key, _, raw = item.partition("=")
+        sets[key.strip()] = item
+    now, default = _flat(cfg.to_dict()), _flat(cfgmod.RunConfig().to_dict())
+    kind = _preset_kind(Path(path))
+    rows = []
+    for key, value in now.items():
+        if key == "schema_version" or (key in default and value == default[key]):
+            continue
+        set_by = next((item for k, item in sets.items() if key == k or key.startswith(k + ".")), None)
+        if set_by is not None:
+            where, said = f"--set {set_by}", set_by.partition("=")[2]
+        elif key in written or any(key.startswith(k + ".") for k in written):
+            where, said = f"{kind} {path}", written.get(key)
+        else:  # filled in by validation from this host (devices: -1, threads...)
+            where, said = "this host (resolved when validated)", None
+        shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+        if said is not None and str(said) != str(value) and said != value:
+            shown += f"  (written as {said})"
+        rows.append((f"{key} = {shown}", where))
+    width = min(max((len(a) for a, _ in rows), default=0), 40)
+    out = ["values that are not defaults, and where each came from:"]
+    out += [f"  {a.ljust(width)}  {b}" for a, b in rows] or ["  (none: every value is the default)"]
+    name = str(preset)
+    if kind == "shipped preset" and Path(name).name == name and not name.startswith("shipped:"):
+        user = presets._find(name, "user")
+        if user:
+            out.append(f"  note: a user preset {user} has the same name; the shipped one was used (say user:{name})")
+    env = [(k, os.environ[k], why) for k, why in ENV_READ.items() if os.environ.get(k)]
+    out.append("environment read by torchdeck:" if env else "environment read by torchdeck: none of "
+               + ", ".join(ENV_READ) + " is set")
+    out += [f"  {k}={v}: {why}" for k, v, why in env]
+    return out
