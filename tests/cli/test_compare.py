@@ -94,3 +94,30 @@ def test_measure_leaves_warm_up_out_and_reads_memory_and_target(tmp_path):
                                 "20260101-000000-s"))
     rows = compare.with_ratios([row, slow])
     assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(0.5)
+
+
+def _cuda_gpus() -> int:
+    from engine.hardware import detect_hardware
+
+    return detect_hardware().gpu_count or 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(_cuda_gpus() == 0, reason="needs a CUDA GPU")
+def test_compare_cpu_and_gpu_on_a_cuda_host(tmp_path):
+    """On a GPU host: gpu runs on GPU 0 and reports max allocated memory; dp needs two GPUs."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    r = subprocess.run(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,gpu,dp", "--steps", "12"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (where,) = (tmp_path / "runs").iterdir()
+    rows = {row["strategy"]: row for row in json.loads((where / "compare.json").read_text())["rows"]}
+    assert rows["gpu"]["status"] == "finished" and rows["gpu"]["mem_kind"] == "allocated"
+    assert rows["gpu"]["samples_per_s"] > 0 and rows["gpu"]["global_batch"] == rows["cpu"]["global_batch"] == 64
+    if _cuda_gpus() < 2:
+        assert rows["dp"]["status"] == "skipped" and "2 or more GPUs" in rows["dp"]["reason"]
+    else:
+        assert rows["dp"]["status"] == "finished" and len(rows["dp"]["peak_mem_mb"]) == 1
