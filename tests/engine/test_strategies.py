@@ -258,7 +258,7 @@ ENGINE_ACCUM = 3
 
 def engine_accumulation(rank: int, out: Path, tag: str):
     """The engine's own Trainer.fit under DDP with grad_accum 3 (12 micro-batches a rank, 4 steps):
-    a comm hook on its DDP model counts the all-reduce rounds; the last bucket of each marks one."""
+    the engine's comm hook counts the all-reduce rounds; the last bucket of each marks one."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from engine.train import Trainer
@@ -276,7 +276,10 @@ def engine_accumulation(rank: int, out: Path, tag: str):
         buckets[0] += 1
         rounds[0] += bucket.is_last()
         return allreduce_hook(state, bucket)
-    trainer.model.register_comm_hook(None, counting)
+    # DDP takes one comm hook and the engine's CommClock (time in the all-reduce) is it: count
+    # inside it, where it starts the all-reduce
+    assert trainer.comm is not None, "CPU DDP times its all-reduce through a comm hook"
+    trainer.comm._allreduce = counting
     trainer.model.module.register_forward_pre_hook(lambda mod, args: forwards.__setitem__(0, forwards[0] + 1))
     pos = trainer.fit()
     if rank == 0:
