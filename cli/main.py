@@ -86,7 +86,7 @@ def follow(run, display, on_interrupt=None, interval: float = 0.2):
                     return None
     view = follower.view
     display.finish(view)
-    if view.status.final and view.status != "finished" and not view.errors and view.status != "stopped":
+    if view.status.final and view.status != "finished" and not view.errors and view.status not in ("stopped", "preempted"):
         _print_log_tail(run.supervisor_log)
     if follower.skipped:
         print(f"({follower.skipped} line(s) of {run.events_path.name} could not be read and were skipped)")
@@ -105,7 +105,7 @@ def _print_log_tail(path: Path, n: int = 10) -> None:
 
 
 def _exit_for(view) -> int:
-    return EXIT_OK if view is not None and view.status in ("finished", "stopped") else EXIT_FAILED
+    return EXIT_OK if view is not None and view.status in ("finished", "stopped", "preempted") else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------- commands
@@ -206,7 +206,7 @@ def cmd_runs(args) -> int:
     keys = [k for k, _ in COLUMNS if any(c[k] for c in cells)]  # no empty columns
     _table([tuple(label for k, label in COLUMNS if k in keys)] + [tuple(c[k] for k in keys) for c in cells])
     for r in rows:
-        if r.root_cause and r.status in ("failed", "lost", "stopped"):
+        if r.root_cause and r.status in ("failed", "lost", "stopped", "preempted"):
             print(f"{r.key}: {r.root_cause}")
     print(f"({root})")
     return EXIT_OK
@@ -300,7 +300,7 @@ def cmd_stop(args) -> int:
             print(f"still running after {args.wait:g} s")
             return EXIT_FAILED
         print(f"run {final.get('status')}")
-        return EXIT_OK if final.get("status") in ("finished", "stopped") else EXIT_FAILED
+        return EXIT_OK if final.get("status") in ("finished", "stopped", "preempted") else EXIT_FAILED
     return EXIT_OK
 
 

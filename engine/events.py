@@ -37,7 +37,7 @@ Kinds and their fields (beyond v, kind, t):
                    timeout"), summary (one line, see engine/runs/stacks.py summary), groups: one
                    entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
                    first}, files (the rank<N>.stacks files read)
-    run_finished   status (finished|failed|stopped), exit_codes (list per local rank),
+    run_finished   status (finished|failed|stopped|preempted), exit_codes (list per local rank),
                    root_cause (str or null), elapsed_s
 
 Changing a field's meaning bumps EVENT_VERSION; adding a field does not.
@@ -66,7 +66,7 @@ KINDS = (
     "run_finished",
 )
 
-FINAL_STATUSES = ("finished", "failed", "stopped")
+FINAL_STATUSES = ("finished", "failed", "stopped", "preempted")
 
 
 def make(kind: str, **fields) -> dict:

@@ -13,6 +13,7 @@ from engine import config as cfgmod
 from engine.cache import asked_workers
 
 SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
+PREEMPT_WARNING_S = 120  # seconds of warning sbatch asks for before preemption or the time limit
 AUTO_THREADS_ASKED = 4  # CPUs per rank an sbatch script asks for when train.threads_per_rank is 0 (auto)
 
 
@@ -147,6 +148,11 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
 #SBATCH --cpus-per-task={cpus}
 {gpu_lines}#SBATCH --time={time_limit}
 #SBATCH --output=%x-%j.out
+# Preemption and the time limit: SLURM sends this script USR1 {PREEMPT_WARNING_S} s before; the ranks
+# checkpoint and stop (status 'preempted') and the job is requeued, resuming from that checkpoint.
+#SBATCH --signal=B:USR1@{PREEMPT_WARNING_S}
+#SBATCH --requeue
+#SBATCH --open-mode=append
 set -euo pipefail
 
 # Use the environment torchdeck is installed in (override with TORCHDECK_VENV).
@@ -159,6 +165,11 @@ cat > "$TD_CONFIG" <<'{SLURM_CONFIG_MARK}'
 {yaml_text}{SLURM_CONFIG_MARK}
 
 export TD_RUN_ROOT="$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID-{cfg.name}"
+# A requeued job (SLURM_RESTART_COUNT > 0) writes new run directories beside the first ones and
+# resumes from the newest checkpoint among them.
+export TD_ATTEMPT="${{SLURM_RESTART_COUNT:-0}}"
+export TD_SUFFIX="" TD_RESUME=""
+if [ "$TD_ATTEMPT" -gt 0 ]; then TD_SUFFIX="-requeue$TD_ATTEMPT"; TD_RESUME=latest; fi
 export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export TD_PORT={port}
 export TD_NPROC={nproc}
@@ -167,8 +178,25 @@ export TD_TIMEOUT={cfg.nodes.timeout_s}  # nodes.timeout_s: how long the nodes w
 
 # One torchrun per node; c10d rendezvous on the first node. Each node writes its own run directory.
 # srun inherits no --cpus-per-task from sbatch since Slurm 22.05: pass it on.
+td_preempted() {{  # USR1: every node's ranks agree to stop at the next step and checkpoint first
+    echo "torchdeck: USR1 (preemption or time limit): checkpointing, then requeueing job $SLURM_JOB_ID"
+    TD_PREEMPTED=1
+    for ((k = 0; k < SLURM_NNODES; k++)); do
+        mkdir -p "$TD_RUN_ROOT/node$k$TD_SUFFIX" && touch "$TD_RUN_ROOT/node$k$TD_SUFFIX/preempted" "$TD_RUN_ROOT/node$k$TD_SUFFIX/stop"
+    done
+}}
+TD_PREEMPTED=""
+trap td_preempted USR1
 srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
-    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
+    --rdzv-id "$SLURM_JOB_ID-$TD_ATTEMPT" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
     --rdzv-conf "join_timeout=$TD_TIMEOUT" \\
-    -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID"'
+    -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID$TD_SUFFIX" ${{TD_RESUME:+--resume "$TD_RESUME"}}' &
+TD_SRUN=$!
+rc=0
+wait "$TD_SRUN" || rc=$?
+while kill -0 "$TD_SRUN" 2>/dev/null; do rc=0; wait "$TD_SRUN" || rc=$?; done  # USR1 ended the first wait
+if [ -n "$TD_PREEMPTED" ] && [ "$rc" -eq 0 ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$rc"
 """

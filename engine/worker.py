@@ -388,8 +388,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.worker")
     ap.add_argument("config")
     ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--resume", metavar="latest|PATH", help="checkpoint.resume for this launch (a requeued SLURM job)")
     args = ap.parse_args(argv)
     cfg = load(args.config)
+    if args.resume:
+        cfg.checkpoint.resume = args.resume
     env = os.environ
     rank = int(env.get("RANK", 0))
     local_rank = int(env.get("LOCAL_RANK", 0))
@@ -422,7 +425,8 @@ def main(argv=None) -> int:
             _close_torchrun_run(rd, emit, "failed", started)
         raise
     if local_rank == 0:
-        _close_torchrun_run(rd, emit, "stopped" if stopped else "finished", started)
+        status = ("preempted" if rd.preempt_path.exists() else "stopped") if stopped else "finished"
+        _close_torchrun_run(rd, emit, status, started)
     return 0
 
 

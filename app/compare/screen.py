@@ -25,7 +25,7 @@ REFRESH_S = 2.0
 COLOURS = (("cyan", "cyan"), ("red", "red"), ("green", "green"), ("yellow", "yellow"), ("magenta", "magenta"),
            ("blue", "blue"), ("orange", "dark_orange"), ("white", "white"))
 STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
-                "stopped": "yellow", "lost": "red", "skipped": "dim", "waiting": "dim"}
+                "stopped": "yellow", "preempted": "yellow", "lost": "red", "skipped": "dim", "waiting": "dim"}
 LIVE = ("starting", "running", "waiting")
 
 

@@ -16,7 +16,7 @@ from engine.runs.view import RunView
 BLOCKS = " ▁▂▃▄▅▆▇█"
 IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about
 STATUS_STYLE = {"running": "bold green", "starting": "bold cyan", "finished": "bold green",
-                "failed": "bold red", "stopped": "bold yellow", "lost": "bold red"}
+                "failed": "bold red", "stopped": "bold yellow", "preempted": "bold yellow", "lost": "bold red"}
 HISTORY = 120  # GPU utilization samples kept (one a second)
 _HOST = socket.gethostname()
 

@@ -21,7 +21,7 @@ from engine.runs.layout import runs_root
 
 REFRESH_S = 2.0
 STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
-                "stopped": "yellow", "lost": "red"}
+                "stopped": "yellow", "preempted": "yellow", "lost": "red"}
 COLUMNS = (("status", "Status"), ("run", "Run"), ("strategy", "Strategy"), ("world", "World"),
            ("started", "Started"), ("duration", "Duration"), ("progress", "Progress"), ("val", "Val acc"),
            ("set", "--set"))

@@ -16,6 +16,7 @@ one writer of a run's final status.
         nccl_trace_rank_<N>  NCCL's flight recorder of rank N, dumped when a collective times out (GPU)
         status.json        final status, written last: {"status", "exit_codes", "root_cause", "elapsed_s"}
         stop               present: a graceful stop was asked (the supervisor also takes SIGTERM)
+        preempted          present with stop: the stop is SLURM's preemption warning (status preempted)
         checkpoints/       ckpt-<step>.pt, newest complete one is the resume point
 
 No torch, no textual: the app lists and opens runs on its first frame.
@@ -133,6 +134,7 @@ class RunDir:
     launcher_pid_path = property(lambda self: self.path / "launcher.pid")
     supervisor_log = property(lambda self: self.path / "supervisor.log")
     stop_path = property(lambda self: self.path / "stop")
+    preempt_path = property(lambda self: self.path / "preempted")
     checkpoint_dir = property(lambda self: self.path / "checkpoints")
     reserve_path = property(lambda self: self.path / ".reserve")
 

@@ -5,6 +5,8 @@
     finished   ended well                       } written by the run itself:
     failed     a rank or the supervisor failed  } run_finished event and status.json
     stopped    ended early on request, after a checkpoint
+    preempted  SLURM's warning signal (USR1) came: checkpointed and stopped; the job is requeued
+               and resumes from that checkpoint in a new run directory
     lost       no final status, and nothing of it lives (supervisor killed, host rebooted)
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Status(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
+    PREEMPTED = "preempted"
     LOST = "lost"
 
     def __str__(self) -> str:
@@ -42,10 +45,10 @@ class Status(str, Enum):
             st = cls(str(value))
         except ValueError:
             return cls.FAILED
-        return st if st in (cls.FINISHED, cls.FAILED, cls.STOPPED) else cls.FAILED
+        return st if st in (cls.FINISHED, cls.FAILED, cls.STOPPED, cls.PREEMPTED) else cls.FAILED
 
 
-FINAL = frozenset({Status.FINISHED, Status.FAILED, Status.STOPPED, Status.LOST})
+FINAL = frozenset({Status.FINISHED, Status.FAILED, Status.STOPPED, Status.PREEMPTED, Status.LOST})
 
 
 def decide(final: str | None, alive: bool, has_pid: bool, stepped: bool, quiet_s: float | None) -> Status:
