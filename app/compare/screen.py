@@ -116,6 +116,11 @@ class CompareScreen(Screen):
     def _show(self) -> None:
         what = self.comparison.name if self.comparison else f"{len(self.run_paths)} runs"
         head = Text.assemble(("torchdeck", "bold"), f" · Compare · {what}")
+        now = [i for i, r in enumerate(self.rows) if r.status in ("starting", "running")]
+        if now:
+            todo = [r for r in self.rows if r.status != compare.SKIPPED]
+            r = self.rows[now[0]]
+            head.append(f" · running {r.strategy} ({todo.index(r) + 1} of {len(todo)})", style="bold green")
         for line in self.header[1:] if self.comparison else self.header:
             head.append("\n" + line, style="dim")
         self.query_one("#cmp-header", Static).update(head)

@@ -2,7 +2,7 @@
 `torchdeck compare` writes), reached from the Runs list as a user reaches it.
 
 Regenerate the pictures after a deliberate UI change with:
-    .venv/bin/python -m pytest tests/app/test_compare.py --snapshot-update
+    .venv/bin/python -m pytest tests/app/test_compare_screen.py --snapshot-update
 """
 from __future__ import annotations
 
