@@ -210,3 +210,28 @@ async def test_configure_compare_strategies_launches_a_comparison_and_shows_its_
         cpu, dp = screen.rows
         assert cpu.samples_per_s > 0 and cpu.global_batch == 32 and "GPU" in dp.reason
         assert (screen.comparison / compare.TABLE_FILE).is_file()  # the background runner wrote its table
+
+
+async def test_s_stops_a_comparison_started_from_the_app(tmp_path, monkeypatch):
+    """A live comparison that runs in the background (it has its job.yaml): the header says which
+    strategy runs, and s leaves the stop file its runner polls."""
+    import os
+
+    where = make_comparison(tmp_path / "runs")
+    (where / compare.JOB_FILE).write_text("name: tiny\n")
+    live = RunDir(where / "20251101-120001-tiny-ddp")
+    live.status_path.unlink()
+    live.pid_path.write_text(f"{os.getpid()}\n")  # this process: the run reads as alive
+    with open(live.events_path) as fh:
+        kept = [ln for ln in fh if '"run_finished"' not in ln]
+    live.events_path.write_text("".join(kept))
+    app = TorchdeckApp(runs_root=tmp_path / "runs", gpu_source=FakeGPUSource([]))
+    async with app.run_test(size=(140, 45)) as pilot:
+        await app.push_screen(CompareScreen(comparison=where))
+        screen = app.screen
+        assert await until(pilot, lambda: screen.loaded)
+        assert [r.status for r in screen.rows] == ["finished", "running", "finished", "skipped"]
+        assert "running ddp (2 of 3)" in str(screen.query_one("#cmp-header").render())
+        await pilot.press("s")
+        assert (where / compare.STOP_FILE).exists()
+        await pilot.press("escape")
