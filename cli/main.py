@@ -276,7 +276,7 @@ def cmd_compare(args) -> int:
             print(f"saved the fastest, {best.strategy}, as user preset {args.save_best} ({saved}); "
                   f"launch it with: torchdeck run user:{args.save_best}")
     ran = [r for r in comparison.rows if r.status != compare.SKIPPED]
-    return EXIT_OK if ran and all(r.status == "finished" for r in ran) else EXIT_FAILED
+    return EXIT_OK if ran and all(r.status in ("finished", "stopped") for r in ran) else EXIT_FAILED
 
 
 def cmd_stop(args) -> int:

@@ -184,13 +184,13 @@ class CompareScreen(Screen):
         self._read()
 
     def action_stop(self) -> None:
-        """A comparison started from Configure runs in the background: the running strategy stops
-        (it checkpoints) and the rest do not start."""
+        """The running strategy stops (it checkpoints) and the rest do not start: the comparison's
+        runner (the app's background one, or `torchdeck compare`) polls the stop file."""
         if not any(r.status in LIVE for r in self.rows):
             self.notify("nothing is running here", severity="warning")
-        elif self.comparison is None or not (self.comparison / compare.JOB_FILE).is_file():
-            self.notify("stop it where it runs: Ctrl-C in `torchdeck compare`, or its run's Monitor (s)",
-                        severity="warning", timeout=8)
+        elif self.comparison is None:
+            self.notify("these runs are not one comparison: stop a run from its Monitor (enter on it in the "
+                        "Runs list, then s)", severity="warning", timeout=8)
         else:
             compare.request_stop(self.comparison)
             self.notify("stopping: the running strategy checkpoints and ends; the rest do not start")

@@ -30,6 +30,7 @@ from engine.runs.view import RunView
 PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
 ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
 SKIPPED = "skipped"
+JOB_FILE, LOG_FILE, STOP_FILE = "job.yaml", "compare.log", "stop"  # beside compare.json
 
 
 # ----------------------------------------------------------------------------- the numbers
@@ -472,24 +473,42 @@ def runs_in(path) -> list[RunDir]:
 def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=lambda: False) -> Comparison:
     """Run the plan's strategies one after another (never two at once: they would share the CPU
     and the rates would say nothing), then write the results. watch(index, run) follows a run
-    until it ends (the CLI draws it); without it, this waits. stopping() true: start no more."""
+    until it ends (the CLI draws it); without it, this waits. The comparison stops (the running
+    strategy gracefully, the rest never start) when stopping() is true or its stop file appears
+    (`request_stop`: the app's Compare screen)."""
+    import threading
+
     from engine.runs import control
 
-    for i, e in enumerate(entries):
-        if e.skipped:
-            continue
-        if stopping():
-            data = read_plan(path)
-            data["entries"][i]["skipped"] = "not run: the comparison was stopped"
-            write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
-            continue
-        origin = {"preset": facts.get("preset"), "overrides": list(facts.get("overrides") or []),
-                  "comparison": str(path)}
-        run = control.start(e.cfg, root=path, origin=origin)
-        record_run(path, i, run)
-        if watch is not None:
-            watch(i, run)
-        control.wait(run)
+    stop_file = path / STOP_FILE
+    current: list = []
+    done = threading.Event()
+
+    def guard() -> None:
+        while not done.wait(0.3):
+            if current and stop_file.exists() and not current[-1].stop_path.exists():
+                control.request_stop(current[-1])
+
+    threading.Thread(target=guard, name="compare-stop", daemon=True).start()
+    try:
+        for i, e in enumerate(entries):
+            if e.skipped:
+                continue
+            if stopping() or stop_file.exists():
+                data = read_plan(path)
+                data["entries"][i]["skipped"] = "not run: the comparison was stopped"
+                write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
+                continue
+            origin = {"preset": facts.get("preset"), "overrides": list(facts.get("overrides") or []),
+                      "comparison": str(path)}
+            run = control.start(e.cfg, root=path, origin=origin)
+            current.append(run)
+            record_run(path, i, run)
+            if watch is not None:
+                watch(i, run)
+            control.wait(run)
+    finally:
+        done.set()
     comparison = load(path)
     write_results(comparison)
     return comparison
@@ -497,7 +516,6 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
 
 # ----------------------------------------------------------------------------- in the background (the app)
 
-JOB_FILE, LOG_FILE, STOP_FILE = "job.yaml", "compare.log", "stop"
 
 
 def launch(job, strategies: list[str], steps: int | None = None, epochs: int | None = None,
@@ -535,19 +553,10 @@ def request_stop(path) -> None:
 
 def _run_detached(path: Path) -> int:
     """The body of `python -m engine.runs.compare DIR`: the plan written by `launch`, run."""
-    from engine.runs import control
-
     facts = read_plan(path)
     _, entries = plan(str(path / facts.get("job", JOB_FILE)), list(facts.get("strategies") or []), [],
                       facts.get("steps"), facts.get("epochs"))
-    stop = path / STOP_FILE
-
-    def watch(i, run) -> None:
-        while control.wait(run, timeout=0.5) is None:
-            if stop.exists() and not run.stop_path.exists():
-                control.request_stop(run)
-
-    comparison = execute(path, facts, entries, watch, stopping=stop.exists)
+    comparison = execute(path, facts, entries)
     print("\n".join(table_lines(comparison.rows, comparison.target)), flush=True)
     return 0
 

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,35 @@ def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
     best = max(ran, key=lambda row: row["samples_per_s"])
     assert saved.strategy == best["strategy"] and saved.global_batch == 64
     assert saved.train.max_steps == 0 and saved.train.epochs == 1  # the job, not the comparison's limit
+
+
+@pytest.mark.slow
+def test_the_stop_file_stops_the_running_strategy_and_starts_no_more(tmp_path):
+    """What s on the Compare screen does to a `torchdeck compare` in a terminal."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    p = subprocess.Popen(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,ddp", "--steps", "5000"], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        where = None
+        while time.monotonic() < deadline:
+            found = list((tmp_path / "runs").glob("compare-*/*-cpu/events.jsonl"))
+            if found and '"kind":"step"' in found[0].read_text():
+                where = found[0].parent.parent
+                break
+            time.sleep(0.2)
+        assert where is not None, "the cpu run never stepped"
+        compare.request_stop(where)
+        out, _ = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    rows = {row["strategy"]: row for row in json.loads((where / "compare.json").read_text())["rows"]}
+    assert rows["cpu"]["status"] == "stopped" and rows["cpu"]["steps"] < 5000
+    assert rows["ddp"]["status"] == "skipped" and rows["ddp"]["reason"] == "not run: the comparison was stopped"
 
 
 def _run(tmp_path, evs, name="20260101-000000-r"):
