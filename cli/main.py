@@ -38,7 +38,12 @@ def _config_or_usage(args, hw=None, launch: bool = False):
     and where its value came from, otherwise."""
     from engine import preflight
 
+    if hw is None:
+        from engine.hardware import detect_hardware
+
+        hw = detect_hardware()
     cfg, path = preflight.load_config(args.preset, _overrides(args), hw=hw)
+    args.host_notes = hw.notes  # what was decided from this host (devices: free:N picked which GPUs, why)
     problems = preflight.check(cfg) if launch else preflight.file_problems(cfg)
     if problems:
         raise UsageError(*preflight.lines(problems, str(path)))
@@ -126,7 +131,12 @@ def cmd_run(args) -> int:
         _, ckpt = control.resume_point(old)
         origin.update(resumed_from=str(old.path), checkpoint=str(ckpt))
         args.set = list(args.set or []) + [f"checkpoint.resume={ckpt}"]
-    return _launch(args, _config_or_usage(args, launch=True), origin)
+    cfg = _config_or_usage(args, launch=True)
+    for note in args.host_notes:
+        print(note, flush=True)
+    if args.host_notes:
+        origin["host_notes"] = args.host_notes  # the supervisor logs them: the run says which GPUs and why
+    return _launch(args, cfg, origin)
 
 
 def _launch(args, cfg, origin: dict, root=None) -> int:
@@ -359,7 +369,7 @@ def cmd_validate(args) -> int:
 
     cfg = _config_or_usage(args)
     print(f"{args.preset}: valid")
-    for line in preflight.describe(cfg):
+    for line in preflight.describe(cfg) + args.host_notes:
         print("  " + line)
     from engine.config import advice  # valid, but probably not meant
 
@@ -434,8 +444,8 @@ def cmd_export(args) -> int:
     # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
     # everything but this host's GPUs and MPI build.
     cfg = _config_or_usage(args, hw=cfgmod.Hardware(gpu_count=None, mpi_available=None))
-    if cfg.accelerator == "cuda" and cfg.devices == "all":
-        raise UsageError("devices: all: an exported job cannot know how many GPUs its nodes have; list "
+    if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
+        raise UsageError(f"devices: {cfg.devices}: an exported job cannot know how many GPUs its nodes have; list "
                          "them, e.g. --set 'devices=[0,1,2,3]'")
     if args.sbatch:
         print(export.sbatch(cfg), end="")

@@ -256,6 +256,15 @@ class Hardware:
     gpu_count: int | None = None
     mpi_available: bool | None = None
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    gpus: list | None = None  # engine.hardware.GPUInfo per GPU, read at launch (devices: free:N); None: not read
+    notes: list = field(default_factory=list)  # what was decided from this host (which GPUs free:N picked, why)
+
+
+def free_gpus_asked(devices) -> int | None:
+    """N for `devices: free:N` (the N least used GPUs without other processes, picked at launch)."""
+    if isinstance(devices, str) and devices.startswith("free:") and devices[5:].isdigit():
+        return int(devices[5:])
+    return None
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -362,6 +371,7 @@ def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None 
         _normalize(cfg, problems)
     if not problems and hw is not None:
         resolve_all_gpus(cfg, hw)
+        resolve_free_gpus(cfg, hw, problems)
     if not problems:
         problems.extend(validate(cfg, hw))
     if problems:
@@ -377,6 +387,13 @@ def _normalize(cfg: RunConfig, problems: list) -> None:
             problems.append(("devices", f"with accelerator cpu, devices is the number of processes; got {d!r}"))
         return
     if d == "all":  # -1 not yet resolved (hardware unknown); round-trips through YAML
+        return
+    if isinstance(d, str) and d.replace(" ", "").startswith("free:"):
+        d = d.replace(" ", "")
+        if not free_gpus_asked(d) or free_gpus_asked(d) < 1:
+            problems.append(("devices", f"free:N asks for N free GPUs, N a whole number of 1 or more; got {cfg.devices!r}"))
+        else:
+            cfg.devices = d  # picked on the launching host (resolve_free_gpus)
         return
     if isinstance(d, str):
         try:
@@ -400,6 +417,22 @@ def _normalize(cfg: RunConfig, problems: list) -> None:
         problems.append(("devices", f"GPU indices (a list or \"0,2\"), a count, or -1; got {d!r}"))
         return
     cfg.devices = d
+
+
+def resolve_free_gpus(cfg: RunConfig, hw: Hardware, problems: list) -> None:
+    """devices: free:N becomes the N GPUs NVML shows least used and without other processes,
+    when this host's GPUs were read (hw.gpus); too few: a problem naming who uses what."""
+    n = free_gpus_asked(cfg.devices)
+    if cfg.accelerator != "cuda" or n is None or hw.gpus is None:
+        return
+    from engine.hardware import pick_free_gpus
+
+    picked, why = pick_free_gpus(hw.gpus, n)
+    if picked is None:
+        problems.append(("devices", why))
+        return
+    cfg.devices = picked
+    hw.notes.append(why)
 
 
 def resolve_all_gpus(cfg: RunConfig, hw: Hardware) -> None:

@@ -115,6 +115,38 @@ def list_gpus() -> list[GPUInfo]:
     return out
 
 
+def _owner(pid: int) -> str:
+    """Who runs a process, for the message that says who uses a GPU ("pid 4242 (alice: python)")."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        return f"pid {pid} ({p.username()}: {p.name()})"
+    except Exception:  # gone, another PID namespace, no psutil
+        return f"pid {pid}"
+
+
+def pick_free_gpus(gpus: list[GPUInfo], n: int) -> tuple[list[int] | None, str]:
+    """`devices: free:N`: the N GPUs with no other process on them, least memory used first (then
+    lowest index). Returns (indices, why they were picked), or (None, who uses what) when fewer
+    than N are free."""
+    free = sorted((g for g in gpus if not g.processes), key=lambda g: (g.memory_used_mb, g.index))
+    used = [g for g in gpus if g.processes]
+    taken = "; ".join(f"GPU {g.index} ({g.name}): " + ", ".join(
+        f"{_owner(pid)} {mb} MiB" if mb else _owner(pid) for pid, mb in g.processes) for g in used)
+    if len(free) < n:
+        ok, why = nvml_status() if not gpus else (True, "")
+        have = (f"only {len(free)} of {len(gpus)} GPU(s) free (no other process on them)"
+                + (f": GPU {', '.join(str(g.index) for g in free)}" if free else "")) if ok else f"no GPUs seen: {why}"
+        return None, (f"free:{n}: {have}" + (f"; in use: {taken}" if taken else "")
+                      + "; wait for them, or list GPUs by index (devices: 0,1)")
+    picked = sorted(g.index for g in free[:n])
+    why = (f"devices free:{n}: GPU {', '.join(map(str, picked))} (no other process, least memory used: "
+           + ", ".join(f"GPU {g.index} {g.memory_used_mb} MiB" for g in free[:n]) + ")"
+           + (f"; passed over {taken}" if taken else ""))
+    return picked, why
+
+
 def visible_devices_warning() -> str | None:
     """CUDA_VISIBLE_DEVICES renumbers GPUs for torch but not for NVML or torchdeck."""
     val = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -224,7 +256,8 @@ def mpi_available() -> bool | None:
 
 def detect_hardware() -> Hardware:
     """The host as validation sees it; never raises."""
-    return Hardware(gpu_count=_gpu_count(), mpi_available=mpi_available(), cpu_count=os.cpu_count() or 1)
+    return Hardware(gpu_count=_gpu_count(), mpi_available=mpi_available(), cpu_count=os.cpu_count() or 1,
+                    gpus=list_gpus())
 
 
 def env_report() -> list[str]:

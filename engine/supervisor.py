@@ -311,6 +311,21 @@ def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = 
             f"[{err.get('exception')}: {err.get('message')}]")
 
 
+def _pick_free_gpus(cfg) -> list:
+    """devices: free:N still unresolved (a config written before launch): pick the GPUs now, or
+    refuse with who uses what (ConfigError)."""
+    from engine.config import ConfigError, free_gpus_asked, resolve_free_gpus
+    from engine.hardware import detect_hardware
+
+    if cfg.accelerator != "cuda" or free_gpus_asked(cfg.devices) is None:
+        return []
+    hw, problems = detect_hardware(), []
+    resolve_free_gpus(cfg, hw, problems)
+    if problems:
+        raise ConfigError(problems)
+    return [("info", n) for n in hw.notes]
+
+
 def _open_metrics(writer: EventWriter, cfg, rd: RunDir) -> str | None:
     """metrics.csv beside events.jsonl (and TensorBoard when asked); the line to log, if any."""
     from engine.metrics import MetricsSink
@@ -412,8 +427,10 @@ class Supervisor:
             import torch
 
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
+        picked = [("info", n) for n in self.rd.origin().get("host_notes") or [] if isinstance(n, str)]
+        picked += _pick_free_gpus(cfg)
         strategy = get_strategy(cfg.strategy)
-        notes = strategy.resolve(cfg, self.rd.path)  # deepspeed: the user's ds_config
+        notes = picked + list(strategy.resolve(cfg, self.rd.path))  # deepspeed: the user's ds_config
         from engine.worker import threads_for
 
         threads = threads_for(cfg)

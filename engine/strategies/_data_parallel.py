@@ -9,7 +9,9 @@ class ProcessGroupStrategy(Strategy):
     def nprocs(self, cfg) -> int:
         if cfg.accelerator == "cpu":
             return cfg.devices if isinstance(cfg.devices, int) else 1
-        return len(cfg.devices) if isinstance(cfg.devices, list) else 1
+        from engine.config import free_gpus_asked
+
+        return len(cfg.devices) if isinstance(cfg.devices, list) else (free_gpus_asked(cfg.devices) or 1)
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
