@@ -266,8 +266,14 @@ def load(path) -> Comparison:
 
 
 def of_runs(paths, target: float | None = None) -> list[Row]:
-    """Rows for runs picked by hand (the Runs list's marks), in the order given."""
-    return with_ratios([measure(p, None, target) for p in paths])
+    """Rows for runs picked by hand (the Runs list's marks), in the order given; runs of the same
+    strategy are told apart by their names."""
+    rows = [measure(p, None, target) for p in paths]
+    seen = [r.strategy for r in rows]
+    for r in rows:
+        if seen.count(r.strategy) > 1:
+            r.strategy = f"{r.strategy} {RunDir(Path(r.run)).short_name}"
+    return with_ratios(rows)
 
 
 def header_lines(plan: dict) -> list[str]:

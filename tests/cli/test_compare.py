@@ -124,6 +124,8 @@ def test_measure_leaves_warm_up_out_and_reads_memory_and_target(tmp_path):
                                 "20260101-000000-s"))
     rows = compare.with_ratios([row, slow])
     assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(0.5)
+    picked = compare.of_runs([tmp_path / "20260101-000000-r", tmp_path / "20260101-000000-s"])
+    assert [r.strategy for r in picked] == ["ddp r", "ddp s"]  # the same strategy twice: told apart
 
 
 def _cuda_gpus() -> int:
