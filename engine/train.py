@@ -193,6 +193,47 @@ class Position:
     batches_done: int = 0
 
 
+class _Window:
+    """What one rank saw since its last step event (and in its epoch so far). Per micro-batch only
+    its detached loss and predictions are kept; fold() turns them into sums a log window (or 64
+    micro-batches) at a time: one argmax per step instead of five small ops, and on a GPU no
+    extra kernels per step."""
+
+    def __init__(self, device, comm):
+        self.device, self.comm = device, comm
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+        self.epoch_sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.epoch_samples = 0
+        self._loss, self._pred, self._y, self._b = [], [], [], []
+        self.restart(time.perf_counter())
+
+    def restart(self, now: float) -> None:
+        self.sums.zero_()
+        self.t0, self.data_wait, self.samples = now, 0.0, 0
+        self.comm0 = self.comm.total if self.comm is not None else 0.0
+
+    def add(self, loss, out, y) -> None:
+        b = y.shape[0]
+        self._loss.append(loss.detach())
+        self._pred.append(out.detach().argmax(1))
+        self._y.append(y)
+        self._b.append(b)
+        if len(self._b) >= 64:
+            self.fold()
+        self.samples += b
+        self.epoch_samples += b
+
+    def fold(self) -> None:
+        if not self._loss:
+            return
+        losses = torch.stack(self._loss).double()
+        loss_sum = losses @ torch.tensor(self._b, dtype=torch.float64, device=losses.device)
+        correct = torch.cat(self._pred).eq(torch.cat(self._y)).sum()
+        self.sums.add_(torch.stack([loss_sum, correct.double()]).to(self.device))
+        for pending in (self._loss, self._pred, self._y, self._b):
+            pending.clear()
+
+
 class Trainer:
     def __init__(self, cfg, strategy, ctx, run_dir, emit, stop_requested=lambda: False):
         """emit(kind, **fields) reports an event; stop_requested() is this rank's local stop flag."""
@@ -448,20 +489,17 @@ class Trainer:
     def fit(self) -> Position:
         cfg, t = self.cfg, self.cfg.train
         model, opt, sched, prec = self.forward_model, self.optimizer, self.scheduler, self.precision
-        k, dev = t.grad_accum, self.device
+        k = t.grad_accum
         self._check_t, self._check_step, self.stop_interval = time.perf_counter(), self.pos.step, 1
-        next_check = self.pos.step + 1
+        self._next_check = self.pos.step + 1
         if self.report_every_s > 0:
             self._start_reports()
-        wait_total, samples_total = 0.0, 0  # for the rank reports
+        self._wait_total, self._samples_total = 0.0, 0  # for the rank reports
         every_n = cfg.checkpoint.every_n_steps
         has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
         model.train()
         max_epochs = t.epochs if t.epochs else 10 ** 9
         elsewhere = None  # model-parallel: the logits come out on the last stage's device
-        log_every, channels_last = t.log_every_n_steps, t.channels_last
-        to_device = dev.type != "cpu"  # on the CPU the loader's tensors are already where they go
-        prep, prep_batch = self.prep, self.prep.active
         no_sync_needed = contextlib.nullcontext()
 
         while self.pos.step < self.total_steps and self.pos.epoch < max_epochs and not self.stopped:
@@ -470,43 +508,12 @@ class Trainer:
             self.sampler.set_epoch(epoch)
             self.sampler.skip = start_micro * t.batch_size
             it = iter(self.loader)
-            ep_sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss sum, correct
-            log_sums = torch.zeros(2, dtype=torch.float64, device=dev)
-            # Per micro-batch only its detached loss and predictions are kept; fold() turns them
-            # into sums a log window (or 64 micro-batches) at a time: one argmax per step instead
-            # of five small ops, and on a GPU no extra kernels per step.
-            pend_loss, pend_pred, pend_y, pend_b = [], [], [], []
-
-            def fold():
-                if not pend_loss:
-                    return
-                losses = torch.stack(pend_loss).double()
-                loss_sum = losses @ torch.tensor(pend_b, dtype=torch.float64, device=losses.device)
-                correct = torch.cat(pend_pred).eq(torch.cat(pend_y)).sum()
-                log_sums.add_(torch.stack([loss_sum, correct.double()]).to(dev))
-                for pending in (pend_loss, pend_pred, pend_y, pend_b):
-                    pending.clear()
-
-            ep_samples = 0
-            ep_wait0, ep_t0 = wait_total, time.perf_counter()
-            last_log_t, data_wait, log_samples = time.perf_counter(), 0.0, 0
-            comm = self.comm
-            comm_log0 = comm.total if comm is not None else 0.0
+            window = _Window(self.device, self.comm)
+            ep_wait0, ep_t0 = self._wait_total, time.perf_counter()
             micro = start_micro
             while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
                 for j in range(k):
-                    t0 = time.perf_counter()
-                    x, y = next(it)
-                    if to_device:
-                        x = x.to(dev, non_blocking=True)
-                        y = y.to(dev, non_blocking=True)
-                    if prep_batch:
-                        x = prep(x, epoch, micro + j)
-                    if channels_last and x.dim() == 4:
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    waited = time.perf_counter() - t0
-                    data_wait += waited
-                    wait_total += waited
+                    x, y = self._batch(it, epoch, micro + j, window)
                     sync = self.strategy.no_sync(self.model) if j < k - 1 else no_sync_needed
                     with sync:
                         with prec.autocast():
@@ -517,18 +524,10 @@ class Trainer:
                                 y = y.to(out.device, non_blocking=True)
                             loss = F.cross_entropy(out, y)
                         prec.backward(loss / k if k > 1 else loss)
-                    b = y.shape[0]
-                    pend_loss.append(loss.detach())
-                    pend_pred.append(out.detach().argmax(1))
-                    pend_y.append(y)
-                    pend_b.append(b)
-                    if len(pend_b) >= 64:
-                        fold()
-                    log_samples += b
-                    ep_samples += b
-                    samples_total += b
-                if comm is not None:
-                    comm.settle()
+                    window.add(loss, out, y)
+                    self._samples_total += y.shape[0]
+                if self.comm is not None:
+                    self.comm.settle()
                 prec.step(opt, self.model)
                 opt.zero_grad(set_to_none=True)
                 sched.step()
@@ -536,47 +535,72 @@ class Trainer:
                 self.pos.step += 1
                 self.pos.batches_done = micro
                 step = self.pos.step
-                last = step >= self.total_steps or micro + k > self.steps_per_epoch * k
-                if step % log_every == 0 or last:
-                    now = time.perf_counter()
-                    fold()
-                    ep_sums += log_sums
-                    loss_sum, correct = log_sums.tolist()
-                    n = log_samples
-                    wall = max(now - last_log_t, 1e-9)
-                    self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
-                              loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
-                              samples_per_s=log_samples / wall, data_wait_s=data_wait,
-                              compute_s=max(0.0, wall - data_wait), lr=float(sched.get_last_lr()[0]),
-                              comm_s=None if comm is None else comm.total - comm_log0)
-                    if comm is not None:
-                        comm_log0 = comm.total
-                    log_sums.zero_()
-                    last_log_t, data_wait, log_samples = now, 0.0, 0
-                if step >= next_check or last:
-                    if self._should_stop(wait_total, samples_total, final=step >= self.total_steps):
-                        self.stopped = True
-                        break
-                    next_check = step + self.stop_interval
                 epoch_done = micro + k > self.steps_per_epoch * k
+                last = step >= self.total_steps or epoch_done
+                if step % t.log_every_n_steps == 0 or last:
+                    self._emit_step(epoch, step, window)
+                if self._stop_now(step, last):
+                    break
                 if (every_n and step % every_n == 0 and step < self.total_steps
                         and not (epoch_done and cfg.checkpoint.every_epoch)):
                     self.save_checkpoint()
-            fold()
-            ep_sums += log_sums
+            window.fold()
+            window.epoch_sums += window.sums
             if self.stopped:
                 break
+            waited = (self._wait_total - ep_wait0, time.perf_counter() - ep_t0)
             if micro + k > self.steps_per_epoch * k:  # the epoch is complete
-                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, (wait_total - ep_wait0, time.perf_counter() - ep_t0))
+                self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, has_eval, waited)
                 self.pos = Position(epoch + 1, self.pos.step, 0)
                 if cfg.checkpoint.every_epoch and self.pos.step < self.total_steps:
                     self.save_checkpoint()
             elif has_eval:  # max_steps ended it mid-epoch: still report where the model stands
-                self._end_epoch(epoch, ep_sums, ep_samples, has_eval, (wait_total - ep_wait0, time.perf_counter() - ep_t0),
-                                partial=True)
+                self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, has_eval, waited, partial=True)
         if self.last_saved_step != self.pos.step:
             self.save_checkpoint()
         return self.pos
+
+    def _batch(self, it, epoch: int, index: int, window: "_Window"):
+        """The next batch where the model wants it (device, augmentation, memory format); the time
+        it took is data wait."""
+        t0 = time.perf_counter()
+        x, y = next(it)
+        if self.device.type != "cpu":  # on the CPU the loader's tensors are already where they go
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+        if self.prep.active:
+            x = self.prep(x, epoch, index)
+        if self.cfg.train.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        waited = time.perf_counter() - t0
+        window.data_wait += waited
+        self._wait_total += waited
+        return x, y
+
+    def _emit_step(self, epoch: int, step: int, window: "_Window") -> None:
+        """One step event for the micro-batches since the last one (the log window)."""
+        now = time.perf_counter()
+        window.fold()
+        window.epoch_sums += window.sums
+        loss_sum, correct = window.sums.tolist()
+        n = window.samples
+        wall = max(now - window.t0, 1e-9)
+        comm = self.comm
+        self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
+                  loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
+                  samples_per_s=n / wall, data_wait_s=window.data_wait,
+                  compute_s=max(0.0, wall - window.data_wait), lr=float(self.scheduler.get_last_lr()[0]),
+                  comm_s=None if comm is None else comm.total - window.comm0)
+        window.restart(now)
+
+    def _stop_now(self, step: int, last: bool) -> bool:
+        """Every stop_interval steps (and at the last): agree with the other ranks whether to stop."""
+        if step >= self._next_check or last:
+            if self._should_stop(self._wait_total, self._samples_total, final=step >= self.total_steps):
+                self.stopped = True
+                return True
+            self._next_check = step + self.stop_interval
+        return False
 
     def _end_epoch(self, epoch, sums, samples, has_eval, waited=(0.0, 0.0), partial=False) -> None:
         """waited: (seconds waiting for data, seconds of the epoch) on this rank."""
