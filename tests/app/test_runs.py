@@ -432,6 +432,8 @@ async def test_torchdeck_runs_and_the_runs_screen_say_the_same_of_every_run(tmp_
     for key, c in cells.items():  # the same words in every column the two share
         line = next(ln for ln in lines if ln.split() and ln.split()[1] == key)
         for col in ("strategy", "duration", "progress"):
+            if col == "duration" and app_rows[key] in ("starting", "running"):
+                continue  # a live run's duration is read at two moments, a second apart under load
             assert c[col] in line, (key, col, c[col], line)
 
 
