@@ -130,6 +130,8 @@ class TorchdeckApp(App):
         yield SystemCommand("Launch", "Validate the form and start the run (F5)", self._on_configure("launch"))
         yield SystemCommand("Save preset", "Save the form as a user preset (Ctrl+S)", self._on_configure("save_preset"))
         yield SystemCommand("Load preset", "Load a shipped or user preset (Ctrl+O)", self._on_configure("load_preset"))
+        yield SystemCommand("Go to section", "Jump to a section of the form (Ctrl+G; Ctrl+Up/Down: previous/next)",
+                            self._on_configure("sections"))
         yield SystemCommand("Export torchrun / sbatch",
                             "torchrun command per node and a SLURM sbatch script for the form (F6)",
                             self._on_configure("export"))

@@ -68,6 +68,42 @@ class SavePresetDialog(ModalScreen["str | None"]):
         self.dismiss(None)
 
 
+class SectionsDialog(ModalScreen["str | None"]):
+    """Go to a form section: its digit, or the arrows and enter. Returns the section, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")] + [
+        Binding(str(i), f"pick({i})", show=False) for i in range(1, 10)]
+
+    def __init__(self, sections: list[tuple[str, bool, int]], here: str | None = None):
+        super().__init__(classes="dialog-screen")
+        self.sections = sections  # (section, has something to show, problems in it)
+        self.here = here  # the section the focus is in: highlighted first
+
+    def compose(self):
+        with Vertical(classes="dialog", id="sections-dialog"):
+            yield Label("Go to section: its number, or ↑↓ and enter")
+            yield OptionList(id="section-list")
+
+    def on_mount(self) -> None:
+        ol = self.query_one("#section-list", OptionList)
+        for i, (group, shown, bad) in enumerate(self.sections, 1):
+            note = "  (nothing for this strategy)" if not shown else (
+                f"  ✗ {bad} problem{'s' if bad > 1 else ''}" if bad else "")
+            ol.add_option(Option(f"{i}  {group}{note}", id=group, disabled=not shown))
+        ol.highlighted = next((i for i, s in enumerate(self.sections) if s[0] == self.here), 0)
+        ol.focus()
+
+    def action_pick(self, number: int) -> None:
+        if number <= len(self.sections) and self.sections[number - 1][1]:
+            self.dismiss(self.sections[number - 1][0])
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class LoadPresetDialog(ModalScreen["object | None"]):
     """Pick a preset; returns its PresetInfo, or None. Delete removes a user preset (after asking)."""
 

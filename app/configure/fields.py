@@ -18,8 +18,13 @@ from engine import config as C
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")
 
-GROUPS = ("Run", "Distributed", "Model & data", "Optimization", "Precision & speed", "Checkpoints",
-          "Strategy options")
+GROUPS = ("Essentials", "Run", "Distributed", "Model & data", "Optimization", "Precision & speed",
+          "Checkpoints", "Strategy options")
+
+# What most runs change, first on screen and in this order; every other setting keeps schema order
+# inside its section.
+ESSENTIALS = ("strategy", "accelerator", "devices", "model.name", "data.dataset", "train.batch_size",
+              "optimizer.lr", "train.epochs", "train.precision")
 
 # path prefix (or exact path) -> group; first match wins
 _GROUP_OF = [
@@ -55,8 +60,8 @@ LABELS = {
     "checkpoint.dir": "checkpoint dir", "checkpoint.every_n_steps": "every n steps (0: off)",
     "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
-    "data.cache": "decode once (cache)", "data.cache_budget_mb": "cache budget MiB (0: RAM/4)",
-    "data.num_workers": "loader workers (-1: auto)",
+    "data.cache": "decode once (cache)", "data.cache_budget_mb": "cache MiB (0: RAM/4)",
+    "data.num_workers": "workers/rank (-1: auto)",
     "deepspeed.stage": "ZeRO stage", "deepspeed.offload_optimizer": "offload optimizer",
     "deepspeed.offload_param": "offload parameters", "deepspeed.config": "your ds_config.json",
 }
@@ -144,6 +149,8 @@ class Field:
 
 
 def _group(path: str) -> str:
+    if path in ESSENTIALS:
+        return "Essentials"
     for prefix, group in _GROUP_OF:
         if path == prefix or (prefix.endswith(".") and path.startswith(prefix)):
             return group
@@ -178,7 +185,8 @@ def all_fields() -> list[Field]:
         label = LABELS.get(path, path.rsplit(".", 1)[-1].replace("_", " "))
         out.append(Field(path, _kind(path, tp), _group(path), label, CHOICES.get(path, ()), HINTS.get(path, "")))
     order = {g: i for i, g in enumerate(GROUPS)}
-    return sorted(out, key=lambda f: order[f.group])  # stable: schema order inside a group
+    first = {p: i for i, p in enumerate(ESSENTIALS)}
+    return sorted(out, key=lambda f: (order[f.group], first.get(f.path, 0)))  # stable: schema order inside a group
 
 
 FIELDS = all_fields()

@@ -4,9 +4,10 @@ The form turns widgets into a config dict and back; it does not validate. The sc
 the problems engine.config finds, and the form marks those fields (`-invalid`) with the reason.
 
 Speed: Textual mounts a few hundred widgets in about a second on a small machine, so the first
-frame gets only the Run group (built from the preset's values, so nothing changes right after
-it); each other group, title included, is mounted one per refresh after it. Until a group is
-mounted its values come from the loaded dict, so reading the form is always complete. Each group
+frame gets only the first fields of the Essentials group (built from the preset's values, so
+nothing changes right after it); the rest of it, then each other group, title included, is
+mounted one per refresh after it. Until a field is mounted its value comes from the loaded dict,
+so reading the form is always complete. Each group
 is a two-column grid (label, control) so a field costs two widgets, not five.
 """
 from __future__ import annotations
@@ -21,6 +22,10 @@ from textual.widgets.selection_list import Selection
 from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
 from engine.config import SCHEMA_VERSION, RunConfig
+
+# Fields of the first section built with the first frame (strategy, accelerator, devices); the
+# rest of it follows one refresh later, before the other sections.
+FIRST_FRAME_FIELDS = 3
 
 _INPUT_TYPE = {"int": "integer", "float": "number"}
 _GiB = 1024.0
@@ -58,7 +63,9 @@ class ConfigForm(VerticalScroll):
         self.gpu_reason = "looking for GPUs…"
         # values of fields not mounted yet (and what the first frame shows)
         self.data: dict = copy.deepcopy(data) if data is not None else RunConfig().to_dict()
-        self.mounted_groups: set[str] = set()
+        self.mounted_groups: set[str] = set()  # groups with a title and grid on screen
+        self._mounted_paths: set[str] = set()  # fields with widgets (the rest read from self.data)
+        self._later: list = []  # fields of the first group mounted right after the first frame
         self.problems: dict[str, str] = {}
         self._pending = False
         self._last_strategy: str | None = None
@@ -72,13 +79,23 @@ class ConfigForm(VerticalScroll):
     # ------------------------------------------------------------------ building
     def compose(self):
         self._last_strategy = self.data.get("strategy")
-        yield from self._group_widgets(GROUPS[0])
+        first = [f for f in FIELDS if f.group == GROUPS[0]]
+        self._later = first[FIRST_FRAME_FIELDS:]  # a Select is six widgets: the rest come right after
+        yield from self._group_widgets(GROUPS[0], first[:FIRST_FRAME_FIELDS])
         self.mounted_groups.add(GROUPS[0])
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._mount_next)
 
     async def _mount_next(self) -> None:
+        if self._later:
+            later, self._later = self._later, []
+            widgets = [w for f in later for w in self._field_widgets(f)]
+            await self._w[group_id(GROUPS[0])].mount_all(widgets)
+            self._mounted_paths.update(f.path for f in later)
+            self._edited()
+            self.call_after_refresh(self._mount_next)
+            return
         if not self._cuda_ready:
             await self._mount_cuda()
             self.call_after_refresh(self._mount_next)
@@ -93,11 +110,14 @@ class ConfigForm(VerticalScroll):
     @property
     def complete(self) -> bool:
         """Every group mounted (tests and snapshots wait for this)."""
-        return len(self.mounted_groups) == len(GROUPS) and self._cuda_ready
+        return len(self.mounted_groups) == len(GROUPS) and self._cuda_ready and not self._later
 
-    def _group_widgets(self, group: str) -> list:
-        """Title and grid of one group, fields shown or hidden as the values say before mounting."""
-        fields = [f for f in FIELDS if f.group == group]
+    def _group_widgets(self, group: str, fields: list | None = None) -> list:
+        """Title and grid of one group (or of its first fields), fields shown or hidden as the
+        values say before mounting."""
+        if fields is None:
+            fields = [f for f in FIELDS if f.group == group]
+        self._mounted_paths.update(f.path for f in fields)
         title = Static(group, classes="group-title", id=group_id(group) + "-title")
         grid = Grid(*[w for f in fields for w in self._field_widgets(f)], classes="group", id=group_id(group))
         self._w[title.id], self._w[grid.id] = title, grid
@@ -175,8 +195,37 @@ class ConfigForm(VerticalScroll):
         """A field widget by id (mounted or about to be)."""
         return self._w[wid]
 
+    # ------------------------------------------------------------------ sections
+    def group_shown(self, group: str) -> bool:
+        """Whether a section has anything to show for the values the form holds now."""
+        return any(f.path in self.problems or f.shown(self.value_of) for f in FIELDS if f.group == group)
+
+    def group_of(self, widget) -> str | None:
+        """The section a widget sits in, if any."""
+        ids = {group_id(g): g for g in GROUPS}
+        for node in widget.ancestors_with_self:
+            if node.id in ids:
+                return ids[node.id]
+        return None
+
+    def control(self, path: str):
+        """The widget that takes focus for a field; None while it is hidden or not mounted."""
+        f = BY_PATH[path]
+        if not self._mounted(f):
+            return None
+        for part in self._parts(f):
+            if not part.display:
+                continue
+            for w in [part, *part.query("Input, Select, Switch, SelectionList")]:
+                if isinstance(w, (Input, Select, Switch, SelectionList)) and w.display and w.focusable:
+                    return w
+        return None
+
+    def first_control(self, group: str):
+        return next((w for f in FIELDS if f.group == group for w in [self.control(f.path)] if w is not None), None)
+
     def _mounted(self, f: Field) -> bool:
-        return f.group in self.mounted_groups
+        return f.path in self._mounted_paths
 
     def _parts(self, f: Field) -> list:
         """The widgets that make up one field on screen (label, control, message)."""

@@ -5,12 +5,14 @@ from pathlib import Path
 
 from textual import work
 from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Select, SelectionList, Static, Switch
+from textual.widgets import Footer, Static
 
 from app.configure import summary
-from app.configure.fields import BY_PATH
-from app.configure.form import ConfigForm
+from app.configure.fields import BY_PATH, GROUPS
+from app.configure.form import ConfigForm, group_id
 from engine import config as cfgmod
 from engine.config import ConfigError, Hardware
 
@@ -39,15 +41,20 @@ def preset_source(path: Path) -> str:
 
 
 class ConfigureScreen(Screen):
-    AUTO_FOCUS = "#f-name"
+    AUTO_FOCUS = "#f-strategy"
+    # Short descriptions: the footer must hold them all at 80 columns (the palette says more).
     BINDINGS = [
         Binding("f5,ctrl+r", "launch", "Launch"),
-        Binding("ctrl+o,f3", "load_preset", "Load preset"),
-        Binding("ctrl+s,f4", "save_preset", "Save preset"),
+        Binding("ctrl+o,f3", "load_preset", "Load"),
+        Binding("ctrl+s,f4", "save_preset", "Save"),
+        Binding("ctrl+g", "sections", "Sections"),
+        Binding("ctrl+down", "section(1)", "Next section", show=False),
+        Binding("ctrl+up", "section(-1)", "Previous section", show=False),
         Binding("f2", "runs", "Runs"),
         Binding("f6,ctrl+t", "export", "Export"),
         Binding("f7", "compare", "Compare", show=False),  # the palette's "Compare strategies"
     ]
+    WIDE = 120  # from this many columns a side panel lists the sections and shows the run
 
     def __init__(self, preset: str | Path | None = None):
         super().__init__(id="configure")
@@ -67,10 +74,15 @@ class ConfigureScreen(Screen):
     def compose(self):
         self._initial = self._read_initial()
         yield Static("", id="preset-bar")
-        yield ConfigForm(self._initial[0], id="form")  # built with the preset's values: no second pass
+        with Horizontal(id="configure-body"):
+            yield ConfigForm(self._initial[0], id="form")  # built with the preset's values: no second pass
+            with Vertical(id="side") as side:
+                yield Static("", id="sections")  # markup of its own making only (section names, counts)
+                yield Static("", id="side-summary", markup=False)
+        side.display = self.app.size.width >= self.WIDE  # known now: no second layout for the first frame
         yield Static("", id="problems", markup=False)
         yield Static("", id="warnings", markup=False)
-        yield Static("", id="summary", markup=False)
+        yield Static("", id="summary", markup=False).set_styles(display="none" if side.display else "block")
         yield Static("", id="command", markup=False)
         yield Footer(compact=True)
 
@@ -252,14 +264,19 @@ class ConfigureScreen(Screen):
         box.display = bool(stray)
         self._update_bar()
         s = self.query_one("#summary", Static)
+        side = self.query_one("#side-summary", Static)
         if not problems:
             s.update(summary.describe(self.cfg))
-            s.remove_class("-invalid")
+            body = "\n".join(summary.describe_lines(self.cfg))
         else:
             first = next(iter(problems.items()))
             n = len(problems)
             s.update(f"{n} problem{'s' if n > 1 else ''}: {first[0]}: {first[1]}")
-            s.add_class("-invalid")
+            body = f"invalid: {n} problem{'s' if n > 1 else ''}\n{first[0]}: {first[1]}"
+        side.update(Content.assemble(("Run", "bold"), "\n", body))  # the body as plain text: brackets stay
+        for w in (s, side):
+            w.set_class(bool(problems), "-invalid")
+        self._update_sections()
         cmd = summary.headless_command(self.preset_name or "PRESET.yaml", data, self.base)
         self.query_one("#command", Static).update("$ " + cmd)
 
@@ -342,15 +359,77 @@ class ConfigureScreen(Screen):
         self.app.push_screen(CompareDialog(cfg.name), picked)
 
     def _focus_field(self, path: str) -> None:
-        f = BY_PATH[path]
-        if not self.form._mounted(f):
+        w = self.form.control(path)
+        if w is not None:
+            w.focus()
+
+    # ------------------------------------------------------------------ sections
+    def sections(self) -> list[tuple[str, bool, int]]:
+        """(section, has something to show, problems in it), in form order."""
+        count = {g: 0 for g in GROUPS}
+        for path in self.problems:
+            if path in BY_PATH:
+                count[BY_PATH[path].group] += 1
+        return [(g, self.form.group_shown(g), count[g]) for g in GROUPS]
+
+    def _update_sections(self) -> None:
+        """The side panel's section list: numbers (Ctrl+G, then the digit), problems, where focus is."""
+        if not self.query_one("#side").display:
+            return  # narrow: not shown (on_resize fills it when it appears)
+        here = self.form.group_of(self.focused) if self.focused else None
+        lines = ["[b]Sections[/b] [dim]^g, ctrl+↑↓[/dim]"]
+        for i, (group, shown, bad) in enumerate(self.sections(), 1):
+            mark = f"  [b $error]✗ {bad} problem{'s' if bad > 1 else ''}[/]" if bad else ""
+            text = f"{i} {group}{mark}"
+            if group == here:
+                text = f"[reverse]{text}[/reverse]"
+            elif not shown:
+                text = f"[dim]{text} –[/dim]"
+            lines.append(" " + text)
+        self.query_one("#sections", Static).update("\n".join(lines))
+
+    def on_resize(self, event) -> None:
+        """Wide: sections and summary at the side. A class on the screen (Textual breakpoints)
+        would restyle every widget of the form on the first frame; two displays do not."""
+        wide = event.size.width >= self.WIDE
+        self.query_one("#side").display = wide
+        self.query_one("#summary").display = not wide
+        self._update_sections()
+
+    def on_descendant_focus(self, event) -> None:
+        self._update_sections()
+
+    def action_sections(self) -> None:
+        from app.configure.dialogs import SectionsDialog
+
+        here = self.form.group_of(self.focused) if self.focused else None
+        self.app.push_screen(SectionsDialog(self.sections(), here),
+                             lambda group: self.go_to_section(group) if group else None)
+
+    def action_section(self, step: int) -> None:
+        """Ctrl+Down / Ctrl+Up: the next / previous section that has something to show."""
+        shown = [i for i, (_, ok, _) in enumerate(self.sections()) if ok]
+        if not shown:
             return
-        for part in self.form._parts(f):
-            for w in [part, *part.query("Input, Select, Switch, SelectionList")]:
-                if isinstance(w, (Input, Select, Switch, SelectionList)) and w.display and w.focusable:
-                    w.focus()
-                    self.form.scroll_to_widget(part)
-                    return
+        here = self.form.group_of(self.focused) if self.focused else None
+        at = GROUPS.index(here) if here in GROUPS else -1
+        if step > 0:
+            target = next((i for i in shown if i > at), shown[0])
+        else:
+            target = next((i for i in reversed(shown) if i < at), shown[-1])
+        self.go_to_section(GROUPS[target])
+
+    def go_to_section(self, group: str, tries: int = 0) -> None:
+        """Focus a section's first field with its title in view."""
+        if group not in self.form.mounted_groups:  # mounted one per refresh after the first frame
+            if tries < 200:
+                self.set_timer(0.05, lambda: self.go_to_section(group, tries + 1))
+            return
+        w = self.form.first_control(group)
+        if w is None:
+            return
+        w.focus(scroll_visible=False)
+        self.form.scroll_to_widget(self.form.w(group_id(group) + "-title"), top=True, animate=False)
 
     def action_runs(self) -> None:
         self.app.action_runs()

@@ -41,6 +41,23 @@ def data_line(cfg: RunConfig) -> str:
     return plan(cfg).line
 
 
+def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
+    """The same facts one per line, for the side panel of a wide terminal (plain text)."""
+    n, nodes = cfg.nproc_per_node, cfg.nodes.num_nodes
+    first = cfg.nodes.node_rank * n  # global rank = node_rank x nproc_per_node + local rank
+    lines = [f"{n} process{'es' if n != 1 else ''}"
+             + (f" x {nodes} nodes (this is node {cfg.nodes.node_rank})" if nodes > 1 else ""),
+             f"world size {cfg.world_size}",
+             f"global batch {cfg.global_batch} = {cfg.train.batch_size} x {cfg.world_size}"
+             + (f" x {cfg.train.grad_accum} accum" if cfg.train.grad_accum > 1 else "")]
+    per_rank = rank_devices(cfg)
+    shown = per_rank if len(per_rank) <= most_ranks else per_rank[:most_ranks - 1]
+    lines += [f"rank {first + r}: {','.join(d)}" for r, d in enumerate(shown)]
+    if len(shown) < len(per_rank):
+        lines.append(f"… rank {first + n - 1}: {','.join(per_rank[-1])}")
+    return lines + [data_line(cfg)]  # the one-line summary is hidden while this panel shows
+
+
 def overrides(current: dict, base: dict) -> list[str]:
     """`key=value` for every setting that differs from the loaded preset."""
     cur, ref = flatten(current), flatten(base)

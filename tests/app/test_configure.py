@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.configure.fields import FIELDS, flatten
+from app.configure.fields import FIELDS, GROUPS, flatten
+from app.configure.form import group_id
 from app.main import TorchdeckApp
 from engine import config as cfgmod
 from engine.presets import resolve
@@ -430,7 +431,8 @@ async def test_command_palette_offers_the_main_actions(tmp_path, presets_dir):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for want in ("Launch", "Save preset", "Load preset", "Export torchrun / sbatch", "Runs list", "Quit"):
+        for want in ("Launch", "Save preset", "Load preset", "Go to section", "Export torchrun / sbatch",
+                     "Runs list", "Quit"):
             assert want in titles
         await pilot.press("ctrl+p")
         await pilot.pause(0.3)
@@ -829,3 +831,123 @@ async def test_without_deepspeed_the_strategy_field_says_how_to_install_it(tmp_p
         assert invalid(screen, "strategy") == "deepspeed: not installed: pip install 'torchdeck[deepspeed]'"
         # the brackets are shown as typed (not read as markup), under the field and in the summary
         assert "pip install 'torchdeck[deepspeed]'" in str(screen.query_one("#summary").render())
+
+
+# ----------------------------------------------------------------------------- sections (issue 14 rough edge 4)
+
+ESSENTIALS = ["strategy", "accelerator", "devices", "model.name", "data.dataset", "train.batch_size",
+              "optimizer.lr", "train.epochs", "train.precision"]
+
+
+async def test_essentials_come_first_and_fit_the_first_screen_at_80x24(tmp_path, presets_dir):
+    """~60 settings in one column: what most runs change is the first section, on the first screen."""
+    from screen_helpers import screen_text
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        assert [f.path for f in FIELDS if f.group == "Essentials"] == ESSENTIALS
+        assert FIELDS[0].group == "Essentials" and app.focused.id == "f-strategy"
+        text = screen_text(app)
+        lines = text.splitlines()
+        assert lines[1].strip() == "Essentials", text
+        for label in ("strategy", "devices", "model", "dataset", "batch size", "lr", "epochs", "precision"):
+            assert any(ln.startswith(f" {label} ") for ln in lines), f"{label} not on the first screen:\n{text}"
+
+
+async def test_keys_jump_between_sections_at_80x24(tmp_path, presets_dir):
+    """Ctrl+Down/Up go to the next/previous section; Ctrl+G lists them, a digit jumps. Sections the
+    strategy hides are skipped; the section's title comes into view with its first field focused."""
+    from screen_helpers import inside, screen_text
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        walk = []
+        for _ in range(8):
+            await pilot.press("ctrl+down")
+            await pilot.pause(0.2)
+            group = BY_PATH_GROUP(app.focused)
+            walk.append(group)
+            lines = [ln.strip().split("  ")[0] for ln in screen_text(app).splitlines()]  # scrollbar off
+            assert group in lines, f"{group}'s title not shown"
+            assert inside(app.focused.region, screen.form.region), f"{group}: focused field not in view"
+        # quickstart is ddp: every section has something to show, and the walk wraps around
+        assert walk == ["Run", "Distributed", "Model & data", "Optimization", "Precision & speed",
+                        "Checkpoints", "Strategy options", "Essentials"]
+        await pilot.press("ctrl+up")
+        await pilot.pause(0.2)
+        assert BY_PATH_GROUP(app.focused) == "Strategy options"
+
+        await pilot.press("ctrl+g")
+        await pilot.pause(0.3)
+        listing = screen_text(app)
+        assert "5  Optimization" in listing, listing
+        await pilot.press("5")
+        await pilot.pause(0.3)
+        assert app.focused.id == "f-optimizer-name"
+
+        await choose(pilot, "f-strategy", "cp")  # cpu: no distributed settings, no strategy options
+        await type_into(pilot, "f-devices-procs", "1")
+        assert screen.cfg is not None
+        app.query_one("#f-data-train_size").focus()  # Model & data
+        await pilot.press("ctrl+down")
+        await pilot.pause(0.2)
+        assert BY_PATH_GROUP(app.focused) == "Optimization"
+        app.query_one("#f-checkpoint-dir").focus()
+        await pilot.press("ctrl+down")
+        await pilot.pause(0.2)
+        assert BY_PATH_GROUP(app.focused) == "Essentials"  # Strategy options skipped
+        await pilot.press("ctrl+g")
+        await pilot.pause(0.3)
+        assert "nothing for this strategy" in screen_text(app)
+        await pilot.press("8")  # a hidden section: the list stays, says so
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "SectionsDialog"
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert app.screen is screen
+
+        await choose(pilot, "f-strategy", "dee")  # deepspeed's settings are its strategy options
+        await pilot.press("ctrl+g")
+        await pilot.pause(0.3)
+        await pilot.press("8")
+        await pilot.pause(0.3)
+        assert app.focused.id == "f-deepspeed-stage"
+
+
+def test_every_label_fits_its_column():
+    """The label column is 24 wide (main.tcss): a longer label wraps and its second line is cut
+    ('loader workers (-1:' with an empty row under it)."""
+    too_long = [f.label for f in FIELDS if len(f.label) > 23]
+    assert not too_long, too_long
+
+
+def BY_PATH_GROUP(widget) -> str:
+    """The form section a focused control belongs to."""
+    for node in widget.ancestors_with_self:
+        if node.has_class("group"):
+            return next(g for g in GROUPS if group_id(g) == node.id)
+    raise AssertionError(f"{widget} is in no section")
+
+
+async def test_wide_terminals_get_a_side_summary_and_section_list(tmp_path, presets_dir):
+    """At 140 columns the form keeps its width and a side panel lists the sections (with their
+    problems) and the run as it will start; at 80 columns the one-line summary stays below."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        side = screen.query_one("#side")
+        assert side.display and not screen.query_one("#summary").display
+        text = str(screen.query_one("#side-summary").render())
+        for want in ("Run\n", "2 processes", "world size 2", "global batch 128", "rank 0: cpu", "rank 1: cpu",
+                     "data: synthetic"):
+            assert want in text, text
+        assert "[b]" not in text  # the panel's text is plain; only its title is bold
+        await type_into(pilot, "f-train-batch_size", "0")
+        sections = str(screen.query_one("#sections").render())
+        assert "1 Essentials" in sections and "1 problem" in sections, sections
+        assert "invalid" in str(screen.query_one("#side-summary").render())
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        assert not side.display and screen.query_one("#summary").display

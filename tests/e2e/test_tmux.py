@@ -124,13 +124,49 @@ def test_footer_has_no_residue_with_a_dropdown_open_at_80x24(term):
     columns; the last column used to show a letter of the keys beneath (`^p paletteu`)."""
     term.start(f"{TORCHDECK} app tiny", width=80, height=24)
     term.wait_for("global batch 128", timeout=60)
-    term.keys("Tab", "Tab", "Enter")  # name -> description -> strategy; Enter opens its list
+    term.keys("Enter")  # the form opens on strategy; Enter opens its list
     screen = term.wait_for("Dismiss menu", timeout=20)
     footer = screen.rstrip("\n").splitlines()[-1]
     assert footer.rstrip().endswith("▏^p palette"), repr(footer)
     term.keys("Escape")
     time.sleep(0.5)
     assert term.screen().rstrip("\n").splitlines()[-1].rstrip().endswith("▏^p palette")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_form_sections_by_keys_at_80x24(term):
+    """Issue 14 rough edge 4, in a real terminal: the essentials are the first screen, and the keys
+    that jump between sections arrive through tmux (Ctrl+G then a digit, Ctrl+Down)."""
+    term.start(f"{TORCHDECK} app tiny", width=80, height=24)
+    term.wait_for("global batch 128", timeout=60)
+    screen = term.wait_for("precision", timeout=20)  # the first frame has the first three fields
+    lines = [ln.strip() for ln in screen.splitlines()]
+    assert "Essentials" in lines[:3], screen
+    for label in ("strategy", "devices", "model", "dataset", "batch size", "lr", "epochs", "precision"):
+        assert any(ln.startswith(label + " ") for ln in lines), f"{label} not on the first screen:\n{screen}"
+    term.keys("C-g")
+    term.wait_for("Go to section", timeout=20)
+    term.keys("5")
+    screen = wait_for_top(term, "Optimization")
+    assert "Essentials" not in screen and "optimizer" in screen, screen
+    term.keys("C-Down")
+    screen = wait_for_top(term, "Precision & speed")
+    assert screen.rstrip("\n").splitlines()[-1].rstrip().endswith("▏^p palette"), screen  # footer fits
+
+
+def wait_for_top(term, title: str, timeout: float = 20) -> str:
+    """Wait until the form's first line under the preset bar is this section's title."""
+    deadline = time.monotonic() + timeout
+    while True:
+        screen = term.screen()
+        body = [ln.strip().split("  ")[0] for ln in screen.splitlines()[1:]]  # the scrollbar cut off
+        top = next((ln for ln in body if ln), "")
+        if top == title:
+            return screen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{title!r} is not the top section after {timeout:.0f} s:\n{screen}")
+        time.sleep(0.25)
 
 
 @pytest.mark.slow
