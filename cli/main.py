@@ -43,7 +43,7 @@ def _config_or_usage(args, hw=None, launch: bool = False):
 
         hw = detect_hardware()
     cfg, path = preflight.load_config(args.preset, _overrides(args), hw=hw)
-    args.host_notes = hw.notes  # what was decided from this host (devices: free:N picked which GPUs, why)
+    args.host_notes, args.host_hw = hw.notes, hw  # what was decided from this host (devices: free:N picked which GPUs, why)
     problems = preflight.check(cfg) if launch else preflight.file_problems(cfg)
     if problems:
         raise UsageError(*preflight.lines(problems, str(path)))
@@ -379,6 +379,11 @@ def cmd_validate(args) -> int:
     warnings += [f"{field}: {why}" for field, why in advice(cfg)]
     for w in warnings:
         print("  warning: " + w)
+    if args.memory:
+        from engine import memory
+
+        for line in memory.lines(cfg, getattr(args, "host_hw", None)):
+            print("  " + line)
     if args.explain:
         from engine import presets
 
@@ -553,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", parents=[common, overrides],
                        help="check a preset and show world size, global batch, devices")
     s.add_argument("preset")
+    s.add_argument("--memory", action="store_true",
+                   help="estimate memory per rank (parameters, gradients, optimizer state, measured activations)")
     s.add_argument("--explain", action="store_true",
                    help="list every value that is not a default and where it came from (preset, --set, host, environment)")
     s.set_defaults(func=cmd_validate)
