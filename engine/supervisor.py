@@ -65,6 +65,15 @@ class EventWriter(threading.Thread):
             except OSError as exc:
                 self.write_error = exc
 
+    def _to_metrics(self, method: str, *args) -> None:
+        """metrics.csv is a copy for other tools: a failing write ends it, never the run."""
+        if self.metrics is None:
+            return
+        try:
+            getattr(self.metrics, method)(*args)
+        except (OSError, ValueError):  # disk full, or closed after an earlier failure
+            self.metrics = None
+
     def write(self, ev: dict) -> None:
         """Supervisor's own events go straight to the file (under the same lock)."""
         self._guarded(self._write_flush, events.dumps(ev) + "\n")
@@ -113,15 +122,13 @@ class EventWriter(threading.Thread):
                     self._note_error(line)
                 self._watch(line)
                 self._guarded(self.fh.write, line + "\n")
-                if self.metrics is not None:
-                    self._guarded(self.metrics.add_line, line)
+                self._to_metrics("add_line", line)
                 pending += 1
                 self.count += 1
             now = time.monotonic()
             if pending and (now - last_flush >= FLUSH_EVERY_S or ev is None):
                 self._guarded(self.fh.flush)
-                if self.metrics is not None:
-                    self._guarded(self.metrics.flush)
+                self._to_metrics("flush")
                 pending, last_flush = 0, now
         self._guarded(self.fh.flush)
         self.done.set()
@@ -136,8 +143,7 @@ class EventWriter(threading.Thread):
 
     def close(self) -> None:
         self._guarded(self.fh.flush)
-        if self.metrics is not None:
-            self._guarded(self.metrics.close)
+        self._to_metrics("close")
         try:
             self.fh.close()
         except OSError:
