@@ -363,11 +363,21 @@ class Supervisor:
     def request_stop(self, *_):
         self.stop_requests += 1
 
+    def request_preempt(self, *_):
+        """SLURM is about to preempt the job (or its time is up): stop with a checkpoint, as
+        status 'preempted', so a requeued job resumes from it (`torchdeck resume`)."""
+        try:
+            self.rd.preempt_path.touch()
+        except OSError:
+            pass
+        self.stop_requests = max(self.stop_requests, 1)
+
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGUSR1, self.request_preempt)  # SLURM's warning (--signal=USR1@120)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the run outlives the terminal
 
     def _reserve(self) -> None:
@@ -393,7 +403,7 @@ class Supervisor:
             pass  # supervisor.log on the disk that is full
         self.rd.write_final(status, root_cause, exit_codes, round(time.time() - self.started, 3),
                             emit=writer.write if writer is not None else None)
-        return 0 if status in ("finished", "stopped") else 1
+        return 0 if status in ("finished", "stopped", "preempted") else 1
 
     def run(self) -> int:
         self._install_signals()
@@ -655,6 +665,8 @@ class Supervisor:
                     if errors else f"the ranks exited with codes {codes} (the disk may be full for them too)")
             return "failed", f"{self.write_failure}; while stopping, {then}"
         if ok:
+            if stopping and self.rd.preempt_path.exists():
+                return "preempted", "SIGUSR1: preemption or time limit warning; resume from the last checkpoint"
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:
             return "stopped", reported

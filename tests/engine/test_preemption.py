@@ -85,3 +85,28 @@ def test_usr1_checkpoints_records_preempted_requeues_and_resumes_to_the_same_wei
     assert first_step == saved[-1] + 1  # resumed, not started over
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": steps, "train.epochs": 100}))
     assert_same_weights(final_model(again)["model"], final_model(tmp_path / "one")["model"])
+
+
+def test_usr1_to_the_supervisor_stops_with_a_checkpoint_as_preempted(tmp_path):
+    """`torchdeck run` inside a SLURM allocation: the supervisor takes USR1 the same way."""
+    from engine import config as cfgmod
+    from tests.engine.helpers import ROOT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{
+        "train.max_steps": 0, "train.epochs": 1000, "train.log_every_n_steps": 1})), run / "config.yaml")
+    sup = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["kind"] == "step" for e in events.read_all(run / "events.jsonl")):
+            assert sup.poll() is None and time.monotonic() < deadline, "no training step seen"
+            time.sleep(0.05)
+        sup.send_signal(signal.SIGUSR1)
+        assert sup.wait(timeout=60) == 0
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    assert RunDir(run).status() == "preempted"
+    assert any(e["kind"] == "checkpoint" for e in events.read_all(run / "events.jsonl"))
