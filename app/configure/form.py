@@ -28,6 +28,15 @@ from engine.config import SCHEMA_VERSION, RunConfig
 FIRST_FRAME_FIELDS = 3
 
 _INPUT_TYPE = {"int": "integer", "float": "number"}
+
+
+class FieldMessage(Static):
+    """A field's hint or problem, spanning both grid columns. Textual sizes an auto grid row by
+    one column's width even for a widget spanning two, so a hint over ~29 characters at 80
+    columns got a second, empty row: measure it by the width it really has."""
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return super().get_content_height(container, viewport, max(width, container.width - self.styles.gutter.width))
 _GiB = 1024.0
 
 
@@ -159,13 +168,13 @@ class ConfigForm(VerticalScroll):
             self._cuda_ready = not cpu
             out.append(Horizontal(procs, *row, id="ctl-devices", classes="field-ctl"))
             out.extend(below)
-            out.append(Static("", id="gpu-note", classes="field-msg span2", markup=False))
+            out.append(FieldMessage("", id="gpu-note", classes="field-msg span2", markup=False))
         else:
             out.append(Input(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
                              id=f.wid, compact=True))
         if f.hint or f.path == "train.batch_size":
             # markup=False: a reason may hold brackets ("pip install 'torchdeck[deepspeed]'", [0, 1])
-            out.append(Static(f.hint, id="msg-" + _slug(f.path), classes="field-msg span2", markup=False))
+            out.append(FieldMessage(f.hint, id="msg-" + _slug(f.path), classes="field-msg span2", markup=False))
         for w in out:  # ids looked up often: a query walks the whole DOM, a dict does not
             for x in (w, *w._pending_children):
                 self._w[x.id] = x
@@ -376,7 +385,7 @@ class ConfigForm(VerticalScroll):
         found = self._w.get("msg-" + _slug(f.path))
         if found:
             return found
-        msg = Static("", id="msg-" + _slug(f.path), classes="field-msg span2", markup=False)
+        msg = FieldMessage("", id="msg-" + _slug(f.path), classes="field-msg span2", markup=False)
         parts = self._parts(f)
         self._w[group_id(f.group)].mount(msg, after=parts[-1])
         self._w[msg.id] = msg

@@ -953,3 +953,19 @@ async def test_wide_terminals_get_a_side_summary_and_section_list(tmp_path, pres
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.3)
         assert not side.display and screen.query_one("#summary").display
+
+
+async def test_a_hint_that_fits_takes_one_row_at_80_columns(tmp_path, presets_dir):
+    """Textual sizes an auto grid row by one column's width even for a message spanning two: the
+    31-character devices hint got a second, empty row at 80 columns (3 rows lost in Essentials)."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        note, model = screen.query_one("#gpu-note"), screen.query_one("#lbl-model-name")
+        assert len(str(note.render())) > 29
+        assert model.region.y == note.region.y + 1, (note.region, model.region)
+        # a message longer than the row still wraps, by the width it has
+        msg = screen.query_one("#msg-train-batch_size")
+        msg.update("x " * 40)
+        await pilot.pause(0.2)
+        assert msg.region.height == 2 and screen.query_one("#lbl-optimizer-lr").region.y == msg.region.y + 2
