@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 
 
 def screen_text(app) -> str:
@@ -25,3 +26,13 @@ def inside(inner, outer) -> bool:
     """Whether region `inner` lies wholly within region `outer` (nothing of it clipped)."""
     return (inner.x >= outer.x and inner.y >= outer.y and inner.right <= outer.right
             and inner.bottom <= outer.bottom)
+
+
+async def until(pilot, cond, timeout: float = 20.0) -> bool:
+    """Pause the app until cond() holds (True) or the time is up (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        await pilot.pause(0.05)
+    return bool(cond())

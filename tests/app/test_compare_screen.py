@@ -24,6 +24,7 @@ from engine import events
 from engine.runs import compare
 from engine.runs.catalog import deletable
 from engine.runs.layout import RunDir
+from tests.app.screen_helpers import until
 
 T0 = 1_761_998_400.0
 # strategy, world, seconds per step, data wait share, peak RSS per rank, val acc at the end of each epoch
@@ -96,15 +97,6 @@ def app(tmp_path, monkeypatch):
     yield TorchdeckApp(runs_root=Path("runs"), gpu_source=FakeGPUSource([]))
     monkeypatch.undo()
     time.tzset()
-
-
-async def until(pilot, cond, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await pilot.pause(0.05)
-    return bool(cond())
 
 
 async def open_comparison(pilot) -> CompareScreen:

@@ -24,6 +24,7 @@ from engine import config as cfgmod
 from engine import events
 from engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
 from engine.runs.layout import RunDir
+from tests.app.screen_helpers import until
 
 SIZE = (80, 24)  # the smallest terminal we promise to be usable in
 TINY = """\
@@ -119,15 +120,6 @@ def make_app(root: Path) -> TorchdeckApp:
 @pytest.fixture(autouse=True)
 def presets_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
-
-
-async def until(pilot, cond, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await pilot.pause(0.05)
-    return bool(cond())
 
 
 async def open_runs(pilot) -> RunsScreen:
