@@ -138,6 +138,8 @@ class TorchdeckApp(App):
         yield SystemCommand("Compare strategies",
                             "Run the form's job under several strategies, one after another, and compare them (F7)",
                             self._on_configure("compare"))
+        yield SystemCommand("Pick free GPUs", "Choose as many GPUs as are picked now, the free ones with the least "
+                            "memory used (as devices: free:N)", self._on_configure("pick_free_gpus"))
         yield SystemCommand("Runs list", "Past and live runs (F2)", self.action_runs)
         yield from super().get_system_commands(screen)
 

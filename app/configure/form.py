@@ -335,6 +335,22 @@ class ConfigForm(VerticalScroll):
         if chosen:
             one.value = chosen[0]
 
+    def pick_free_gpus(self) -> tuple[bool, str]:
+        """The GPU picker's "pick free GPUs": as many as are chosen now (at least one), by the rule
+        of `devices: free:N` (engine.hardware: no other process, least memory used first)."""
+        from engine.hardware import GPUInfo, pick_free_gpus
+
+        mode = self.devices_mode()
+        n = 1 if mode == "one" else max(1, len(self._cuda_value("many")))
+        infos = [GPUInfo(g.index, g.name, int(g.mem_total_mb or 0), int(g.mem_used_mb or 0), bool(g.pids),
+                         [(p, 0) for p in g.pids]) for g in self.gpus]
+        picked, why = pick_free_gpus(infos, n)
+        if picked is None:
+            return False, why
+        self._apply_cuda_devices(picked)
+        self.post_message(self.Edited())
+        return True, why
+
     def set_gpus(self, samples: list, ok: bool, reason: str) -> None:
         """The GPU list arrived (from a thread); keep whatever devices the form already holds."""
         was = "text" if not self.gpus else ("one" if self.value_of("strategy") == "gpu" else "many")

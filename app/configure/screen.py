@@ -301,6 +301,14 @@ class ConfigureScreen(Screen):
             self._focus_field(field)
         return True
 
+    def action_pick_free_gpus(self) -> None:
+        """The command palette's "Pick free GPUs" (the GPU picker's count, free ones by NVML)."""
+        if self.form.devices_mode() not in ("one", "many"):
+            self.notify("Pick free GPUs: needs accelerator cuda and a GPU list from NVML", severity="warning")
+            return
+        ok, why = self.form.pick_free_gpus()
+        self.notify(why, severity="information" if ok else "error", timeout=8)
+
     def action_export(self) -> None:
         """torchrun per node and an sbatch script for the form, as `torchdeck export` prints them."""
         if self._refused("export"):

@@ -969,3 +969,30 @@ async def test_a_hint_that_fits_takes_one_row_at_80_columns(tmp_path, presets_di
         msg.update("x " * 40)
         await pilot.pause(0.2)
         assert msg.region.height == 2 and screen.query_one("#lbl-optimizer-lr").region.y == msg.region.y + 2
+
+
+async def test_pick_free_gpus_takes_the_least_used_idle_ones_or_says_who_is_busy(tmp_path, presets_dir):
+    """The palette's "Pick free GPUs" follows devices: free:N (issue 19): as many as are picked now."""
+    from app.sources.nvml import FakeGPUSource
+
+    board = FakeGPUSource([gpu(0, 9000, []), gpu(1, 20480, [4242]), gpu(2, 300, [])])
+    app = make_app(tmp_path, gpus=board)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "dp")
+        gpus = screen.query_one("#f-devices-gpus", SelectionList)
+        gpus.focus()
+        await pilot.press("space", "down", "space")  # GPUs 0 and 1 (1 is busy)
+        await pilot.pause(0.2)
+        assert screen.cfg.devices == [0, 1]
+        screen.action_pick_free_gpus()
+        await pilot.pause(0.3)
+        assert sorted(gpus.selected) == [0, 2] and screen.cfg.devices == [0, 2]
+        assert app.said("devices free:2: GPU 0, 2 (no other process, least memory used: GPU 2 300 MiB, GPU 0 9000 MiB)")
+        gpus.select_all()
+        await pilot.pause(0.2)
+        assert sorted(gpus.selected) == [0, 1, 2]
+        screen.action_pick_free_gpus()
+        await pilot.pause(0.2)
+        assert app.said("free:3: only 2 of 3 GPU(s) free (no other process on them): GPU 2, 0; in use: GPU 1")
+        assert sorted(gpus.selected) == [0, 1, 2]  # refused: the choice stays as it was
