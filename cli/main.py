@@ -289,6 +289,54 @@ def cmd_compare(args) -> int:
     return EXIT_OK if ran and all(r.status in ("finished", "stopped") for r in ran) else EXIT_FAILED
 
 
+def cmd_tune(args) -> int:
+    """`torchdeck tune PRESET --batch-size`: the largest batch per process that trains without running
+    out of memory on any rank, found by short trial runs (engine.runs.tune)."""
+    from engine import presets
+    from engine.runs import control, tune
+
+    if not args.batch_size:
+        raise UsageError("say what to tune: --batch-size (the largest batch that fits on the GPUs)")
+    if args.save:
+        presets.check_name(args.save)
+        own = presets.user_preset_path(args.save)
+        if own.exists() and presets.resolve(args.preset) != own:
+            raise UsageError(f"--save: user preset {args.save!r} exists ({own}); pick another name, "
+                             f"or tune that preset (torchdeck tune {args.save} --batch-size --save {args.save})")
+    current: list = []
+
+    def watch(batch: int, run) -> None:
+        current.append(run)
+        print(f"trying batch {batch} per process ({args.steps} steps): {run.path.name}", flush=True)
+
+    try:
+        path, result = tune.search(args.preset, _overrides(args), steps=args.steps, max_batch=args.max_batch,
+                                   max_trials=args.max_trials, root=Path(args.runs_dir) if args.runs_dir else None,
+                                   watch=watch)
+    except KeyboardInterrupt:
+        if current and current[-1].final_status() is None:
+            print(f"killed {len(control.kill(current[-1]))} process(es) of the trial", flush=True)
+        raise
+    print()
+    for line in tune.lines(result):
+        print(line)
+    print(f"written: {path / tune.RESULT_FILE}")
+    b = result["best"]
+    if b is None:
+        return EXIT_FAILED
+    if args.save:
+        from engine import preflight
+
+        cfg, _ = preflight.load_config(args.preset, _overrides(args) + [f"train.batch_size={b}"])
+        saved = presets.save_user_preset(cfg, args.save, overwrite=True)
+        print(f"saved as user preset {args.save} with train.batch_size={b} ({saved}); "
+              f"launch it with: torchdeck run {args.save}")
+    else:
+        print(f"use it: torchdeck run {args.preset} --set train.batch_size={b}   "
+              f"(or add --save NAME here to keep it in a user preset)")
+    return EXIT_OK
+
+
 def cmd_stop(args) -> int:
     from engine.runs import control
 
@@ -538,6 +586,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save-best", metavar="NAME",
                    help="save the fastest strategy that reached the target as user preset NAME")
     s.set_defaults(func=cmd_compare, node_rank=None)
+
+    s = sub.add_parser("tune", parents=[common, runs_dir, overrides],
+                       help="find the largest batch that fits on the GPUs (short trial runs)")
+    s.add_argument("preset", help="preset name or YAML file (accelerator cuda)")
+    s.add_argument("--batch-size", action="store_true", help="grow the batch until a rank runs out of memory, "
+                                                             "then search back (every rank must fit)")
+    s.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps per trial (default 3)")
+    s.add_argument("--max-batch", type=int, default=1 << 16, metavar="N", help="largest batch per process to try")
+    s.add_argument("--max-trials", type=int, default=12, metavar="N", help="trial runs at most (default 12)")
+    s.add_argument("--save", metavar="NAME", help="save the preset with the batch found as user preset NAME")
+    s.set_defaults(func=cmd_tune, node_rank=None)
 
     s = sub.add_parser("stop", parents=[common, runs_dir], help="stop a run gracefully (checkpoint first)")
     s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
