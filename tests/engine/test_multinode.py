@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
     last = reports[-1]["reports"]
     assert all(r["step"] == 4 and r["samples_per_s"] > 0 and 0 <= r["data_wait"] <= 1 for r in last)
     # what `torchdeck run` printed on node 0 ends with every rank of the job, node 1's from the reports
-    final = [ln.split() for ln in outs[0].splitlines() if ln.startswith("rank ")][-4:]
+    final = [ln.split() for ln in outs[0].splitlines() if re.match(r"rank +\d+ .* ep \d+/\d+ ", ln)][-4:]  # not the balance line
     assert [ln[1] for ln in final] == ["0", "1", "2", "3"], outs[0]
     assert all("4/4" in ln for ln in final) and final[2][2:4] == ["node", "1"], outs[0]
 
@@ -298,7 +299,8 @@ def test_rank_reports_in_one_process_follow_report_every_s(tmp_path):
     for e in reports:
         (row,) = e["reports"]
         assert set(row) == {"rank", "host", "node_rank", "epoch", "step", "samples_per_s", "data_wait",
-                            "device_mem_mb", "t", "peak_mem_mb"}
+                            "device_mem_mb", "t", "peak_mem_mb", "comm_wait"}
+        assert row["comm_wait"] is None  # one process: no all-reduce to wait in
         assert row["rank"] == 0 and row["node_rank"] == 0 and row["samples_per_s"] > 0
         assert abs(row["t"] - e["t"]) < 5
     off = run_in_process(tmp_path / "off", small_cfg(**base, **{"train.report_every_s": 0}))
