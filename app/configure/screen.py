@@ -8,9 +8,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.configure import summary
+from app.keybar import KeyBar
 from app.configure.fields import BY_PATH, GROUPS
 from app.configure.form import ConfigForm, group_id
 from engine import config as cfgmod
@@ -84,7 +85,7 @@ class ConfigureScreen(Screen):
         yield Static("", id="warnings", markup=False)
         yield Static("", id="summary", markup=False).set_styles(display="none" if side.display else "block")
         yield Static("", id="command", markup=False)
-        yield Footer(compact=True)
+        yield KeyBar(compact=True)
 
     def _read_initial(self) -> tuple:
         """(data, path, source, name) of the preset to open with; the defaults when it is broken."""
