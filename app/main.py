@@ -138,6 +138,8 @@ class TorchdeckApp(App):
         yield SystemCommand("Compare strategies",
                             "Run the form's job under several strategies, one after another, and compare them (F7)",
                             self._on_configure("compare"))
+        yield SystemCommand("Estimate memory", "Memory per rank for the form: parameters, gradients, optimizer state, "
+                            "measured activations (F8; as torchdeck validate --memory)", self._on_configure("estimate_memory"))
         yield SystemCommand("Pick free GPUs", "Choose as many GPUs as are picked now, the free ones with the least "
                             "memory used (as devices: free:N)", self._on_configure("pick_free_gpus"))
         yield SystemCommand("Runs list", "Past and live runs (F2)", self.action_runs)

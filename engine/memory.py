@@ -155,3 +155,30 @@ def lines(cfg, hw=None) -> list[str]:
             out.append(f"  warning: {cfg.nproc_per_node} rank(s) need about {total:,.0f} MiB, this host has "
                        f"{avail:,.0f} MiB available: lower train.batch_size or devices")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.memory CONFIG.yaml`: the estimate's lines, for a caller that must not
+    import torch itself (the app's Configure screen runs this in a child process)."""
+    import sys
+
+    from engine import config as cfgmod
+    from engine.errors import TorchdeckError
+    from engine.hardware import detect_hardware
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m engine.memory CONFIG.yaml", file=sys.stderr)
+        return 2
+    try:
+        hw = detect_hardware()
+        out = lines(cfgmod.load(args[0], hw=hw), hw)
+    except (TorchdeckError, OSError) as exc:
+        print(f"memory: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
+    print("\n".join(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

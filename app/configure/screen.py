@@ -54,6 +54,7 @@ class ConfigureScreen(Screen):
         Binding("f2", "runs", "Runs"),
         Binding("f6,ctrl+t", "export", "Export"),
         Binding("f7", "compare", "Compare", show=False),  # the palette's "Compare strategies"
+        Binding("f8", "estimate_memory", "Memory", show=False),  # the palette's "Estimate memory"
     ]
     WIDE = 120  # from this many columns a side panel lists the sections and shows the run
 
@@ -71,6 +72,7 @@ class ConfigureScreen(Screen):
         self.cfg: cfgmod.RunConfig | None = None  # the form as a valid config (with hardware), else None
         self.hw = Hardware(gpu_count=None)
         self.gpus_loaded = False
+        self.memory: tuple[dict, list[str]] | None = None  # (the form it was estimated for, its lines)
 
     def compose(self):
         self._initial = self._read_initial()
@@ -266,9 +268,12 @@ class ConfigureScreen(Screen):
         self._update_bar()
         s = self.query_one("#summary", Static)
         side = self.query_one("#side-summary", Static)
+        if self.memory is not None and self.memory[0] != data:
+            self.memory = None  # estimated for another form: gone with the first edit
+        mem = self.memory[1] if self.memory is not None else []
         if not problems:
-            s.update(summary.describe(self.cfg))
-            body = "\n".join(summary.describe_lines(self.cfg))
+            s.update("\n".join([summary.describe(self.cfg)] + mem))
+            body = "\n".join(summary.describe_lines(self.cfg) + mem)
         else:
             first = next(iter(problems.items()))
             n = len(problems)
@@ -309,6 +314,43 @@ class ConfigureScreen(Screen):
             return
         ok, why = self.form.pick_free_gpus()
         self.notify(why, severity="information" if ok else "error", timeout=8)
+
+    def action_estimate_memory(self) -> None:
+        """Memory per rank for the form (as `torchdeck validate --memory`), measured in a child
+        process: building the model needs torch, which the app never imports."""
+        if self._refused("estimate memory"):
+            return
+        data = self.form.to_dict()
+        self.memory = (data, ["memory: estimating (building the model in a separate process) ..."])
+        self.revalidate()
+        self._estimate(data, self.cfg)
+
+    @work(thread=True, exclusive=True, group="memory")
+    def _estimate(self, data: dict, cfg) -> None:
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="torchdeck-memory-") as tmp:
+            path = Path(tmp) / "config.yaml"
+            try:
+                cfgmod.save(cfg, path)
+                out = subprocess.run([sys.executable, "-m", "engine.memory", str(path)], capture_output=True,
+                                     text=True, timeout=300, stdin=subprocess.DEVNULL)
+                found = out.stdout.strip().splitlines() if out.returncode == 0 else \
+                    [(out.stderr.strip().splitlines() or [f"memory: the estimate failed (exit {out.returncode})"])[-1]]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                found = [f"memory: the estimate failed: {exc}"]
+        self.app.call_from_thread(self._memory_arrived, data, found)
+
+    def _memory_arrived(self, data: dict, found: list[str]) -> None:
+        if self.memory is None or self.memory[0] != data:
+            return  # the form changed meanwhile
+        self.memory = (data, found)
+        self.revalidate()
+        warn = any("warning" in ln for ln in found)
+        self.notify("\n".join(found), title="Memory per rank", severity="warning" if warn else "information",
+                    timeout=12)
 
     def action_export(self) -> None:
         """torchrun per node and an sbatch script for the form, as `torchdeck export` prints them."""

@@ -217,6 +217,26 @@ async def test_the_summary_says_whether_the_data_is_decoded_once_within_the_budg
         assert "decoded every epoch" in str(screen.query_one("#summary").render())
 
 
+async def test_f8_estimates_memory_per_rank_in_a_child_process_until_the_form_changes(tmp_path, presets_dir):
+    """Issue 19: the summary shows what `torchdeck validate --memory` prints for the form, measured
+    in a child process (the app never imports torch); an edit makes it stale, so it goes."""
+    from screen_helpers import until
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-batch_size", "96")
+        await pilot.press("f8")
+        summary_text = lambda: str(screen.query_one("#summary").render())  # noqa: E731
+        assert "memory: estimating" in summary_text()
+        assert await until(pilot, lambda: "memory per rank (MiB, estimated;" in summary_text(), timeout=90), \
+            summary_text() + "\n".join(app.messages)
+        assert "batch 96)" in summary_text() and "activations" in summary_text()
+        assert app.said("memory per rank (MiB, estimated;")
+        await type_into(pilot, "f-train-batch_size", "64")
+        assert "memory per rank" not in summary_text()
+
+
 async def test_fields_follow_the_strategy(tmp_path, presets_dir):
     app = make_app(tmp_path, gpus=two_fake_gpus())
     async with app.run_test(size=SIZE) as pilot:
