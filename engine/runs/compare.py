@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine import events
 from engine.runs import fmt
-from engine.runs.layout import COMPARISON_FILE, RunDir, pid_alive, runs_root, write_atomic
+from engine.runs.layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from engine.runs.view import RunView
 
 PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
@@ -439,18 +439,7 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
 
 def new_dir(preset_name: str, root: Path | None = None) -> Path:
     """runs/compare-<time>-<preset>/, unique."""
-    root = Path(root) if root else runs_root()
-    root.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in preset_name).strip("-") or "run"
-    base = root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
-    path, n = base, 1
-    while True:
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
+    return new_group_dir("compare", preset_name, root)
 
 
 def write_plan(path: Path, facts: dict, entries: list[Entry], target: float | None) -> dict:

@@ -46,6 +46,22 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
 
 
+def new_group_dir(kind: str, name: str, root: Path | None = None) -> Path:
+    """runs/<kind>-<YYYYmmdd-HHMMSS>-<name>/, unique: a directory grouping several runs (a
+    comparison of strategies, a batch-size search)."""
+    root = Path(root) if root else runs_root()
+    root.mkdir(parents=True, exist_ok=True)
+    base = root / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{_slug(name)}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Readers (attach, the app, `torchdeck runs`) never see half a file."""
     tmp = path.with_name(path.name + ".tmp")

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine import events
-from engine.runs.layout import RunDir, runs_root, write_atomic
+from engine.runs.layout import RunDir, new_group_dir, write_atomic
 
 RESULT_FILE = "tune.json"
 OOM_WORDS = ("OutOfMemoryError", "out of memory", "CUDA_ERROR_OUT_OF_MEMORY")
@@ -110,21 +110,6 @@ def trial_overrides(batch: int, steps: int) -> list[str]:
             "checkpoint.every_epoch=false", "checkpoint.every_n_steps=0", "checkpoint.resume="]
 
 
-def new_dir(preset_name: str, root: Path | None = None) -> Path:
-    root = Path(root) if root else runs_root()
-    root.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in preset_name).strip("-") or "run"
-    base = root / f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
-    path, n = base, 1
-    while True:
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-
-
 def run_trial(cfg, path: Path, origin: dict, watch=None) -> Trial:
     """One trial: the config (already at its batch) as an ordinary run under `path`."""
     from engine.runs import control
@@ -173,7 +158,7 @@ def search(preset: str, overrides: list[str] | None = None, steps: int = 3, max_
     problems = preflight.check(base)
     if problems:
         raise UsageError(*preflight.lines(problems))
-    path = new_dir(base.name, root)
+    path = new_group_dir("tune", base.name, root)
     trials: list[Trial] = []
     result = {"version": 1, "preset": preset, "overrides": overrides, "start": base.train.batch_size,
               "world": base.world_size, "steps_per_trial": steps, "trials": trials, "best": None,
