@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine: `make run` (the app on the quick-start preset) and
-# `make test` (the whole suite). Both create .venv and install what they need first.
+# `make test` (the whole suite; it lists its 15 slowest tests, to keep it inside CI's time). Both create
+# .venv and install what they need first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,7 +18,7 @@ run: $(STAMP)
 	$(VENV)/bin/torchdeck
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m 'not gpu' --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench
