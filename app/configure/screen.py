@@ -480,7 +480,19 @@ class ConfigureScreen(Screen):
         if w is None:
             return
         w.focus(scroll_visible=False)
-        self.form.scroll_to_widget(self.form.w(group_id(group) + "-title"), top=True, animate=False)
+        self._title_to_top(group, w)
+
+    def _title_to_top(self, group: str, field, tries: int = 0) -> None:
+        """Until the groups after it are mounted the form may be too short for this title to reach
+        the top: scroll again as they come, while the user is still in that section."""
+        title = self.form.w(group_id(group) + "-title")
+        self.form.scroll_to_widget(title, top=True, animate=False)
+        if self.focused is not field:
+            return
+        if not self.form.complete and tries < 100:
+            self.set_timer(0.05, lambda: self._title_to_top(group, field, tries + 1))
+        elif tries:  # the last group was mounted, maybe not laid out yet
+            self.call_after_refresh(lambda: self.form.scroll_to_widget(title, top=True, animate=False))
 
     def action_runs(self) -> None:
         self.app.action_runs()
