@@ -137,11 +137,12 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
         st = screen.run_state
         assert st.status == "failed" and st.errors
         assert {e.rank for e in st.errors} <= {0, 1}
-        await pilot.pause(0.3)
+        # the traceback's frames, on screen (the log pane draws them on a refresh after the replay)
+        await until(pilot, lambda: 'File "' in screen_text(app), 10, "the traceback drawn")
         text = screen_text(app)
         assert "FAILED" in text
         assert "boom from the user model" in text
-        assert "RuntimeError" in text and 'File "' in text  # the traceback's frames, on screen
+        assert "RuntimeError" in text and 'File "' in text
         err = st.errors[0]
         from app.monitor.panes import LogPane
 

@@ -124,6 +124,7 @@ def test_footer_has_no_residue_with_a_dropdown_open_at_80x24(term):
     columns; the last column used to show a letter of the keys beneath (`^p paletteu`)."""
     term.start(f"{TORCHDECK} app tiny", width=80, height=24)
     term.wait_for("global batch 128", timeout=60)
+    settle()
     term.keys("Enter")  # the form opens on strategy; Enter opens its list
     screen = term.wait_for("Dismiss menu", timeout=20)
     footer = screen.rstrip("\n").splitlines()[-1]
@@ -145,14 +146,22 @@ def test_form_sections_by_keys_at_80x24(term):
     assert "Essentials" in lines[:3], screen
     for label in ("strategy", "devices", "model", "dataset", "batch size", "lr", "epochs", "precision"):
         assert any(ln.startswith(label + " ") for ln in lines), f"{label} not on the first screen:\n{screen}"
+    settle()
     term.keys("C-g")
     term.wait_for("Go to section", timeout=20)
+    settle(0.5)
     term.keys("5")
     screen = wait_for_top(term, "Optimization")
     assert "Essentials" not in screen and "optimizer" in screen, screen
     term.keys("C-Down")
     screen = wait_for_top(term, "Precision & speed")
     assert screen.rstrip("\n").splitlines()[-1].rstrip().endswith("▏^p palette"), screen  # footer fits
+
+
+def settle(seconds: float = 2.0) -> None:
+    """Keys sent the moment text appears can beat the focus to its widget (a person's first key
+    comes later): the form mounts its later sections and takes focus in its first second."""
+    time.sleep(seconds)
 
 
 def wait_for_top(term, title: str, timeout: float = 20) -> str:
