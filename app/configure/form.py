@@ -91,6 +91,7 @@ class ConfigForm(VerticalScroll):
         first = [f for f in FIELDS if f.group == GROUPS[0]]
         self._later = first[FIRST_FRAME_FIELDS:]  # a Select is six widgets: the rest come right after
         yield from self._group_widgets(GROUPS[0], first[:FIRST_FRAME_FIELDS])
+        self._mounted_paths.update(f.path for f in first[:FIRST_FRAME_FIELDS])
         self.mounted_groups.add(GROUPS[0])
 
     def on_mount(self) -> None:
@@ -126,7 +127,6 @@ class ConfigForm(VerticalScroll):
         values say before mounting."""
         if fields is None:
             fields = [f for f in FIELDS if f.group == group]
-        self._mounted_paths.update(f.path for f in fields)
         title = Static(group, classes="group-title", id=group_id(group) + "-title")
         grid = Grid(*[w for f in fields for w in self._field_widgets(f)], classes="group", id=group_id(group))
         self._w[title.id], self._w[grid.id] = title, grid
@@ -141,6 +141,10 @@ class ConfigForm(VerticalScroll):
 
     async def _mount_group(self, group: str) -> None:
         await self.mount_all(self._group_widgets(group))  # groups mount in order: appending keeps it
+        # Only now are its fields read from their widgets and marked: a revalidation during the
+        # mount (the GPU probe's answer) read blank Selects and mounted messages into a grid
+        # that had no parent yet (MountError at start-up).
+        self._mounted_paths.update(f.path for f in FIELDS if f.group == group)
         self.mounted_groups.add(group)
         self._edited()  # the screen re-applies problems and visibility to the new fields
 

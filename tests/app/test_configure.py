@@ -479,6 +479,35 @@ async def test_quit_while_the_form_is_still_mounting_exits_cleanly(tmp_path, pre
     assert app.return_code == 0
 
 
+async def test_a_revalidation_while_a_section_mounts_reads_the_loaded_values(tmp_path, presets_dir, monkeypatch):
+    """CI once crashed at start-up with MountError: the GPU probe's answer revalidated the form
+    while a section was being mounted, read its not yet mounted Selects as blank (problems) and
+    tried to mount their messages into a grid with no parent. Here every section mount is
+    interrupted by a revalidation, as that answer did."""
+    from app.configure.form import ConfigForm
+
+    real = ConfigForm.mount_all
+
+    interrupted = []
+
+    async def mount_all(self, widgets, *args, **kwargs):
+        widgets = list(widgets)
+        result = real(self, widgets, *args, **kwargs)
+        # a later section's title and grid (the first one comes with the screen's compose)
+        if widgets[1:] and widgets[1].has_class("group") and widgets[1].id != "grp-essentials":
+            interrupted.append(widgets[1].id)
+            self.screen.revalidate()  # its widgets are created, not mounted yet
+        return await result
+
+    monkeypatch.setattr(ConfigForm, "mount_all", mount_all)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert screen.form.complete and len(interrupted) >= 5, interrupted
+        assert screen.problems == {}, screen.problems
+        assert screen.cfg is not None and screen.cfg.strategy == "ddp"
+
+
 async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
