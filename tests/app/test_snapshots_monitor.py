@@ -153,8 +153,15 @@ def test_stacks_view_80x24(snap_compare, app, tmp_path, monkeypatch):
         fh.write(events.dumps(ev) + "\n")
 
     async def run_before(pilot):
+        from app.monitor.stacks import StacksScreen
+
         await show((run, n + 1))(pilot)
         await pilot.press("t")
-        await pilot.pause(0.3)
+        for _ in range(100):  # the view is pushed and drawn (0.3 s was not always enough under load)
+            if isinstance(pilot.app.screen, StacksScreen) and "taken at" in str(
+                    pilot.app.screen.query_one("#stacks-body").render()):
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(1.3)  # and the Monitor beneath it past its once-a-second redraw
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
