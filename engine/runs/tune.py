@@ -94,14 +94,13 @@ def _capped(text: str) -> bool:
 
 
 def peak_mem(run: RunDir) -> list:
-    """Each rank's peak memory from its last rank_report (max_memory_allocated on a GPU)."""
-    peaks: dict = {}
-    for e in events.read_all(run.events_path):
-        if e.get("kind") == "rank_report":
-            for r in e.get("reports") or []:
-                if isinstance(r, dict) and isinstance(r.get("rank"), int) and r.get("peak_mem_mb") is not None:
-                    peaks[r["rank"]] = max(peaks.get(r["rank"], 0), r["peak_mem_mb"])
-    return [peaks[r] for r in sorted(peaks)]
+    """Each rank's peak memory from its rank_reports (max_memory_allocated on a GPU), as the
+    shared reducer keeps it."""
+    from engine.runs.view import RunView
+
+    view = RunView()
+    view.feed_all(events.read_all(run.events_path))
+    return [st.peak_mem_mb for st in view.rank_list() if st.peak_mem_mb is not None]
 
 
 def trial_overrides(batch: int, steps: int) -> list[str]:
