@@ -71,7 +71,12 @@ def assert_clean(r: Run, within: float = 5.0) -> None:
     r.assert_nothing_left(within=1.0)
     started = [e for e in r.events() if e["kind"] == "run_started"]
     if started:
+        # The kernel closes a killed process's sockets as it tears the process down, which can
+        # end after the process has left the session's list (seen once in CI: the listener and
+        # its two connections still there, owned by no pid); a leaked socket stays.
         port = started[0]["master_port"]
+        while not port_free(port) and time.monotonic() < deadline + 2.0:
+            time.sleep(0.1)
         assert port_free(port), f"the master port is still taken: {port_holders(port)}"
 
 
