@@ -60,26 +60,34 @@ def _num(v, spec=".0f", none="n/a") -> str:
     return none if v is None or v != v else format(v, spec)
 
 
+def _rows(plain: str, width: int) -> int:
+    return sum(1 + max(0, cell_len(line) - 1) // width for line in plain.split("\n"))
+
+
 class TextPane(Static):
     """A Static that repaints only when its text changed."""
 
     def __init__(self, *a, **kw):
         super().__init__("", *a, **kw)
         self._shown: str | None = None
-        self._rows = -1
+        self._plain: str | None = None
 
     def show(self, text: Text | str) -> bool:
         key = text.markup if isinstance(text, Text) else text
         if key == self._shown:
             return False
         self._shown = key
-        # A relayout of the whole screen costs far more than the repaint: only when the
-        # number of rows this text takes (wrapping included) changed.
+        # A relayout of the whole screen costs far more than the repaint: only when the number
+        # of rows this text takes (wrapping included) differs from what the old text takes at
+        # today's width, which is the height the last layout gave the pane (a scroll bar that
+        # came or went since has re-wrapped the old text: comparing with the rows counted at the
+        # old width left a stale second row under the rank lines).
         plain = text.plain if isinstance(text, Text) else text
         width = max(1, self.content_region.width)
-        rows = sum(1 + max(0, cell_len(line) - 1) // width for line in plain.split("\n"))
-        self.update(text, layout=rows != self._rows)
-        self._rows = rows
+        layout = (self._plain is None or self.content_region.width <= 0
+                  or _rows(plain, width) != _rows(self._plain, width))
+        self._plain = plain
+        self.update(text, layout=layout)
         return True
 
     def width(self, default: int = 76) -> int:
