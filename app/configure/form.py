@@ -19,6 +19,16 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
 from textual.widgets.selection_list import Selection
 
+
+class FormSelect(Select):
+    """A Select that skips its mount-time setup once the app is shutting down: the form mounts its
+    groups after the first paint, and a Select whose Mount arrives mid-shutdown (its inner label
+    already gone) made Textual fail the exit with NoMatches '#label'."""
+
+    def on_mount(self, event) -> None:
+        if not self.app.is_running:
+            event.prevent_default()  # Select's own mount handler would query the removed label
+
 from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
 from engine.config import SCHEMA_VERSION, RunConfig
@@ -154,7 +164,7 @@ class ConfigForm(VerticalScroll):
         out = [label]
         if f.kind == "choice":
             opts = [(("custom…" if c == CUSTOM else c), c) for c in f.choices]
-            sel = Select(opts, allow_blank=False, value=value if value in f.choices else CUSTOM,
+            sel = FormSelect(opts, allow_blank=False, value=value if value in f.choices else CUSTOM,
                          id=f.wid, compact=True)
             if CUSTOM in f.choices:
                 custom = Input("" if value in f.choices else str(value), placeholder="package.module:callable",
@@ -186,7 +196,7 @@ class ConfigForm(VerticalScroll):
 
     def _cuda_widgets(self, text: str) -> tuple[list, list]:
         """GPU pickers: (in the devices row: one-GPU select, typed indices), (below it: multi-select)."""
-        row = [Select([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True),
+        row = [FormSelect([], allow_blank=True, prompt="pick a GPU", id="f-devices-gpu", compact=True),
                Input(text, placeholder="GPU indices: 0,1 or all", id="f-devices-text", compact=True)]
         below = [SelectionList(id="f-devices-gpus", compact=True, classes="span2")]
         for w in row + below:
