@@ -34,6 +34,7 @@ from engine.strategies import get_strategy
 FLUSH_EVERY_S = 0.2
 POLL_S = 0.5
 STOP_GRACE_S = 30.0
+SLOW_DUMP_EVERY_S = 60.0  # at most one stacks dump a minute for slow steps (a stale rank: always)
 RESERVE_BYTES = 64 << 10
 FAIL_GRACE_S = 2.0
 
@@ -102,6 +103,11 @@ class EventWriter(threading.Thread):
         """(rank, seconds silent) of the ranks the run's own rule calls stale (engine/runs/view.py)."""
         with self.lock:
             return [(r.rank, now - r.last_seen) for r in self.view.stale_ranks(now)]
+
+    def slow(self, now: float) -> list:
+        """(rank, seconds in its step window, median window) of the ranks the run's rule calls slow."""
+        with self.lock:
+            return [(r.rank, took, med) for r, took, med in self.view.slow_ranks(now)]
 
     def run(self) -> None:
         last_flush = time.monotonic()
@@ -358,6 +364,7 @@ class Supervisor:
         self.where: dict = {}  # rank -> where its stacks last showed it (the newest dump)
         self._dump_lock = threading.Lock()
         self._stall_dumped = False  # one dump per stall: re-armed once no rank is stale
+        self._slow_dumped_t = float("-inf")
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -598,18 +605,30 @@ class Supervisor:
             return groups
 
     def _watchdog(self, pctx, writer) -> None:
-        """When a rank turns stale (the rule the Monitor marks STALE by), dump every rank's stacks
-        once, in a thread (the join loop goes on); again only after every rank was heard from."""
-        silent = writer.stale(time.time())
-        if not silent:
+        """When a rank turns stale (the rule the Monitor marks STALE by), or its step window in
+        progress takes SLOW_MULTIPLE times its median (engine/runs/view.py), dump every rank's
+        stacks once, in a thread (the join loop goes on); again only after every rank is back."""
+        now = time.time()
+        silent = writer.stale(now)
+        slow = [] if silent else writer.slow(now)
+        if not silent and not slow:
             self._stall_dumped = False
             return
         if self._stall_dumped or self.first_stop_t is not None:
             return
+        if not silent and now - self._slow_dumped_t < SLOW_DUMP_EVERY_S:
+            return  # a straggling step that recurs (a slow file system): once a minute, not each time
         self._stall_dumped = True
-        ranks = sorted(r for r, _ in silent)
-        reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
-                  f"{max(s for _, s in silent):.0f} s")
+        if silent:
+            ranks = sorted(r for r, _ in silent)
+            reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
+                      f"{max(s for _, s in silent):.0f} s")
+        else:
+            self._slow_dumped_t = now
+            ranks = sorted(r for r, _, _ in slow)
+            took, med = max((t, m) for _, t, m in slow)
+            reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
+                      f"{took:.1f} s, {took / med:.0f}x the median step window ({med:.2f} s)")
         threading.Thread(target=self.dump_stacks, args=(pctx, writer, reason), name="watchdog",
                          daemon=True).start()
 

@@ -538,7 +538,11 @@ class Trainer:
                 epoch_done = micro + k > self.steps_per_epoch * k
                 last = step >= self.total_steps or epoch_done
                 if step % t.log_every_n_steps == 0 or last:
-                    self._emit_step(epoch, step, window)
+                    # a periodic save after this event or within the next window
+                    n = t.log_every_n_steps
+                    saves = bool(every_n and (step + n - 1) // every_n > (step - 1) // every_n
+                                 and step < self.total_steps)
+                    self._emit_step(epoch, step, window, pause=last or saves)
                 if self._stop_now(step, last):
                     break
                 if (every_n and step % every_n == 0 and step < self.total_steps
@@ -577,8 +581,10 @@ class Trainer:
         self._wait_total += waited
         return x, y
 
-    def _emit_step(self, epoch: int, step: int, window: "_Window") -> None:
-        """One step event for the micro-batches since the last one (the log window)."""
+    def _emit_step(self, epoch: int, step: int, window: "_Window", pause: bool = False) -> None:
+        """One step event for the micro-batches since the last one (the log window). pause: what
+        comes next is not a training step (evaluation, a checkpoint), so the supervisor's watchdog
+        does not time it as one."""
         now = time.perf_counter()
         window.fold()
         window.epoch_sums += window.sums
@@ -590,7 +596,7 @@ class Trainer:
                   loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
                   samples_per_s=n / wall, data_wait_s=window.data_wait,
                   compute_s=max(0.0, wall - window.data_wait), lr=float(self.scheduler.get_last_lr()[0]),
-                  comm_s=None if comm is None else comm.total - window.comm0)
+                  comm_s=None if comm is None else comm.total - window.comm0, pause=pause)
         window.restart(now)
 
     def _stop_now(self, step: int, last: bool) -> bool:

@@ -19,6 +19,9 @@ from engine.runs.status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
 STALE_INTERVALS = 5
+SLOW_MULTIPLE = 10.0  # a rank is slow when its step window takes this many times its median ...
+SLOW_MIN_S = 2.0  # ... and at least this long (the watchdog's second trigger, besides stale)
+SLOW_WINDOWS = 5  # windows measured before the rule applies (the first ones include warm-up)
 STEP_HISTORY = 600  # points kept of the per-step curves (older ones are thinned, not dropped)
 LOG_LINES = 500
 
@@ -47,6 +50,9 @@ class RankState:
     from_report: bool = False  # known only through rank 0's rank_report (another node)
     phase: str = ""  # what it does while starting (PHASES), until its first step
     _step_t: float | None = None
+    _step_ev_t: float | None = None  # event time of its newest step event
+    _paused: bool = True  # evaluating or checkpointing after that step event (or not stepping yet)
+    _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
 
     @property
     def failed_exit(self) -> bool:
@@ -265,6 +271,15 @@ class RunView:
         st._step_t = t
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
 
+    @staticmethod
+    def _window(st: RankState, t: float, pause: bool) -> None:
+        """The time one log window of training steps took, unless the rank paused (evaluation, a
+        checkpoint) between this step event and the last: what `slow_ranks` compares with."""
+        if st._step_ev_t is not None and not st._paused and t > st._step_ev_t:
+            st._windows.append(t - st._step_ev_t)
+            del st._windows[:-64]
+        st._step_ev_t, st._paused = t, pause
+
     def _on_phase(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         phase = _text(ev.get("phase"))
@@ -301,6 +316,7 @@ class RunView:
         comm = _f(ev.get("comm_s"))
         st.comm_wait = min(1.0, max(0.0, comm / (wait + comp))) if comm is not None and wait + comp > 0 else None
         self._seen(st, t)
+        self._window(st, t, bool(ev.get("pause")))
         self._stepping(t, st.step)
         if self._curve_rank is None or st.rank < self._curve_rank:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
@@ -530,6 +546,27 @@ class RunView:
 
     def stale_ranks(self, now: float) -> list[RankState]:
         return [r for r in self.rank_list() if self.is_stale(r, now)]
+
+    def median_window(self, st: RankState) -> float | None:
+        """Median seconds of the rank's step windows (log_every_n_steps steps), once measured."""
+        w = sorted(st._windows)
+        return w[len(w) // 2] if len(w) >= SLOW_WINDOWS else None
+
+    def slow_ranks(self, now: float) -> list[tuple[RankState, float, float]]:
+        """(rank, seconds in this window, median window) of the ranks whose step window in progress
+        has taken over SLOW_MULTIPLE times their median (and SLOW_MIN_S): a hang or a straggling
+        step seen long before the rank turns stale, never while it evaluates or saves."""
+        out = []
+        if self.status != Status.RUNNING:
+            return out
+        for st in self.rank_list():
+            med = self.median_window(st)
+            if st.exited is not None or st.from_report or st._paused or med is None or st._step_ev_t is None:
+                continue
+            took = now - st._step_ev_t
+            if took > max(SLOW_MIN_S, SLOW_MULTIPLE * med):
+                out.append((st, took, med))
+        return out
 
     def is_gone(self, st: RankState) -> bool:
         """The run is over but this rank never said it ended (a lost run): its numbers are old."""

@@ -223,6 +223,21 @@ def stall(info, at=5, rank="1"):
     return net
 
 
+def pause_once(info, at=30, seconds=5.0, rank="1"):
+    """Sleeps once, in the forward of its `at`-th training step on one rank: a straggling step
+    shorter than the stale rule's 10 s, which only the median-step rule catches."""
+    net = mlp(info, 32)
+    calls = [0]
+
+    def pause_here(mod, args):
+        if mod.training:
+            calls[0] += 1
+            if calls[0] == at and os.environ.get("RANK") == rank:
+                time.sleep(seconds)
+    net.register_forward_pre_hook(pause_here)
+    return net
+
+
 def slow_data(cfg):
     """A data set (module:callable) whose samples take 2 ms each to read on rank 1 only."""
     import torch

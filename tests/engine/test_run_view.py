@@ -57,6 +57,37 @@ def test_stale_threshold_follows_a_slow_log_interval():
     assert st.is_stale(r0, T0 + 40 + 41)
 
 
+def test_a_step_window_far_over_its_median_is_slow_but_not_an_evaluation_or_a_save():
+    """The watchdog's second trigger: a window of steps in progress over SLOW_MULTIPLE x the rank's
+    median window (and SLOW_MIN_S), long before the rank is stale; a pause the rank announced in
+    its step event (evaluation, a checkpoint) is not timed."""
+    st = RunView()
+    st.feed(started())
+    st.feed_all([step(r, i, 0.1 * i) for i in range(1, 11) for r in (0, 1)])  # windows of 0.1 s
+    r0, r1 = st.rank_list()
+    assert st.median_window(r1) == pytest.approx(0.1)
+    assert st.slow_ranks(T0 + 1.0 + 1.9) == []  # under SLOW_MIN_S
+    assert [(r.rank, round(took, 1)) for r, took, _ in st.slow_ranks(T0 + 1.0 + 2.5)] == [(0, 2.5), (1, 2.5)]
+    assert not st.is_stale(r1, T0 + 3.5)  # the stale rule would wait 10 s
+    st.feed(step(0, 11, 1.1))
+    assert [r.rank for r, _, _ in st.slow_ranks(T0 + 3.05)] == [1]  # rank 0 was heard from at 1.1
+    # rank 1 announces an evaluation: its silence is not a slow step, and the window after it
+    # does not count towards the median
+    st.feed(ev("step", 1.1, rank=1, epoch=0, step=11, total_steps=100, loss=1.0, accuracy=0.5,
+               samples_per_s=100.0, data_wait_s=0.01, compute_s=0.09, lr=0.1, pause=True))
+    assert st.slow_ranks(T0 + 3.05) == []
+    st.feed(step(1, 12, 9.0))
+    assert st.median_window(r1) == pytest.approx(0.1) and max(r1._windows) < 1
+    assert st.slow_ranks(T0 + 9.5) == [(r0, pytest.approx(8.4), pytest.approx(0.1))]
+    # too few windows: no median, no verdict (the first windows include warm-up)
+    fresh = RunView()
+    fresh.feed(started())
+    fresh.feed_all([step(0, i, 0.1 * i) for i in range(1, 5)])
+    assert fresh.slow_ranks(T0 + 60) == []
+    st.feed(ev("run_finished", 10, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=10))
+    assert st.slow_ranks(T0 + 60) == []
+
+
 def test_errors_keep_rank_host_and_traceback():
     tb = 'Traceback (most recent call last):\n  File "model.py", line 3, in build\nRuntimeError: boom\n'
     st = RunView()
