@@ -209,32 +209,18 @@ def failing(info, at=3, rank="1"):
     return net
 
 
-def stall(info, at=5, rank="1"):
-    """Sleeps in the forward of its `at`-th training step on one rank, for an hour."""
+def stall(info, at=5, rank="1", seconds=3600.0):
+    """Sleeps in the forward of its `at`-th training step on one rank: for an hour (a hang), or
+    for a few seconds (one straggling step, shorter than the stale rule's 10 s)."""
     net = mlp(info, 32)
     calls = [0]
 
     def stall_here(mod, args):
         if mod.training:
             calls[0] += 1
-            if calls[0] >= at and os.environ.get("RANK") == rank:
-                time.sleep(3600)
-    net.register_forward_pre_hook(stall_here)
-    return net
-
-
-def pause_once(info, at=30, seconds=5.0, rank="1"):
-    """Sleeps once, in the forward of its `at`-th training step on one rank: a straggling step
-    shorter than the stale rule's 10 s, which only the median-step rule catches."""
-    net = mlp(info, 32)
-    calls = [0]
-
-    def pause_here(mod, args):
-        if mod.training:
-            calls[0] += 1
             if calls[0] == at and os.environ.get("RANK") == rank:
                 time.sleep(seconds)
-    net.register_forward_pre_hook(pause_here)
+    net.register_forward_pre_hook(stall_here)
     return net
 
 

@@ -193,13 +193,13 @@ def test_one_step_far_over_the_median_dumps_stacks_before_the_rank_is_stale(tmp_
     the median rule does, shows rank 1 in the sleep, and the run finishes."""
     from engine.runs.view import SLOW_MIN_S
 
-    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:pause_once", "model.kwargs": {"at": 30, "seconds": 5.0},
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:stall", "model.kwargs": {"at": 30, "seconds": 5.0},
                                  "train.max_steps": 60}))
     runs.append(r)
     ev = r.wait_for(lambda e: e["kind"] == "stacks", timeout=120)
     assert "median step window" in ev["reason"] and "1" in ev["reason"].split(" silent")[0], ev["reason"]
     where = {rank: g["where"] for g in ev["groups"] for rank in g["ranks"]}
-    assert "pause_here (usermodels.py:" in where[1], ev["summary"]
+    assert "stall_here (usermodels.py:" in where[1], ev["summary"]
     before = max(e["t"] for e in r.events() if e["kind"] == "step" and e["rank"] == 1 and e["t"] < ev["t"])
     assert SLOW_MIN_S < ev["t"] - before < 5.0, "dumped while rank 1 slept, after the rule's floor"
     assert r.wait(timeout=120) == 0
