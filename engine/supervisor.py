@@ -619,16 +619,14 @@ class Supervisor:
         if not silent and now - self._slow_dumped_t < SLOW_DUMP_EVERY_S:
             return  # a straggling step that recurs (a slow file system): once a minute, not each time
         self._stall_dumped = True
+        ranks = sorted(r for r, *_ in silent or slow)
+        who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for"
         if silent:
-            ranks = sorted(r for r, _ in silent)
-            reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
-                      f"{max(s for _, s in silent):.0f} s")
+            reason = f"{who} {max(s for _, s in silent):.0f} s"
         else:
             self._slow_dumped_t = now
-            ranks = sorted(r for r, _, _ in slow)
             took, med = max((t, m) for _, t, m in slow)
-            reason = (f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for "
-                      f"{took:.1f} s, {took / med:.0f}x the median step window ({med:.2f} s)")
+            reason = f"{who} {took:.1f} s, {took / med:.0f}x the median step window ({med:.2f} s)"
         threading.Thread(target=self.dump_stacks, args=(pctx, writer, reason), name="watchdog",
                          daemon=True).start()
 

@@ -19,16 +19,6 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
 from textual.widgets.selection_list import Selection
 
-
-class FormSelect(Select):
-    """A Select that skips its mount-time setup once the app is shutting down: the form mounts its
-    groups after the first paint, and a Select whose Mount arrives mid-shutdown (its inner label
-    already gone) made Textual fail the exit with NoMatches '#label'."""
-
-    def on_mount(self, event) -> None:
-        if not self.app.is_running:
-            event.prevent_default()  # Select's own mount handler would query the removed label
-
 from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
 from engine.config import SCHEMA_VERSION, RunConfig
@@ -38,6 +28,16 @@ from engine.config import SCHEMA_VERSION, RunConfig
 FIRST_FRAME_FIELDS = 3
 
 _INPUT_TYPE = {"int": "integer", "float": "number"}
+
+
+class FormSelect(Select):
+    """A Select that skips its mount-time setup once the app is shutting down: the form mounts its
+    groups after the first paint, and a Select whose Mount arrives mid-shutdown (its inner label
+    already gone) made Textual fail the exit with NoMatches '#label'."""
+
+    def on_mount(self, event) -> None:
+        if not self.app.is_running:
+            event.prevent_default()  # Select's own mount handler would query the removed label
 
 
 class FieldMessage(Static):

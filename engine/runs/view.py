@@ -49,8 +49,7 @@ class RankState:
     exited: str | None = None  # "exit 0", "exit 1", "signal SIGKILL"
     from_report: bool = False  # known only through rank 0's rank_report (another node)
     phase: str = ""  # what it does while starting (PHASES), until its first step
-    _step_t: float | None = None
-    _step_ev_t: float | None = None  # event time of its newest step event
+    _step_t: float | None = None  # event time of its newest step (or report)
     _paused: bool = True  # evaluating or checkpointing after that step event (or not stepping yet)
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
 
@@ -275,10 +274,10 @@ class RunView:
     def _window(st: RankState, t: float, pause: bool) -> None:
         """The time one log window of training steps took, unless the rank paused (evaluation, a
         checkpoint) between this step event and the last: what `slow_ranks` compares with."""
-        if st._step_ev_t is not None and not st._paused and t > st._step_ev_t:
-            st._windows.append(t - st._step_ev_t)
+        if st._step_t is not None and not st._paused and t > st._step_t:
+            st._windows.append(t - st._step_t)
             del st._windows[:-64]
-        st._step_ev_t, st._paused = t, pause
+        st._paused = pause
 
     def _on_phase(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
@@ -315,8 +314,8 @@ class RunView:
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
         comm = _f(ev.get("comm_s"))
         st.comm_wait = min(1.0, max(0.0, comm / (wait + comp))) if comm is not None and wait + comp > 0 else None
+        self._window(st, t, bool(ev.get("pause")))  # before _seen moves _step_t on
         self._seen(st, t)
-        self._window(st, t, bool(ev.get("pause")))
         self._stepping(t, st.step)
         if self._curve_rank is None or st.rank < self._curve_rank:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
@@ -561,9 +560,9 @@ class RunView:
             return out
         for st in self.rank_list():
             med = self.median_window(st)
-            if st.exited is not None or st.from_report or st._paused or med is None or st._step_ev_t is None:
+            if st.exited is not None or st.from_report or st._paused or med is None:
                 continue
-            took = now - st._step_ev_t
+            took = now - st._step_t
             if took > max(SLOW_MIN_S, SLOW_MULTIPLE * med):
                 out.append((st, took, med))
         return out
