@@ -201,7 +201,8 @@ async def test_configure_compare_strategies_launches_a_comparison_and_shows_its_
         assert await until(pilot, lambda: [r.status for r in screen.rows] == ["finished", "skipped"], timeout=120)
         cpu, dp = screen.rows
         assert cpu.samples_per_s > 0 and cpu.global_batch == 32 and "GPU" in dp.reason
-        assert (screen.comparison / compare.TABLE_FILE).is_file()  # the background runner wrote its table
+        # The background runner writes its table after the last run's own files say it finished.
+        assert await until(pilot, lambda: (screen.comparison / compare.TABLE_FILE).is_file(), timeout=60)
 
 
 async def test_s_stops_a_comparison_started_from_the_app(tmp_path, monkeypatch):
