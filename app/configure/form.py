@@ -108,6 +108,8 @@ class ConfigForm(VerticalScroll):
         self.call_after_refresh(self._mount_next)
 
     async def _mount_next(self) -> None:
+        if self._quitting():
+            return  # quit within the first half second: nothing more to build
         if self._later:
             later, self._later = self._later, []
             widgets = [w for f in later for w in self._field_widgets(f)]
@@ -126,6 +128,11 @@ class ConfigForm(VerticalScroll):
             self.call_after_refresh(self._mount_next)
         elif self.quit_when_complete:
             self.app.exit()
+
+    def _quitting(self) -> bool:
+        """The app is shutting down (exit() was called, or this form is being removed): a quit in
+        the first half second must not fail on the half-built form."""
+        return getattr(self.app, "_exit", False) or not self.is_attached or not self.app.is_running
 
     @property
     def complete(self) -> bool:
@@ -210,6 +217,8 @@ class ConfigForm(VerticalScroll):
         await self._w[group_id(BY_PATH["devices"].group)].mount_all(below, after=ctl)
         for w in row + below:
             self._w[w.id] = w
+        if self._quitting():
+            return  # quit during the mount: the Selects' inner parts may be gone already
         self._cuda_ready = True
         self._apply_cuda_devices(self._cuda_pending)
         self._edited()  # the screen re-applies visibility: update_devices picks the widget to show

@@ -1045,3 +1045,17 @@ async def test_pick_free_gpus_takes_the_least_used_idle_ones_or_says_who_is_busy
         await pilot.pause(0.2)
         assert app.said("free:3: only 2 of 3 GPU(s) free (no other process on them): GPU 2, 0; in use: GPU 1")
         assert sorted(gpus.selected) == [0, 1, 2]  # refused: the choice stays as it was
+
+
+def test_quitting_at_the_first_frame_exits_cleanly(tmp_path, presets_dir):
+    """A user who quits the moment the screen appears (the form still mounting its sections
+    behind the first frame) gets a clean exit, not NoMatches from a half-built Select."""
+
+    class QuitAtOnce(TorchdeckApp):
+        def first_frame_shown(self) -> None:
+            super().first_frame_shown()
+            self.exit()
+
+    app = QuitAtOnce(gpu_source=no_gpus(), runs_root=tmp_path / "runs")
+    app.run(headless=True, size=(80, 24))
+    assert app.return_code == 0
