@@ -260,7 +260,10 @@ async def test_live_events_appear_on_screen(tmp_path):
         await until(pilot, lambda: "[warning] rank 1: loss is getting interesting" in screen_text(app), 10, "log")
         put(events.make("run_finished", status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=1.0))
         await until(pilot, lambda: "FINISHED" in screen_text(app), 10, "finished shown")
-        assert app.host_source.last_pids == {os.getpid(): None}  # the host pane asked about the supervisor
+        # The host pane asks about the supervisor at its next sample (once a second; the one before
+        # may have come before the screen knew the run's pids).
+        await until(pilot, lambda: app.host_source.last_pids == {os.getpid(): None}, 5,
+                    f"the host pane sampled the supervisor's pid (last asked {app.host_source.last_pids})")
 
 
 async def test_stop_and_kill_refuse_a_run_that_is_over(tmp_path):
