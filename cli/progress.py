@@ -52,7 +52,7 @@ def header(view: RunView, now: float, width: int) -> str:
                          f"{','.join(str(r.rank) for r in stale)} silent"))
     elif not view.final:
         parts.append((3, f"ETA {fmt.duration(view.eta(now))}"))
-    parts.append((2, f"{fmt.rate(view.global_samples_per_s(now))} samples/s"))
+    parts.append((2, view.rate_text(now)))
     val = view.latest_val_acc()
     if val is not None:
         parts.append((4, f"val {fmt.pct(val)}"))

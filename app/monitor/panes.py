@@ -122,7 +122,7 @@ def header_text(state: RunView, now: float, run_name: str) -> Text:
     else:
         eta = state.eta(now)
         t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
-    t.append(f"  ·  {fmt.rate(state.global_samples_per_s(now))} samples/s  ·  step {step}/{total or '?'}")
+    t.append(f"  ·  {state.rate_text(now)}  ·  step {step}/{total or '?'}")
     if state.total_epochs:
         t.append(f"  ·  epoch {max(1, state.epoch())}/{state.total_epochs}")
     val = state.latest_val_acc()

@@ -15,6 +15,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 
+from engine.runs import fmt
 from engine.runs.status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
@@ -52,6 +53,18 @@ class RankState:
     _step_t: float | None = None  # event time of its newest step (or report)
     _paused: bool = True  # evaluating or checkpointing after that step event (or not stepping yet)
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
+    _rates: int = 0  # step-window rates it reported, and the sum of their inverses: each window
+    _inv_rate_sum: float = 0.0  # is the same number of samples, so their harmonic mean is its mean rate
+
+    def add_rate(self, samples_per_s: float) -> None:
+        self.samples_per_s = samples_per_s
+        if samples_per_s > 0:
+            self._rates += 1
+            self._inv_rate_sum += 1.0 / samples_per_s
+
+    @property
+    def mean_samples_per_s(self) -> float:
+        return self._rates / self._inv_rate_sum if self._rates else 0.0
 
     @property
     def failed_exit(self) -> bool:
@@ -309,7 +322,7 @@ class RunView:
         st.loss = _f(ev.get("loss"))
         acc = _f(ev.get("accuracy"))
         st.acc = acc if acc is not None else st.acc
-        st.samples_per_s = _f(ev.get("samples_per_s")) or 0.0
+        st.add_rate(_f(ev.get("samples_per_s")) or 0.0)
         wait, comp = _f(ev.get("data_wait_s")) or 0.0, _f(ev.get("compute_s")) or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
         comm = _f(ev.get("comm_s"))
@@ -429,7 +442,7 @@ class RunView:
             st.epoch = _i(rep.get("epoch"), st.epoch - 1) + 1
             st.step = _i(rep.get("step"), st.step)
             st.total_steps = st.total_steps or self.total_steps
-            st.samples_per_s = _f(rep.get("samples_per_s")) or 0.0
+            st.add_rate(_f(rep.get("samples_per_s")) or 0.0)
             wait = _f(rep.get("data_wait"))
             if wait is not None:
                 st.data_wait = wait if 0.0 <= wait <= 1.0 else None
@@ -589,6 +602,18 @@ class RunView:
         if self.final or (now is not None and self.stale_ranks(now)):
             return 0.0
         return sum(r.samples_per_s for r in self.rank_list() if r.exited is None)
+
+    def mean_samples_per_s(self) -> float:
+        """The whole run's training rate: each rank's mean over its step windows, added up
+        (evaluation and checkpoints are not in the windows' rates)."""
+        return sum(r.mean_samples_per_s for r in self.rank_list() if not r.failed_exit)
+
+    def rate_text(self, now: float | None = None) -> str:
+        """The headers' rate: the ranks' latest while it trains, the run's mean once it is over
+        (a finished run's header said `0 samples/s`)."""
+        if self.final and self.mean_samples_per_s() > 0:
+            return f"mean {fmt.rate(self.mean_samples_per_s())} samples/s"
+        return f"{fmt.rate(self.global_samples_per_s(now))} samples/s"
 
     def startup(self, now: float) -> str | None:
         """What a starting run is doing, for the headers; None once it trains (or is over)."""

@@ -29,8 +29,23 @@ def test_ranks_throughput_and_eta_from_steps():
     assert (slow.rank, fast.rank) == (1, 0)
     assert st.rank_pids() == {4000: None, 4001: 0, 4002: 1}
     assert st.elapsed(T0 + 20) == 20.0
+    assert st.rate_text(T0 + 20) == "300 samples/s"
     st.feed(ev("run_finished", 25, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=25.0))
     assert st.final and st.eta(T0 + 30) is None and st.elapsed(T0 + 99) == 25.0
+    assert st.rate_text(T0 + 30) == "mean 300 samples/s"  # not the 0 of a run with no rank stepping
+
+
+def test_a_finished_runs_rate_is_its_mean_over_the_step_windows():
+    """Each step window holds the same samples, so a rank's mean rate is the harmonic mean of its
+    windows' rates: 100 then 300 samples/s is 150 (2 windows of N samples in N/100 + N/300 s)."""
+    st = RunView()
+    st.feed(started(total=4))
+    st.feed_all([step(0, 1, 1, sps=100.0, total=4), step(0, 2, 2, sps=300.0, total=4),
+                 step(1, 1, 1, sps=200.0, total=4), step(1, 2, 2, sps=200.0, total=4)])
+    assert st.rate_text(T0 + 2) == "500 samples/s"  # the latest: 300 + 200
+    st.feed(ev("run_finished", 3, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=3.0))
+    assert st.mean_samples_per_s() == pytest.approx(350.0)
+    assert st.rate_text(T0 + 4) == "mean 350 samples/s"
 
 
 def test_stale_rank_is_flagged_only_while_running():
