@@ -181,6 +181,7 @@ class Display:
         self._log_seq = 0
         self.frames = 0
         self._resized = False
+        self._last_header = ""  # the plain header line printed last (not on a TTY)
         if self.tty and width is None:
             try:
                 signal.signal(signal.SIGWINCH, self._on_resize)
@@ -240,7 +241,11 @@ class Display:
             self._write("".join(line + "\n" for line in lines))
             self._drawn = lines
         else:
-            self._write(header(view, now, 10_000) + "\n")
+            text = header(view, now, 10_000)
+            if text == self._last_header:
+                return  # the same line again (finish() right after the last show) says nothing new
+            self._last_header = text
+            self._write(text + "\n")
         self.frames += 1
 
     def finish(self, view: RunView) -> None:

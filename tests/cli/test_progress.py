@@ -94,6 +94,7 @@ def test_progress_failure_summary_names_the_root_cause():
     d.show(v)
     d.finish(v)
     out = buf.getvalue()
+    assert len([ln for ln in out.splitlines() if ln.startswith("FAILED |")]) == 1  # not once per draw
     assert "[error] rank 1 on node7 (pid 42): ValueError: bad batch" in out
     assert "run failed" in out and "root cause: rank 1 (node7): ValueError: bad batch" in out
     assert '    File "x.py", line 1' in out
