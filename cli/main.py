@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -270,7 +271,8 @@ def cmd_compare(args) -> int:
 
     comparison = compare.execute(path, facts, entries, watch, stopping=lambda: bool(stopping))
     print()
-    for line in compare.table_lines(comparison.rows, comparison.target):
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    for line in compare.table_lines(comparison.rows, comparison.target, width):
         print(line)
     print(f"written: {path / compare.TABLE_FILE}, {path / compare.PLAN_FILE}")
     if args.save_best:

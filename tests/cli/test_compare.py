@@ -153,3 +153,24 @@ def test_compare_cpu_and_gpu_on_a_cuda_host(tmp_path):
         assert rows["dp"]["status"] == "skipped" and "2 or more GPUs" in rows["dp"]["reason"]
     else:
         assert rows["dp"]["status"] == "finished" and len(rows["dp"]["peak_mem_mb"]) == 1
+
+
+def test_the_printed_table_fits_an_80_column_terminal_and_says_what_it_left_out():
+    """At 80 columns every row of the full table wrapped onto two lines; the printed table leaves
+    columns out (the held-equal global batch first) until it fits, and compare.md keeps them all."""
+    rows = [compare.Row("cpu", "finished", world=1, global_batch=128, samples_per_s=12445.0, ratio=1.0,
+                        step_s=0.0103, data_wait=0.046, peak_mem_mb=[831.0], final_val_acc=0.323),
+            compare.Row("ddp", "finished", world=2, global_batch=128, samples_per_s=9868.0, ratio=0.79,
+                        step_s=0.013, data_wait=0.03, peak_mem_mb=[868.0, 867.0], final_val_acc=0.323),
+            compare.Row("gpu", "skipped", reason="accelerator: cuda needs an NVIDIA GPU")]
+    full = compare.table_lines(rows)
+    assert max(len(ln) for ln in full[:4]) > 80 and "GLOBAL BATCH" in full[0]
+    narrow = compare.table_lines(rows, width=80)
+    table = narrow[:narrow.index(next(ln for ln in narrow if ln.startswith("(left out")))]
+    assert all(len(ln) <= 80 for ln in table) and len(table) == 4  # header + one line per row
+    for kept in ("STRATEGY", "STATUS", "SAMPLES/S", "VS FIRST", "VAL ACC"):
+        assert kept in table[0]
+    assert "GLOBAL BATCH" not in table[0] and "12,445" in table[1] and "0.79x" in table[2]
+    assert "(left out at 80 columns: GLOBAL BATCH" in "\n".join(narrow)
+    assert narrow[-1] == "gpu: skipped: accelerator: cuda needs an NVIDIA GPU"
+    assert compare.table_lines(rows, width=200) == full  # wide enough: nothing left out
