@@ -205,7 +205,8 @@ def cmd_attach(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from engine.runs.catalog import COLUMNS, collect
+    from engine.runs import fmt
+    from engine.runs.catalog import COLUMNS, NARROW_DROP, collect
     from engine.runs.layout import runs_root
 
     root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
@@ -214,8 +215,11 @@ def cmd_runs(args) -> int:
         print(f"no runs under {root}")
         return EXIT_OK
     cells = [r.cells() for r in rows]
-    keys = [k for k, _ in COLUMNS if any(c[k] for c in cells)]  # no empty columns
-    _table([tuple(label for k, label in COLUMNS if k in keys)] + [tuple(c[k] for k in keys) for c in cells])
+    cols = [(k, label) for k, label in COLUMNS if any(c[k] for c in cells)]  # no empty columns
+    lines, left_out = fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)
+    print("\n".join(lines))
+    if left_out:
+        print(f"(left out at {_terminal_width()} columns: {', '.join(left_out)})")
     for r in rows:
         if r.root_cause and r.status in ("failed", "lost", "stopped", "preempted"):
             print(f"{r.key}: {r.root_cause}")
@@ -271,8 +275,7 @@ def cmd_compare(args) -> int:
 
     comparison = compare.execute(path, facts, entries, watch, stopping=lambda: bool(stopping))
     print()
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    for line in compare.table_lines(comparison.rows, comparison.target, width):
+    for line in compare.table_lines(comparison.rows, comparison.target, _terminal_width()):
         print(line)
     print(f"written: {path / compare.TABLE_FILE}, {path / compare.PLAN_FILE}")
     if args.save_best:
@@ -389,6 +392,11 @@ def cmd_stacks(args) -> int:
     for line in stacks.render(groups, depth=args.depth):
         print(line)
     return EXIT_OK
+
+
+def _terminal_width() -> int | None:
+    """The terminal's columns when printing to one; None (no limit) into a pipe or a file."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def _table(rows: list[tuple]) -> None:

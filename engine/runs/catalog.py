@@ -84,6 +84,8 @@ class RunSummary:
 COLUMNS = (("status", "STATUS"), ("dir", "RUN"), ("strategy", "STRATEGY"), ("world", "WORLD"),
            ("started", "STARTED"), ("duration", "DURATION"), ("progress", "PROGRESS"), ("val", "VAL ACC"),
            ("set", "--SET"))
+# Left out first in a narrow terminal: the start time is in the run's name already.
+NARROW_DROP = ("set", "started", "world", "duration", "strategy")
 
 
 def read_head_tail(path: Path, tail: EventTail | None = None) -> tuple[list[dict], list[dict]]:

@@ -288,29 +288,14 @@ def header_lines(plan: dict) -> list[str]:
 
 
 # Columns left out first when the table is wider than the terminal (compare.md keeps them all):
-# the global batch is held equal (the header says so), then what the Compare screen also shows.
+# the global batch is held equal (the header says so), then the columns read least.
 _NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
 
 
 def table_lines(rows: list[Row], target: float | None = None, width: int | None = None) -> list[str]:
     """The table as aligned text, then one line per skipped or failed row saying why. With a
-    width (a terminal's), columns are left out until a row fits: a row wrapped onto two lines at
-    80 columns made the table unreadable."""
-    cols = list(columns(target))
-    cells = [r.cells(target) for r in rows]
-
-    def render(cols):
-        grid = [tuple(label for _, label in cols)] + [tuple(c[k] for k, _ in cols) for c in cells]
-        widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
-        return ["  ".join(v.ljust(w) for v, w in zip(g, widths)).rstrip() for g in grid]
-
-    out, left_out = render(cols), []
-    for key in _NARROW_DROP:
-        if width is None or max(map(len, out)) <= width:
-            break
-        left_out += [label for k, label in cols if k == key]
-        cols = [c for c in cols if c[0] != key]
-        out = render(cols)
+    width (a terminal's), columns are left out until a row fits on one line."""
+    out, left_out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, _NARROW_DROP)
     if left_out:
         out.append(f"(left out at {width} columns: {', '.join(left_out)}; all in {TABLE_FILE})")
     out += [f"{r.strategy}: {r.status}: {r.reason}" for r in rows if r.reason]

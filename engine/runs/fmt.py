@@ -44,3 +44,24 @@ def epoch_at(epochs_done: int, batches_done: int) -> str:
     if batches_done == 0 and epochs_done > 0:
         return f"end of epoch {epochs_done}"
     return f"epoch {epochs_done + 1}"
+
+
+def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None = None,
+              drop: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(lines, labels left out): an aligned text table of `cols` (key, label) over `cells`; with
+    a width (a terminal's), the keys in `drop` are left out in that order until every line fits,
+    since a table whose rows wrap onto two lines at 80 columns cannot be read."""
+    def render(cols):
+        grid = [tuple(label for _, label in cols)] + [tuple(str(c[k]) for k, _ in cols) for c in cells]
+        widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
+        return ["  ".join(v.ljust(w) for v, w in zip(g, widths)).rstrip() for g in grid]
+
+    cols, left_out = list(cols), []
+    lines = render(cols)
+    for key in drop:
+        if width is None or max(map(len, lines)) <= width:
+            break
+        left_out += [label for k, label in cols if k == key]
+        cols = [c for c in cols if c[0] != key]
+        lines = render(cols)
+    return lines, left_out

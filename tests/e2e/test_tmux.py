@@ -204,3 +204,19 @@ def test_headless_progress_fits_an_80_column_terminal_and_redraws_in_place(term,
     term.keys("C-c")
     term.wait_for("EXITED 0", timeout=120)  # a graceful stop exits 0
     assert "run stopped" in term.screen()
+
+
+def test_runs_list_fits_an_80_column_terminal(term, tmp_path):
+    """`torchdeck runs` at 80 columns wrapped each run onto two lines (~105 columns of cells): it
+    now leaves columns out (the start time first: it is in the run's name) and says which."""
+    from tests.app.test_compare_screen import make_comparison
+
+    where = make_comparison(tmp_path / "runs")
+    term.start(f"{TORCHDECK} runs; echo EXITED $?; sleep 60", width=80, height=24)
+    screen = term.wait_for("EXITED 0", timeout=60)
+    rows = [ln for ln in screen.splitlines() if ln.startswith("finished")]
+    names = sorted(p.name for p in where.iterdir() if p.is_dir())
+    assert len(rows) == len(names) == 3, screen
+    for ln in rows:  # a whole row on one line: its run's name and its accuracy
+        assert any(n in ln for n in names) and "%" in ln, screen
+    assert "(left out at 80 columns: STARTED" in screen, screen
