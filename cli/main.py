@@ -399,24 +399,20 @@ def _terminal_width() -> int | None:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
-def _table(rows: list[tuple]) -> None:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
-
-
 def cmd_presets(args) -> int:
     from engine.presets import DEFAULT_PRESET, list_presets, user_presets_dir
+    from engine.runs import fmt
 
     infos = list_presets()
     shipped = {i.name for i in infos if i.source == "shipped"}
-    rows = [("NAME", "SOURCE", "STRATEGY", "DESCRIPTION")]
+    cells = []
     for i in infos:
         name = i.name + (" (default)" if i.name == DEFAULT_PRESET and i.source == "shipped" else "")
         if i.source == "user" and i.name in shipped:
             name += f" (use user:{i.name})"
-        rows.append((name, i.source, i.strategy, i.description))
-    _table(rows)
+        cells.append({"name": name, "source": i.source, "strategy": i.strategy, "description": i.description})
+    cols = [("name", "NAME"), ("source", "SOURCE"), ("strategy", "STRATEGY"), ("description", "DESCRIPTION")]
+    print("\n".join(fmt.fit_table(cols, cells, _terminal_width())[0]))  # a description longer is cut
     print(f"user presets: {user_presets_dir()}")
     return EXIT_OK
 

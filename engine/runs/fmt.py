@@ -50,7 +50,8 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
               drop: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(lines, labels left out): an aligned text table of `cols` (key, label) over `cells`; with
     a width (a terminal's), the keys in `drop` are left out in that order until every line fits,
-    since a table whose rows wrap onto two lines at 80 columns cannot be read."""
+    since a table whose rows wrap onto two lines at 80 columns cannot be read; a line still too
+    wide then is cut with an ellipsis."""
     def render(cols):
         grid = [tuple(label for _, label in cols)] + [tuple(str(c[k]) for k, _ in cols) for c in cells]
         widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
@@ -64,4 +65,6 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
         left_out += [label for k, label in cols if k == key]
         cols = [c for c in cols if c[0] != key]
         lines = render(cols)
+    if width is not None:
+        lines = [ln if len(ln) <= width else ln[:max(1, width - 1)] + "…" for ln in lines]
     return lines, left_out

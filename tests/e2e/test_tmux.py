@@ -206,12 +206,24 @@ def test_headless_progress_fits_an_80_column_terminal_and_redraws_in_place(term,
     assert "run stopped" in term.screen()
 
 
-def test_runs_list_fits_an_80_column_terminal(term, tmp_path):
+def test_runs_and_presets_lists_fit_an_80_column_terminal(term, tmp_path):
     """`torchdeck runs` at 80 columns wrapped each run onto two lines (~105 columns of cells): it
-    now leaves columns out (the start time first: it is in the run's name) and says which."""
+    now leaves columns out (the start time first: it is in the run's name) and says which.
+    `torchdeck presets` cuts the descriptions that wrapped."""
     from tests.app.test_compare_screen import make_comparison
 
     where = make_comparison(tmp_path / "runs")
+    term.start(f"{TORCHDECK} presets | grep ddp-gpu; echo EXITED $?; sleep 60",
+               width=80, height=24)
+    screen = term.wait_for("EXITED 0", timeout=60)
+    full = [ln for ln in screen.splitlines() if ln.startswith("ddp-gpu")]
+    assert len(full) == 1 and len(full[0]) >= 80, screen  # into a pipe: whole (it wraps here)
+    term.kill()
+    term.start(f"{TORCHDECK} presets; echo EXITED $?; sleep 60", width=80, height=24)
+    screen = term.wait_for("EXITED 0", timeout=60)
+    line = next(ln for ln in screen.splitlines() if ln.startswith("ddp-gpu"))
+    assert len(line) <= 80 and line.endswith("…"), screen
+    term.kill()
     term.start(f"{TORCHDECK} runs; echo EXITED $?; sleep 60", width=80, height=24)
     screen = term.wait_for("EXITED 0", timeout=60)
     rows = [ln for ln in screen.splitlines() if ln.startswith("finished")]
