@@ -394,6 +394,18 @@ def cmd_stacks(args) -> int:
     return EXIT_OK
 
 
+def _item(text: str) -> None:
+    """One indented item of a report; in a terminal, wrapped at its edge under its own indent
+    (a wrapped line at column 0 reads as the next item)."""
+    width = _terminal_width()
+    if width is None or len(text) + 2 <= width:
+        print("  " + text)
+    else:
+        import textwrap
+
+        print(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False))
+
+
 def _terminal_width() -> int | None:
     """The terminal's columns when printing to one; None (no limit) into a pipe or a file."""
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
@@ -424,7 +436,7 @@ def cmd_validate(args) -> int:
     cfg = _config_or_usage(args)
     print(f"{args.preset}: valid")
     for line in preflight.describe(cfg) + args.host_notes:
-        print("  " + line)
+        _item(line)
     from engine.config import advice  # valid, but probably not meant
 
     warnings = [f"{f}: {why} (a launch on this host would be refused)" for f, why in preflight.host_problems(cfg)]
@@ -432,12 +444,12 @@ def cmd_validate(args) -> int:
         warnings.append(visible_devices_warning())
     warnings += [f"{field}: {why}" for field, why in advice(cfg)]
     for w in warnings:
-        print("  warning: " + w)
+        _item("warning: " + w)
     if args.memory:
         from engine import memory
 
         for line in memory.lines(cfg, getattr(args, "host_hw", None)):
-            print("  " + line)
+            _item(line)
     if args.explain:
         from engine import presets
 

@@ -232,3 +232,14 @@ def test_runs_and_presets_lists_fit_an_80_column_terminal(term, tmp_path):
     for ln in rows:  # a whole row on one line: its run's name and its accuracy
         assert any(n in ln for n in names) and "%" in ln, screen
     assert "(left out at 80 columns: STARTED" in screen, screen
+
+
+def test_validate_wraps_its_items_under_their_indent_at_80_columns(term):
+    """`torchdeck validate` printed ~100-column items; the terminal wrapped them to column 0, where
+    the rest read as a new item. Each item now wraps under its own indent."""
+    term.start(f"{TORCHDECK} validate quickstart; echo EXITED $?; sleep 60", width=80, height=24)
+    screen = term.wait_for("EXITED 0", timeout=60)
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    assert lines[0] == "quickstart: valid" and lines[-1] == "EXITED 0", screen
+    assert all(ln.startswith("  ") and len(ln) <= 80 for ln in lines[1:-1]), screen
+    assert any(ln.startswith("    ") and "precision" in ln for ln in lines), screen  # one did wrap
