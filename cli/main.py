@@ -397,13 +397,9 @@ def cmd_stacks(args) -> int:
 def _item(text: str) -> None:
     """One indented item of a report; in a terminal, wrapped at its edge under its own indent
     (a wrapped line at column 0 reads as the next item)."""
-    width = _terminal_width()
-    if width is None or len(text) + 2 <= width:
-        print("  " + text)
-    else:
-        import textwrap
+    from engine.runs import fmt
 
-        print(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False))
+    print(fmt.wrap("  " + text, _terminal_width()))
 
 
 def _terminal_width() -> int | None:

@@ -216,9 +216,9 @@ class Display:
             self._drawn = []
 
     def message(self, line: str) -> None:
-        """A line that stays (above the live block on a TTY)."""
+        """A line that stays (above the live block on a TTY, wrapped at its width under an indent)."""
         self._clear_block()
-        self._write(line + "\n")
+        self._write((fmt.wrap(line, self.width) if self.tty else line) + "\n")
         self._last = 0.0  # redraw the block at once below it
 
     def show(self, view: RunView, force: bool = False) -> None:

@@ -68,3 +68,22 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
     if width is not None:
         lines = [ln if len(ln) <= width else ln[:max(1, width - 1)] + "…" for ln in lines]
     return lines, left_out
+
+
+def wrap(text: str, width: int | None, indent: str = "  ") -> str:
+    """Each line of `text` wrapped at `width`, its continuation lines under the line's own indent
+    plus `indent`: a terminal wraps at column 0 and mid-number (`acc 88.9` / `%`), so a long
+    message read as two. Lines that fit (and tracebacks' indentation) are kept as they are."""
+    if width is None:
+        return text
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        out.append(textwrap.fill(line.strip(), width, initial_indent=lead, subsequent_indent=lead + indent,
+                                 break_on_hyphens=False))
+    return "\n".join(out)

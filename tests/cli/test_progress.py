@@ -111,7 +111,8 @@ def test_every_line_of_the_live_block_fits_the_terminal_at_80_and_40_columns():
         buf = io.StringIO()
         d = Display(buf, tty=True, width=width)
         d.show(v, force=True)
-        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step"))]
+        # the block, without the messages above it (their wrapped rest is indented)
+        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step", "  "))]
         assert len(lines) == 3
         for ln in lines:
             assert len(REDRAW.sub("", ln)) < width, (width, ln)
@@ -159,3 +160,21 @@ def test_lines_that_arrive_out_of_time_order_are_all_printed_once():
     d.show(v)
     out = buf.getvalue()
     assert out.count("said early, read late") == 1 and out.count("and then this") == 1
+
+
+def test_messages_wrap_at_the_terminal_under_an_indent_and_keep_tracebacks():
+    """A long message wrapped by the terminal broke at column 80 mid-number (`acc 88.9` / `%`) and
+    its rest read as a new line; on a TTY it now wraps between words under a 2-space indent."""
+    buf = io.StringIO()
+    d = Display(buf, tty=True, width=40)
+    d.message("epoch 1/3 done at step 64: train loss 1.6634 acc 40.9%, val loss 0.3350 acc 88.9%")
+    d.message('[error] rank 1: ValueError: bad\n  File "x.py", line 1, in f\n    raise ValueError("bad")')
+    lines = buf.getvalue().splitlines()
+    assert all(len(ln) <= 40 for ln in lines), lines
+    assert lines[0].startswith("epoch 1/3") and all(ln.startswith("  ") for ln in lines[1:3])
+    assert "88.9%" in buf.getvalue() and "40.9%," in buf.getvalue()  # no number cut in two
+    assert lines[-3:] == ["[error] rank 1: ValueError: bad", '  File "x.py", line 1, in f',
+                          '    raise ValueError("bad")']  # lines that fit are kept as they are
+    plain = io.StringIO()
+    Display(plain, tty=False).message("x " * 60)
+    assert plain.getvalue() == "x " * 60 + "\n"  # a log file gets the line whole
