@@ -231,7 +231,7 @@ def cmd_compare(args) -> int:
     """`torchdeck compare PRESET --strategies a,b,c`: the same job under each strategy, one after
     another, then one table (engine.runs.compare computes it; the app's Compare screen shows the same)."""
     from cli.progress import Display
-    from engine.runs import compare, control
+    from engine.runs import compare, control, fmt
 
     strategies = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
     if args.save_best:
@@ -250,12 +250,12 @@ def cmd_compare(args) -> int:
         raise UsageError(f"cannot create the comparison directory: {exc.strerror or exc}") from None
     compare.write_plan(path, facts, entries, args.target_acc)
     for line in compare.header_lines(facts):
-        print(line)
+        print(fmt.wrap(line, _terminal_width()))
     print(f"comparison directory: {path}", flush=True)
     todo = [i for i, e in enumerate(entries) if not e.skipped]
     for e in entries:
         if e.skipped:
-            print(f"{e.strategy}: skipped: {e.skipped}")
+            print(fmt.wrap(f"{e.strategy}: skipped: {e.skipped}", _terminal_width()))
     stopping = []
 
     def watch(i: int, run) -> None:
@@ -276,7 +276,7 @@ def cmd_compare(args) -> int:
     comparison = compare.execute(path, facts, entries, watch, stopping=lambda: bool(stopping))
     print()
     for line in compare.table_lines(comparison.rows, comparison.target, _terminal_width()):
-        print(line)
+        print(fmt.wrap(line, _terminal_width()))  # the table fits already; the reasons below it wrap
     print(f"written: {path / compare.TABLE_FILE}, {path / compare.PLAN_FILE}")
     if args.save_best:
         best = compare.fastest(comparison)

@@ -164,8 +164,27 @@ def port_of(run: RunDir) -> int:
     return next(e["master_port"] for e in read_all(run.events_path) if e["kind"] == "run_started")
 
 
+# After a rank is SIGKILLed, every process of the run must be gone within this many seconds. The
+# supervisor's own sequence (2 s for the others to fail, SIGTERM, 2 s, SIGKILL, 2 s) takes up to
+# ~6 s; CI's loaded 2 cores once took over 15 s, the old bound. A leak outlives any bound.
+LEFT_WITHIN_S = 30
+
+
+def _described(procs) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.status()} ppid {p.ppid()}: {' '.join(p.cmdline())[:160]}")
+        except Exception as exc:  # gone meanwhile
+            out.append(f"{p.pid}: {type(exc).__name__}")
+    return "; ".join(out)
+
+
 def assert_nothing_left(run: RunDir, pids, within):
-    wait_for(lambda: not control.run_processes(run), within, f"every process of {run.name} to exit")
+    try:
+        wait_for(lambda: not control.run_processes(run), within, f"every process of {run.name} to exit")
+    except AssertionError as exc:  # say which, so a slow exit can be told from a leak
+        raise AssertionError(f"{exc}; still there: {_described(control.run_processes(run))}") from None
     import psutil
 
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -522,7 +522,7 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
     """The shipped `deepspeed` preset through `torchdeck run`; SIGKILL one rank mid-run (as the OOM
     killer does): the command exits 1 naming the rank and the signal, and every process of the run
     is gone within 15 s, as for DDP."""
-    from tests.engine.helpers import assert_nothing_left, rank_pids, start_cli, steps_seen, the_run, wait_for
+    from tests.engine.helpers import LEFT_WITHIN_S, assert_nothing_left, rank_pids, start_cli, steps_seen, the_run, wait_for
 
     long = ["data.train_size=4096", "data.val_size=64", "train.epochs=1000", "train.log_every_n_steps=1",
             "train.threads_per_rank=1", "nodes.master_port=0"]
@@ -545,7 +545,7 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
     final = run.final_status()
     assert final["status"] == "failed" and "rank 1 killed by signal 9" in final["root_cause"]
     assert_nothing_left(run, list(pids.values()) + [run.supervisor_pid()],
-                        within=max(1.0, 15 - (time.monotonic() - t0)))
+                        within=max(1.0, LEFT_WITHIN_S - (time.monotonic() - t0)))
 
 
 # ----------------------------------------------------------------------------- export

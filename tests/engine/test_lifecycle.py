@@ -15,7 +15,7 @@ import pytest
 
 from engine.runs import control
 from engine.events import read_all
-from tests.engine.helpers import LONG, _as_in_a_terminal, assert_nothing_left, cli_cmd, env_for, port_free, port_of, preset, rank_pids, start_cli, steps_seen, the_run, wait_for  # noqa: F401  (shared)
+from tests.engine.helpers import LEFT_WITHIN_S, LONG, _as_in_a_terminal, assert_nothing_left, cli_cmd, env_for, port_free, port_of, preset, rank_pids, start_cli, steps_seen, the_run, wait_for  # noqa: F401  (shared)
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_sigkill_of_a_rank_fails_the_run_and_leaves_nothing(tmp_path):
     assert run.final_status()["status"] == "failed"
     assert "rank 1 killed by signal 9" in run.final_status()["root_cause"]
     assert_nothing_left(run, list(pids.values()) + [run.supervisor_pid()],
-                        within=max(1.0, 15 - (time.monotonic() - t0)))
+                        within=max(1.0, LEFT_WITHIN_S - (time.monotonic() - t0)))
 
 
 SLEEPY = """\
