@@ -32,6 +32,7 @@ from engine.runs.view import RunView
 from engine.strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
+DRAIN_POLL_S = 0.2  # once the ranks are gone: an empty queue for this long is drained
 POLL_S = 0.5
 STOP_GRACE_S = 30.0
 SLOW_DUMP_EVERY_S = 60.0  # at most one stacks dump a minute for slow steps (a stale rank: always)
@@ -52,6 +53,7 @@ class EventWriter(threading.Thread):
         self.lock = threading.Lock()
         self.errors: list[dict] = []
         self.done = threading.Event()
+        self._ending = threading.Event()  # stop(): drain what is there, then end
         self.count = 0
         self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
         self.view = RunView()  # the ranks as a front end sees them: the watchdog asks it who is stale
@@ -113,13 +115,14 @@ class EventWriter(threading.Thread):
         last_flush = time.monotonic()
         pending = 0
         while True:
+            ending = self._ending.is_set()
             try:
-                ev = self.q.get(timeout=FLUSH_EVERY_S)
+                ev = self.q.get(timeout=DRAIN_POLL_S if ending else FLUSH_EVERY_S)
             except queue_mod.Empty:
+                if ending:
+                    break  # the ranks are gone and the pipe is empty
                 ev = None
             except (EOFError, OSError):
-                break
-            if ev == "__end__":
                 break
             if ev is not None:
                 # Ranks send events already serialized: the one writer thread only writes lines.
@@ -140,11 +143,13 @@ class EventWriter(threading.Thread):
         self.done.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Drain what is left in the queue, then end the thread (the file stays open)."""
-        try:
-            self.q.put("__end__")
-        except (ValueError, OSError):
-            pass
+        """Drain what is left in the queue, then end the thread (the file stays open).
+
+        Never by putting an end marker into the ranks' queue: a rank SIGKILLed while sending an
+        event (the OOM killer) keeps the queue's cross-process write lock forever, so the marker
+        never went out, and at exit multiprocessing joined the thread feeding it: the supervisor
+        hung after writing the run's final status, for good."""
+        self._ending.set()
         self.join(timeout)
 
     def close(self) -> None:

@@ -240,3 +240,42 @@ def test_auto_threads_per_rank_count_the_cpus_this_process_may_use(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "1"]
+
+
+WRITER_AFTER_A_KILLED_SENDER = """
+import multiprocessing, os, signal, sys, time
+from engine.supervisor import EventWriter
+
+def hold_the_write_lock(q):
+    q.put("an event that goes out")
+    time.sleep(0.5)
+    q._wlock.acquire()  # as a rank does around each send: SIGKILLed inside it, it never lets go
+    time.sleep(600)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    w = EventWriter(sys.argv[1], q)
+    w.start()
+    rank = ctx.Process(target=hold_the_write_lock, args=(q,))
+    rank.start()
+    time.sleep(3)
+    os.kill(rank.pid, signal.SIGKILL)
+    rank.join()
+    w.stop()
+    w.close()
+    print("writer stopped:", not w.is_alive(), flush=True)
+"""
+
+
+def test_a_rank_killed_while_sending_does_not_hang_the_supervisor_at_exit(tmp_path):
+    """CI found a supervisor alive 10 minutes after its run's final status: a rank SIGKILLed while
+    it held the ranks' queue's write lock, the supervisor's own end marker could never be sent,
+    and at exit multiprocessing joined the thread trying to send it. The writer now ends without
+    sending anything: the process exits, with the event sent before the kill written."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER_AFTER_A_KILLED_SENDER)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "events.jsonl")], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "writer stopped: True" in out.stdout, out
+    assert (tmp_path / "events.jsonl").read_text() == "an event that goes out\n"
