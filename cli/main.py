@@ -216,10 +216,7 @@ def cmd_runs(args) -> int:
         return EXIT_OK
     cells = [r.cells() for r in rows]
     cols = [(k, label) for k, label in COLUMNS if any(c[k] for c in cells)]  # no empty columns
-    lines, left_out = fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)
-    print("\n".join(lines))
-    if left_out:
-        print(f"(left out at {_terminal_width()} columns: {', '.join(left_out)})")
+    print("\n".join(fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)))
     for r in rows:
         if r.root_cause and r.status in ("failed", "lost", "stopped", "preempted"):
             print(f"{r.key}: {r.root_cause}")
@@ -420,7 +417,7 @@ def cmd_presets(args) -> int:
             name += f" (use user:{i.name})"
         cells.append({"name": name, "source": i.source, "strategy": i.strategy, "description": i.description})
     cols = [("name", "NAME"), ("source", "SOURCE"), ("strategy", "STRATEGY"), ("description", "DESCRIPTION")]
-    print("\n".join(fmt.fit_table(cols, cells, _terminal_width())[0]))  # a description longer is cut
+    print("\n".join(fmt.fit_table(cols, cells, _terminal_width())))  # a description longer is cut
     print(f"user presets: {user_presets_dir()}")
     return EXIT_OK
 

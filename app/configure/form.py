@@ -132,7 +132,7 @@ class ConfigForm(VerticalScroll):
     def _quitting(self) -> bool:
         """The app is shutting down (exit() was called, or this form is being removed): a quit in
         the first half second must not fail on the half-built form."""
-        return getattr(self.app, "_exit", False) or not self.is_attached or not self.app.is_running
+        return self.app.return_code is not None or not self.is_attached or not self.app.is_running
 
     @property
     def complete(self) -> bool:

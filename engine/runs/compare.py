@@ -295,9 +295,7 @@ _NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
 def table_lines(rows: list[Row], target: float | None = None, width: int | None = None) -> list[str]:
     """The table as aligned text, then one line per skipped or failed row saying why. With a
     width (a terminal's), columns are left out until a row fits on one line."""
-    out, left_out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, _NARROW_DROP)
-    if left_out:
-        out.append(f"(left out at {width} columns: {', '.join(left_out)}; all in {TABLE_FILE})")
+    out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, _NARROW_DROP, TABLE_FILE)
     out += [f"{r.strategy}: {r.status}: {r.reason}" for r in rows if r.reason]
     return out
 

@@ -47,11 +47,11 @@ def epoch_at(epochs_done: int, batches_done: int) -> str:
 
 
 def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None = None,
-              drop: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """(lines, labels left out): an aligned text table of `cols` (key, label) over `cells`; with
-    a width (a terminal's), the keys in `drop` are left out in that order until every line fits,
-    since a table whose rows wrap onto two lines at 80 columns cannot be read; a line still too
-    wide then is cut with an ellipsis."""
+              drop: tuple[str, ...] = (), all_in: str = "") -> list[str]:
+    """An aligned text table of `cols` (key, label) over `cells`; with a width (a terminal's),
+    the keys in `drop` are left out in that order until every line fits, since a table whose rows
+    wrap onto two lines at 80 columns cannot be read, and a last line says which (and `all_in`,
+    where they all are); a line still too wide then is cut with an ellipsis."""
     def render(cols):
         grid = [tuple(label for _, label in cols)] + [tuple(str(c[k]) for k, _ in cols) for c in cells]
         widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
@@ -67,7 +67,9 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
         lines = render(cols)
     if width is not None:
         lines = [ln if len(ln) <= width else ln[:max(1, width - 1)] + "…" for ln in lines]
-    return lines, left_out
+    if left_out:
+        lines.append(f"(left out at {width} columns: {', '.join(left_out)}{'; all in ' + all_in if all_in else ''})")
+    return lines
 
 
 def wrap(text: str, width: int | None, indent: str = "  ") -> str:

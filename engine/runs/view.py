@@ -611,8 +611,9 @@ class RunView:
     def rate_text(self, now: float | None = None) -> str:
         """The headers' rate: the ranks' latest while it trains, the run's mean once it is over
         (a finished run's header said `0 samples/s`)."""
-        if self.final and self.mean_samples_per_s() > 0:
-            return f"mean {fmt.rate(self.mean_samples_per_s())} samples/s"
+        mean = self.mean_samples_per_s() if self.final else 0.0
+        if mean > 0:
+            return f"mean {fmt.rate(mean)} samples/s"
         return f"{fmt.rate(self.global_samples_per_s(now))} samples/s"
 
     def startup(self, now: float) -> str | None:
