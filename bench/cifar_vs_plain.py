@@ -8,7 +8,8 @@ check, as if they had passed it once.
 
 Throughput after warm-up (step marks) and the time to have the set in memory; memory of the
 node's ranks (sum of PSS, which counts a shared page once) with data.cache auto (one copy) and
-none (one per rank), for 2 and 8 ranks. Target: torchdeck >= 1.00x the plain script."""
+none (one per rank), for 2 and 8 ranks. Target: torchdeck >= 1.00x the plain script. A row for the plain
+script with its ranks bound to cores as torchdeck binds them (`--pin`) shows what that binding is worth."""
 from __future__ import annotations
 
 import pickle
@@ -109,24 +110,27 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         return {"samples_per_s": C.throughput(marks, per_step, s["warm"]), "data_s": data_t - ready,
                 "wall_s": marks[-1][1] - res["t_launch"]}
 
-    def plain(batched=False):
+    def plain(batched=False, pin=False):
         def go():
             out = C.run_script("bench.baselines.plain_cifar", [str(data_root), "--ranks", str(RANKS), "--steps",
                                                                str(s["steps"]), "--batch-size", str(s["batch"])]
-                               + (["--batched"] if batched else []))
+                               + (["--batched"] if batched else []) + (["--pin"] if pin else []))
             marks = [tuple(m) for m in out["marks"]]
             return {"samples_per_s": C.throughput(marks, per_step, s["warm"]), "data_s": out["t_data"] - out["t_ready"],
                     "wall_s": marks[-1][1] - out["t_launch"]}
         return go
 
-    eng, pl, pb = C.alternate(reps, engine, plain(), plain(batched=True))
+    eng, pl, pb, pp = C.alternate(reps, engine, plain(), plain(batched=True), plain(pin=True))
     med = lambda rs, k: C.median([r[k] for r in rs])
     e_tp, p_tp, b_tp = med(eng, "samples_per_s"), med(pl, "samples_per_s"), med(pb, "samples_per_s")
+    pp_tp = med(pp, "samples_per_s")
     ratio = e_tp / p_tp if e_tp and p_tp else None
     paired = C.median([a["samples_per_s"] / b["samples_per_s"] for a, b in zip(eng, pl)])
     rows = [["plain DDP, float TensorDataset", p_tp, med(pl, "data_s"), med(pl, "wall_s"), 1.0],
             ["plain DDP, float tensors + batch fetch", b_tp, med(pb, "data_s"), med(pb, "wall_s"),
              b_tp / p_tp if b_tp and p_tp else None],
+            ["plain DDP, float tensors, ranks bound to cores (--pin)", pp_tp, med(pp, "data_s"), med(pp, "wall_s"),
+             pp_tp / p_tp if pp_tp and p_tp else None],
             ["torchdeck ddp, cifar10 (uint8, shared)", e_tp, med(eng, "data_s"), med(eng, "wall_s"), ratio]]
     text = C.table(f"{NAME}: {s['train']} train CIFAR-10-shaped images, {RANKS} ranks gloo, cnn, batch "
                    f"{s['batch']}/rank, steps {s['warm']}..{s['steps']} timed, median of {reps}",
@@ -138,8 +142,9 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                     ["ranks", "data.cache", "node PSS MiB"],
                     [[m["ranks"], m["cache"], m["node_pss_mb"]] for m in mem])
     text += (f"\ntorchdeck/plain {C.fmt(ratio)} (paired {C.fmt(paired)}; target >= {TARGET}: "
-             f"{C.verdict(ratio, TARGET)})")
-    return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "plain": pl, "plain_batched": pb,
+             f"{C.verdict(ratio, TARGET)}); torchdeck/plain bound to cores the same way "
+             f"{C.fmt(e_tp / pp_tp if e_tp and pp_tp else None)}")
+    return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "plain": pl, "plain_batched": pb, "plain_pinned": pp,
             "memory": mem, "ratio": ratio, "ratio_paired": paired,
             "targets": [{"what": "cifar-shaped engine/plain throughput", "value": ratio, "target": f">= {TARGET}",
                          "verdict": C.verdict(ratio, TARGET)}]}

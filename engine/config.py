@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from engine.affinity import MODES as CPU_AFFINITY
 from engine.cache import AUGMENTS, CACHE_MODES
 from engine.errors import TorchdeckError
 from engine.network import host_problem
@@ -130,6 +131,7 @@ class TrainConfig:
     log_every_n_steps: int = 10  # step events per rank
     report_every_s: float = 5.0  # rank 0 gathers every rank's progress (rank_report event); 0: off
     threads_per_rank: int = 0  # 0: cores / local processes, like torchrun's OMP_NUM_THREADS
+    cpu_affinity: str = "auto"  # auto | exclusive | none: each rank on cores of its own (engine/affinity.py)
     channels_last: bool = False
     compile: bool = False
     cudnn_benchmark: bool = True
@@ -502,6 +504,7 @@ def _train_rules(cfg: RunConfig, p: _Problems) -> None:
         p.append(("train.grad_clip", f"must be 0 (off) or positive, got {t.grad_clip}"))
     p.at_least("train.log_every_n_steps", t.log_every_n_steps, 1)
     p.at_least("train.threads_per_rank", t.threads_per_rank, 0)
+    p.choice("train.cpu_affinity", t.cpu_affinity, CPU_AFFINITY)
     if t.report_every_s < 0:
         p.append(("train.report_every_s", f"must be 0 (off) or a number of seconds, got {t.report_every_s}"))
 
@@ -589,6 +592,14 @@ def _device_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
 
 def _combination_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
     """Settings each fine alone that do not go together (or not on this host)."""
+    t = cfg.train
+    if t.cpu_affinity == "exclusive" and hw is not None:
+        local = cfg.nproc_per_node
+        need = local * (t.threads_per_rank or 1)
+        if need > hw.cpu_count:
+            p.append(("train.cpu_affinity", f"exclusive needs {local} rank(s) x {t.threads_per_rank or 1} "
+                      f"thread(s) = {need} cores of their own; this host has {hw.cpu_count}: lower "
+                      "train.threads_per_rank or the ranks per node, or use auto"))
     if cfg.backend == "nccl" and cfg.accelerator != "cuda":
         p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
     if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:

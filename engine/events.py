@@ -11,7 +11,7 @@ Kinds and their fields (beyond v, kind, t):
                    master_addr, master_port, pid (supervisor), host, total_steps
     phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume),
                    until its first step event; the run's start-up is read from these
-    rank_ready     rank, local_rank, device, pid, host, threads
+    rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null)
     step           rank, epoch, step (optimizer steps done), total_steps, loss,
                    samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null),
                    comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from engine import affinity
 from engine import checkpoint as ckpt
 from engine.cache import NodeShare, loader_workers
 from engine.data import BatchPrep
@@ -151,7 +152,8 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
         loader = DataLoader(BatchTensors(dataset), batch_size=batch_size, sampler=shard.indices,
                             collate_fn=keep_batch)
     else:
-        loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+        loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                            **(affinity.loader_kwargs() if num_workers else {}))
     sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss, correct, count
     was_training = model.training
     model.eval()
@@ -270,7 +272,8 @@ class Trainer:
             collate_fn=keep_batch if in_memory else None, num_workers=workers,
             pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
             persistent_workers=d.persistent_workers and workers > 0,
-            prefetch_factor=d.prefetch_factor if workers > 0 else None)
+            prefetch_factor=d.prefetch_factor if workers > 0 else None,
+            **(affinity.loader_kwargs() if workers else {}))  # workers off their rank's bound cores
         self.workers = workers
         # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
         self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)

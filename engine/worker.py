@@ -19,7 +19,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from engine import events
+from engine import affinity, events
 from engine.config import from_dict
 from engine.errors import TorchdeckError
 from engine.runs import stacks
@@ -244,6 +244,10 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     strategy = get_strategy(cfg.strategy)
     local_world_size = local_world_size or cfg.nproc_per_node
     threads = threads_for(cfg, local_world_size)
+    cores, why = affinity.plan(cfg.train.cpu_affinity, cfg.accelerator, local_world_size, threads,
+                               affinity.allowed_cpus())
+    if cores:
+        affinity.bind(cores[local_rank])  # before the thread pools and gloo's threads: they inherit it
     torch.set_num_threads(threads)
     device = torch.device(cfg.device_for(local_rank))
     if device.type == "cuda":
@@ -270,7 +274,13 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     clean = False
     try:
         emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
-             host=socket.gethostname(), threads=threads)
+             host=socket.gethostname(), threads=threads,
+             cpus=affinity.cpu_list(cores[local_rank]) if cores else None)
+        if local_rank == 0 and (cores or cfg.train.cpu_affinity == "exclusive"):
+            emit("log", level="info" if cores else "warning", message=(
+                "ranks bound to cores: " + ", ".join(f"local rank {i} on {affinity.cpu_list(c)}"
+                                                    for i, c in enumerate(cores)) + f" ({why})"
+                if cores else f"train.cpu_affinity exclusive: ranks not bound: {why}"))
         seed_everything(cfg.train.seed)
         ctx = RankContext(rank=rank, local_rank=local_rank, world_size=world_size,
                           local_world_size=local_world_size,

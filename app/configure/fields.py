@@ -30,6 +30,7 @@ ESSENTIALS = ("strategy", "accelerator", "devices", "model.name", "data.dataset"
 _GROUP_OF = [
     ("backend", "Distributed"), ("init_method", "Distributed"), ("nodes.", "Distributed"),
     ("train.precision", "Precision & speed"), ("train.threads_per_rank", "Precision & speed"),
+    ("train.cpu_affinity", "Precision & speed"),
     ("train.channels_last", "Precision & speed"), ("train.compile", "Precision & speed"),
     ("train.cudnn_benchmark", "Precision & speed"), ("train.tf32", "Precision & speed"),
     ("train.deterministic", "Precision & speed"),
@@ -46,7 +47,7 @@ CHOICES: dict[str, tuple] = {
     "model.name": C.BUILTIN_MODELS + (CUSTOM,), "data.dataset": C.BUILTIN_DATASETS + (CUSTOM,),
     "fsdp.state_dict": ("full", "sharded"),
     "deepspeed.offload_optimizer": C.OFFLOAD, "deepspeed.offload_param": C.OFFLOAD,
-    "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS,
+    "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS, "train.cpu_affinity": C.CPU_AFFINITY,
 }
 
 LABELS = {
@@ -56,7 +57,7 @@ LABELS = {
     "train.batch_size": "batch size", "train.max_steps": "max steps (0: none)",
     "train.grad_accum": "grad accumulation", "train.grad_clip": "grad clip (0: off)",
     "train.log_every_n_steps": "log every n steps", "train.threads_per_rank": "threads/rank (0: auto)",
-    "train.report_every_s": "rank report (s, 0: off)",
+    "train.report_every_s": "rank report (s, 0: off)", "train.cpu_affinity": "cores per rank",
     "checkpoint.dir": "checkpoint dir", "checkpoint.every_n_steps": "every n steps (0: off)",
     "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
@@ -76,6 +77,7 @@ HINTS = {
     "nodes.ifname": "NIC for gloo/NCCL, e.g. eth0 (empty: they pick one)",
     "train.report_every_s": "how often rank 0 gathers all ranks' progress",
     "data.cache": "auto: keep decoded images in RAM when they fit the budget",
+    "train.cpu_affinity": "auto: CPU ranks each on cores of their own; none: the OS places them",
     "data.cache_budget_mb": "for all ranks of this node together",
     "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
     "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",

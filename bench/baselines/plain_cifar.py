@@ -1,6 +1,7 @@
 """A hand-written mp.spawn DDP script (gloo) on CIFAR-10's python files, keeping the set as tensors
 the way a careful user does: every rank unpickles the five train batches once, converts them to a
-normalized float tensor and trains from a TensorDataset (`--batched` fetches whole batches).
+normalized float tensor and trains from a TensorDataset (`--batched` fetches whole batches;
+`--pin` binds each rank to cores of its own, as torchdeck's train.cpu_affinity auto does).
 Rank 0 prints a JSON line: t_ready (group formed, before the data), t_data (set in memory), marks.
 
     python -m bench.baselines.plain_cifar ROOT --steps 200 --batch-size 64
@@ -49,7 +50,11 @@ def worker(rank, a, port, out_path):
     from engine.data import DataInfo
     from engine.models import cnn
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
+    threads = max(1, (os.cpu_count() or 1) // a.ranks)
+    if a.pin:  # what torchdeck's train.cpu_affinity auto does: rank r on its own cores
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[rank * threads:(rank + 1) * threads])
+    torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
     t_ready = time.time()
@@ -94,6 +99,7 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--mark-every", type=int, default=10)
     ap.add_argument("--batched", action="store_true")
+    ap.add_argument("--pin", action="store_true", help="bind rank r to its own cores (before its group forms)")
     a = ap.parse_args(argv)
 
     import torch.multiprocessing as mp

@@ -45,3 +45,61 @@ def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
     first.register_forward_hook(first_out)
     net.register_forward_hook(after)
     return net
+
+
+# ----------------------------------------------------------------------------- cores (train.cpu_affinity)
+
+
+def _cores_of_every_thread() -> list[list[int]]:
+    """The CPUs each thread of this process may run on, read from /proc (not what we asked for)."""
+    import os
+
+    out = []
+    for tid in sorted(os.listdir("/proc/self/task")):
+        try:
+            text = open(f"/proc/self/task/{tid}/status").read()
+        except OSError:
+            continue
+        line = next(x for x in text.splitlines() if x.startswith("Cpus_allowed_list:"))
+        cores = []
+        for part in line.split(":", 1)[1].strip().split(","):
+            a, _, b = part.partition("-")
+            cores += range(int(a), int(b or a) + 1)
+        out.append(cores)
+    return out
+
+
+def cores_model(info, out: str) -> torch.nn.Module:
+    """The mlp; on construction (in the rank, after its process group formed) writes the cores of
+    each of the rank's threads to OUT/rank<RANK>.json."""
+    import json
+    import os
+
+    with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json"), "w") as fh:
+        json.dump(_cores_of_every_thread(), fh)
+    return mlp(info, 16)
+
+
+class _CoresSet(torch.utils.data.Dataset):
+    """Synthetic-sized samples; each read records the reading process's cores (a loader worker's)."""
+
+    def __init__(self, out: str, n: int = 64):
+        self.out, self.n = out, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import json
+        import os
+
+        path = os.path.join(self.out, f"worker{os.getpid()}.json")
+        if torch.utils.data.get_worker_info() is not None and not os.path.exists(path):
+            with open(path, "w") as fh:
+                json.dump(_cores_of_every_thread(), fh)
+        return torch.zeros(3, 8, 8), i % 2
+
+
+def cores_data(cfg):
+    out = cfg.model.kwargs["out"]
+    return _CoresSet(out), None, {"in_channels": 3, "num_classes": 2, "image_size": 8}

@@ -1,0 +1,82 @@
+"""train.cpu_affinity: each CPU rank on cores of its own (engine/affinity.py), read back from the
+ranks' real /proc entries in a supervised run."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from engine import affinity
+from engine.events import read_all
+from tests.engine.helpers import run_supervised, small_cfg
+
+CPUS = affinity.allowed_cpus()
+need_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs this process may use")
+
+
+def test_plan_splits_the_allowed_set_in_order_and_says_why_not():
+    assert affinity.plan("auto", "cpu", 2, 1, [0, 1]) == ([[0], [1]], "train.cpu_affinity auto")
+    assert affinity.plan("auto", "cpu", 2, 2, [4, 5, 6, 7])[0] == [[4, 5], [6, 7]]  # a taskset's set, not 0..
+    assert affinity.plan("exclusive", "cuda", 2, 1, [0, 1, 2])[0] == [[0], [1]]
+    none, why = affinity.plan("auto", "cpu", 1, 2, [0, 1])
+    assert none is None and "one rank" in why
+    none, why = affinity.plan("auto", "cuda", 2, 1, [0, 1])
+    assert none is None and "CPU runs only" in why
+    none, why = affinity.plan("exclusive", "cpu", 3, 1, [0, 1])
+    assert none is None and "3 rank(s) x 1 thread(s) = 3 cores" in why and "may use 2" in why
+    assert affinity.plan("none", "cpu", 2, 1, [0, 1])[0] is None
+    assert affinity.cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def _ddp(tmp_path, mode, **over):
+    out = tmp_path / "seen"
+    out.mkdir()
+    cfg = small_cfg(strategy="ddp", devices=2, **{"model.name": "tests.engine.probes:cores_model",
+                                                   "model.kwargs": {"out": str(out)},
+                                                   "train.cpu_affinity": mode, "nodes.master_port": 0,
+                                                   "train.max_steps": 2, **over})
+    proc = run_supervised(tmp_path / "run", cfg)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, read_all(tmp_path / "run" / "events.jsonl")
+
+
+@need_two
+def test_auto_binds_each_cpu_rank_and_all_its_threads_to_a_core_of_its_own(tmp_path):
+    out, evs = _ddp(tmp_path, "auto")
+    for rank in (0, 1):
+        threads = json.loads((out / f"rank{rank}.json").read_text())
+        assert len(threads) > 1  # the gloo and queue threads too, not only the main one
+        assert all(t == [CPUS[rank]] for t in threads), (rank, threads)
+    ready = {e["rank"]: e for e in evs if e["kind"] == "rank_ready"}
+    assert ready[0]["cpus"] == str(CPUS[0]) and ready[1]["cpus"] == str(CPUS[1])
+    assert any(e["kind"] == "log" and e["message"].startswith("ranks bound to cores: local rank 0 on")
+               for e in evs)
+
+
+@need_two
+def test_none_leaves_the_ranks_where_the_os_puts_them(tmp_path):
+    out, evs = _ddp(tmp_path, "none")
+    for rank in (0, 1):
+        assert all(t == CPUS for t in json.loads((out / f"rank{rank}.json").read_text()))
+    assert all(e.get("cpus") is None for e in evs if e["kind"] == "rank_ready")
+    assert not any(e["kind"] == "log" and "bound to cores" in e["message"] for e in evs)
+
+
+@need_two
+def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(tmp_path):
+    out, _ = _ddp(tmp_path, "auto", **{"data.dataset": "tests.engine.probes:cores_data", "data.num_workers": 1,
+                                       "data.persistent_workers": False, "train.batch_size": 8})
+    workers = [json.loads(p.read_text()) for p in out.glob("worker*.json")]
+    assert len(workers) >= 2  # one per rank at least (each rank reads its own shard)
+    for threads in workers:
+        assert all(t == CPUS for t in threads), threads
+    assert json.loads((out / "rank0.json").read_text())[0] == [CPUS[0]]  # while the rank itself is bound
+
+
+def test_exclusive_that_does_not_fit_is_refused_before_anything_starts():
+    from engine.config import Hardware, from_dict, validate
+
+    cfg = from_dict(small_cfg(strategy="ddp", devices=len(CPUS) + 1, **{"train.cpu_affinity": "exclusive"}))
+    problems = validate(cfg, Hardware(gpu_count=0, cpu_count=len(CPUS)))
+    assert [p for p in problems if p[0] == "train.cpu_affinity" and "cores of their own" in p[1]]
