@@ -625,13 +625,13 @@ class Supervisor:
             return  # a straggling step that recurs (a slow file system): once a minute, not each time
         self._stall_dumped = True
         ranks = sorted(r for r, *_ in silent or slow)
-        who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} silent for"
+        who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
         if silent:
-            reason = f"{who} {max(s for _, s in silent):.0f} s"
+            reason = f"{who} silent for {max(s for _, s in silent):.0f} s"
         else:
             self._slow_dumped_t = now
             took, med = max((t, m) for _, t, m in slow)
-            reason = f"{who} {took:.1f} s, {took / med:.0f}x the median step window ({med:.2f} s)"
+            reason = f"{who} slow: {took:.1f} s in a step window, {took / med:.0f}x the median window ({med:.2f} s)"
         threading.Thread(target=self.dump_stacks, args=(pctx, writer, reason), name="watchdog",
                          daemon=True).start()
 
