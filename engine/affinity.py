@@ -30,7 +30,8 @@ def allowed_cpus() -> list[int]:
 
 def plan(mode: str, accelerator: str, local_world: int, threads: int, cpus: list[int]) -> tuple[list[list[int]] | None, str]:
     """(cores per local rank, or None: not bound; why, in words a log line can carry).
-    auto binds CPU runs of 2+ local ranks whose threads fit the cores; exclusive binds any run that fits."""
+    auto binds CPU runs of 2+ local ranks whose threads take the cores (as auto threads_per_rank
+    does); exclusive binds any run that fits."""
     need = local_world * threads
     if mode == "none":
         return None, "train.cpu_affinity none"
@@ -42,6 +43,10 @@ def plan(mode: str, accelerator: str, local_world: int, threads: int, cpus: list
     if mode == "auto" and (accelerator != "cpu" or local_world < 2):
         return None, ("train.cpu_affinity auto binds CPU runs only" if accelerator != "cpu"
                       else "one rank per node: nothing to keep apart")
+    if mode == "auto" and len(cpus) - need >= local_world:
+        # threads_per_rank leaves cores over (for another run, say): binding every run to the
+        # first cores would pile them up there
+        return None, f"{need} of {len(cpus)} cores asked for: auto binds only ranks that take them all"
     return [cpus[r * threads:(r + 1) * threads] for r in range(local_world)], f"train.cpu_affinity {mode}"
 
 

@@ -26,6 +26,11 @@ def test_plan_splits_the_allowed_set_in_order_and_says_why_not():
     none, why = affinity.plan("exclusive", "cpu", 3, 1, [0, 1])
     assert none is None and "3 rank(s) x 1 thread(s) = 3 cores" in why and "may use 2" in why
     assert affinity.plan("none", "cpu", 2, 1, [0, 1])[0] is None
+    # a threads_per_rank that leaves cores over: auto does not pile every such run onto the first cores
+    none, why = affinity.plan("auto", "cpu", 2, 1, [0, 1, 2, 3])
+    assert none is None and "2 of 4 cores" in why
+    assert affinity.plan("exclusive", "cpu", 2, 1, [0, 1, 2, 3])[0] == [[0], [1]]
+    assert affinity.plan("auto", "cpu", 3, 2, list(range(7)))[0] == [[0, 1], [2, 3], [4, 5]]  # 7 // 3 = 2 leaves 1
     assert affinity.cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
