@@ -69,7 +69,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
     total = r.total_steps or view.total_steps
     cells = {
         "rank": f"rank {r.rank:>2}",
-        "device": f"{(r.device or (f'node {r.node_rank}' if r.node_rank is not None else '?'))[:10]:<10}",
+        "device": f"{r.place[:10]:<10}",
         "epoch": f"ep {r.epoch or '-'}/{view.total_epochs}" if view.total_epochs else f"ep {r.epoch or '-':>2}",
         "steps": f"{r.step:>5}/{total or '?':<5}",
         "loss": f"loss {fmt.num(r.loss)}",

@@ -290,7 +290,7 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     t = Text()
     t.append(f"{r.rank:<5}", style="bold")
     if cols["dev"]:
-        dev = r.device or (f"node {r.node_rank}" if r.node_rank is not None else "?")
+        dev = r.place
         if r.host and r.host not in (_HOST, state.host):
             dev = f"{r.host}:{dev}"
         t.append(f"{dev[:cols['dev'] - 1]:<{cols['dev']}}")

@@ -33,6 +33,7 @@ class RankState:
     host: str = ""
     node_rank: int | None = None
     device: str = ""
+    cpus: str = ""  # the cores it is bound to ("0", "0-3"; train.cpu_affinity), "" when not bound
     pid: int | None = None
     epoch: int = 0  # 1-based epoch in progress (0: none yet)
     step: int = 0
@@ -69,6 +70,13 @@ class RankState:
     @property
     def failed_exit(self) -> bool:
         return self.exited is not None and self.exited != "exit 0"
+
+    @property
+    def place(self) -> str:
+        """Where it runs, as both front ends label a rank: its device (`cpu@1`: bound to core 1),
+        else its node when only that is known."""
+        dev = self.device or (f"node {self.node_rank}" if self.node_rank is not None else "?")
+        return f"{dev}@{self.cpus}" if self.cpus and self.device else dev
 
 
 @dataclass
@@ -270,6 +278,7 @@ class RunView:
     def _on_rank_ready(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         st.device = _text(ev.get("device"))
+        st.cpus = _text(ev.get("cpus"))
         st.host = _text(ev.get("host")) or st.host
         pid = ev.get("pid")
         st.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None

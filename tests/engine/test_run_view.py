@@ -266,3 +266,22 @@ def test_start_up_phases_are_shown_while_starting_and_summed_at_the_first_step()
     assert any(ln.text == "first step 8.0 s after the supervisor started: torch import 3.0 s, rendezvous 1.0 s, "
                           "data 3.0 s, model 1.0 s" for ln in st.logs)
     assert st.feed(ev("phase", 10, rank=0, phase="dancing")) is False  # unknown phase: skipped
+
+
+def test_a_rank_bound_to_cores_is_placed_as_device_at_cores_in_both_front_ends():
+    """rank_ready's cpus (train.cpu_affinity) shows next to the device: `cpu@1` in the CLI's rank
+    line and the Monitor's rank table, both through RankState.place."""
+    from rich.console import Console
+
+    from app.monitor.panes import rank_text
+    from cli.progress import rank_line
+
+    st = RunView()
+    st.feed_all([started(total=10),
+                 ev("rank_ready", 0.5, rank=0, local_rank=0, device="cpu", pid=4001, host="box", threads=1, cpus="0"),
+                 ev("rank_ready", 0.5, rank=1, local_rank=1, device="cpu", pid=4002, host="box", threads=2,
+                    cpus=None)])
+    r0, r1 = st.rank_list()
+    assert (r0.place, r1.place) == ("cpu@0", "cpu")
+    assert "cpu@0" in rank_line(st, r0, T0 + 1, 80) and "cpu@" not in rank_line(st, r1, T0 + 1, 80)
+    assert "cpu@0" in rank_text(st, r0, T0 + 1, 140).plain  # at 80 columns the table leaves devices out
