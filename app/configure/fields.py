@@ -77,7 +77,7 @@ HINTS = {
     "nodes.ifname": "NIC for gloo/NCCL, e.g. eth0 (empty: they pick one)",
     "train.report_every_s": "how often rank 0 gathers all ranks' progress",
     "data.cache": "auto: keep decoded images in RAM when they fit the budget",
-    "train.cpu_affinity": "auto: CPU ranks each on cores of their own; none: the OS places them",
+    "train.cpu_affinity": "auto: each CPU rank on cores of its own",
     "data.cache_budget_mb": "for all ranks of this node together",
     "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
     "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",
