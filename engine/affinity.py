@@ -97,3 +97,15 @@ def loader_kwargs() -> dict:
     gives each loader worker the set its rank had before binding. It carries the set itself: a
     worker started by spawn imports this module afresh."""
     return {"worker_init_fn": functools.partial(_reset_to, _original)} if _original else {}
+
+
+def describe(cfg) -> str:
+    """The plan for this host, as `torchdeck validate` says it before launch (the ranks make the
+    same plan when they start; the run's log says what they did)."""
+    from engine.worker import threads_for
+
+    local = cfg.nproc_per_node
+    cores, why = plan(cfg.train.cpu_affinity, cfg.accelerator, local, threads_for(cfg, local), allowed_cpus())
+    if not cores:
+        return f"cores: not bound ({why})"
+    return "cores: " + ", ".join(f"local rank {i} on {cpu_list(c)}" for i, c in enumerate(cores)) + f" ({why})"

@@ -85,3 +85,24 @@ def test_exclusive_that_does_not_fit_is_refused_before_anything_starts():
     cfg = from_dict(small_cfg(strategy="ddp", devices=len(CPUS) + 1, **{"train.cpu_affinity": "exclusive"}))
     problems = validate(cfg, Hardware(gpu_count=0, cpu_count=len(CPUS)))
     assert [p for p in problems if p[0] == "train.cpu_affinity" and "cores of their own" in p[1]]
+
+
+@need_two
+def test_validate_says_before_launch_which_cores_the_ranks_will_get(tmp_path):
+    """The same plan the ranks make, on this host, in `torchdeck validate`'s description."""
+    import subprocess
+
+    from tests.engine.helpers import cli_cmd, env_for
+
+    def cores_line(*sets):
+        args = [a for s in sets for a in ("--set", s)]
+        out = subprocess.run(cli_cmd() + ["validate", "quickstart", "--set", "train.threads_per_rank=1", *args],
+                             cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return next(ln.strip() for ln in out.stdout.splitlines() if ln.strip().startswith("cores:"))
+
+    if len(CPUS) == 2:  # quickstart: 2 ranks x 1 thread take both
+        assert cores_line() == f"cores: local rank 0 on {CPUS[0]}, local rank 1 on {CPUS[1]} (train.cpu_affinity auto)"
+    assert cores_line("train.cpu_affinity=exclusive").startswith(f"cores: local rank 0 on {CPUS[0]}, local rank 1 on")
+    assert cores_line("train.cpu_affinity=none") == "cores: not bound (train.cpu_affinity none)"
+    assert cores_line("strategy=cpu", "devices=1") == "cores: not bound (one rank per node: nothing to keep apart)"
