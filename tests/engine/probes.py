@@ -103,3 +103,25 @@ class _CoresSet(torch.utils.data.Dataset):
 def cores_data(cfg):
     out = cfg.model.kwargs["out"]
     return _CoresSet(out), None, {"in_channels": 3, "num_classes": 2, "image_size": 8}
+
+
+# ----------------------------------------------------------------------------- page faults (malloc)
+
+
+def faults_model(info, out: str, mb: int = 40, rounds: int = 12) -> torch.nn.Module:
+    """The mlp; on construction (in the rank) allocates, fills and frees a MB-sized tensor ROUNDS
+    times, and writes the minor page faults each round cost to OUT/faults<RANK>.json: a buffer
+    glibc gives back at free is faulted in page by page again the next round."""
+    import json
+    import os
+    import resource
+
+    per_round = []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t = torch.empty(mb << 18, dtype=torch.float32).fill_(1.0)  # mb MiB
+        del t
+        per_round.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    with open(os.path.join(out, f"faults{os.environ.get('RANK', '0')}.json"), "w") as fh:
+        json.dump(per_round, fh)
+    return mlp(info, 16)
