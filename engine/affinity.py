@@ -99,13 +99,18 @@ def loader_kwargs() -> dict:
     return {"worker_init_fn": functools.partial(_reset_to, _original)} if _original else {}
 
 
+def said(cores: list[list[int]] | None, why: str) -> str:
+    """A plan in words, for the run's log and `torchdeck validate` alike."""
+    if not cores:
+        return f"not bound ({why})"
+    return ", ".join(f"local rank {i} on {cpu_list(c)}" for i, c in enumerate(cores)) + f" ({why})"
+
+
 def describe(cfg) -> str:
     """The plan for this host, as `torchdeck validate` says it before launch (the ranks make the
     same plan when they start; the run's log says what they did)."""
     from engine.worker import threads_for
 
     local = cfg.nproc_per_node
-    cores, why = plan(cfg.train.cpu_affinity, cfg.accelerator, local, threads_for(cfg, local), allowed_cpus())
-    if not cores:
-        return f"cores: not bound ({why})"
-    return "cores: " + ", ".join(f"local rank {i} on {cpu_list(c)}" for i, c in enumerate(cores)) + f" ({why})"
+    return "cores: " + said(*plan(cfg.train.cpu_affinity, cfg.accelerator, local, threads_for(cfg, local),
+                                  allowed_cpus()))

@@ -153,7 +153,7 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
                             collate_fn=keep_batch)
     else:
         loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                            **(affinity.loader_kwargs() if num_workers else {}))
+                            **affinity.loader_kwargs())
     sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss, correct, count
     was_training = model.training
     model.eval()
@@ -273,7 +273,7 @@ class Trainer:
             pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
             persistent_workers=d.persistent_workers and workers > 0,
             prefetch_factor=d.prefetch_factor if workers > 0 else None,
-            **(affinity.loader_kwargs() if workers else {}))  # workers off their rank's bound cores
+            **affinity.loader_kwargs())  # workers off their rank's bound cores
         self.workers = workers
         # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
         self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)

@@ -76,10 +76,7 @@ def keep_freed_buffers() -> bool:
 def usable_cpus() -> int:
     """CPUs this process may run on: SLURM's --cpus-per-task, taskset and container cpusets give
     fewer than the host has (os.cpu_count() counts the host)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity on this OS
-        return os.cpu_count() or 1
+    return len(affinity.allowed_cpus()) or os.cpu_count() or 1  # [] where the OS has no affinity
 
 
 def threads_for(cfg, local_world_size: int | None = None) -> int:
@@ -297,11 +294,10 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
              host=socket.gethostname(), threads=threads,
              cpus=affinity.cpu_list(cores[local_rank]) if cores else None)
-        if local_rank == 0 and (cores or cfg.train.cpu_affinity == "exclusive"):
-            emit("log", level="info" if cores else "warning", message=(
-                "ranks bound to cores: " + ", ".join(f"local rank {i} on {affinity.cpu_list(c)}"
-                                                    for i, c in enumerate(cores)) + f" ({why})"
-                if cores else f"train.cpu_affinity exclusive: ranks not bound: {why}"))
+        if local_rank == 0 and cores:
+            emit("log", level="info", message="ranks bound to cores: " + affinity.said(cores, why))
+        elif local_rank == 0 and cfg.train.cpu_affinity == "exclusive":
+            emit("log", level="warning", message=f"train.cpu_affinity exclusive: ranks not bound: {why}")
         seed_everything(cfg.train.seed)
         ctx = RankContext(rank=rank, local_rank=local_rank, world_size=world_size,
                           local_world_size=local_world_size,
