@@ -296,6 +296,7 @@ class Trainer:
         # Strategy calls get the wrapped module; only the forward goes through the compiled one.
         self.forward_model = torch.compile(self.model) if t.compile else self.model
         self.pos = Position()
+        self._first_batch = False  # fit() sets it: its first batch ends the start-up phase "batch"
         self.ckpt_dir = ckpt.checkpoint_dir(cfg, run_dir)
         self.last_saved_step = -1
         self.stopped = False
@@ -501,6 +502,10 @@ class Trainer:
         every_n = cfg.checkpoint.every_n_steps
         has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
         model.train()
+        # Start-up's last two phases: the first batch (loader workers start: each imports torch)
+        # and the steps up to the first step event (log_every_n_steps of them), told apart.
+        self._first_batch = True
+        self.emit("phase", phase="batch")
         max_epochs = t.epochs if t.epochs else 10 ** 9
         elsewhere = None  # model-parallel: the logits come out on the last stage's device
         no_sync_needed = contextlib.nullcontext()
@@ -572,6 +577,9 @@ class Trainer:
         it took is data wait."""
         t0 = time.perf_counter()
         x, y = next(it)
+        if self._first_batch:
+            self._first_batch = False
+            self.emit("phase", phase="steps")
         if self.device.type != "cpu":  # on the CPU the loader's tensors are already where they go
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)

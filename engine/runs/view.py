@@ -105,7 +105,8 @@ class EpochPoint:
 
 # A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
 PHASES = {"rendezvous": "meeting the other ranks", "data": "building the data set",
-          "model": "building the model", "resume": "loading the checkpoint"}
+          "model": "building the model", "resume": "loading the checkpoint",
+          "batch": "waiting for the first batch", "steps": "taking the first steps"}
 
 
 class Thinned:
@@ -317,7 +318,8 @@ class RunView:
             took = self.startup_breakdown()
             if took:
                 total = sum(s for _, s in took)
-                self._log(t, "info", None, f"first step {total:.1f} s after the supervisor started: "
+                head = "first step" if step <= 1 else f"step {step} (the first report)"
+                self._log(t, "info", None, f"{head} {total:.1f} s after the supervisor started: "
                                            + ", ".join(f"{what} {s:.1f} s" for what, s in took))
         if self.status == Status.STARTING:
             self.status = Status.RUNNING
@@ -647,9 +649,12 @@ class RunView:
         each): where a short run's time goes before it trains."""
         if self.started_t is None:
             return []
+        n = self.first_step
         marks = [("torch import", self.started_t)] + [
             (name, self.phase_t[p]) for p, name in (("rendezvous", "rendezvous"), ("data", "data"),
                                                     ("model", "model"), ("resume", "checkpoint"),
+                                                    ("batch", "first batch"),
+                                                    ("steps", f"steps 1-{n}" if n > 1 else "step 1"),
                                                     ("step", "first step")) if p in self.phase_t]
         out = []
         for (what, t0), (_, t1) in zip(marks, marks[1:]):

@@ -260,11 +260,18 @@ def test_start_up_phases_are_shown_while_starting_and_summed_at_the_first_step()
     st.feed(ev("phase", 5.5, rank=1, phase="data"))
     st.feed_all([ev("phase", 8, rank=r, phase="model") for r in (0, 1)])
     assert st.startup(T0 + 8.5) == "building the model (2/2 ranks, 0 s)"
-    st.feed(step(0, 1, 9))
-    assert st.startup(T0 + 9) is None and st.status == "running"
-    assert st.startup_breakdown() == [("torch import", 3.0), ("rendezvous", 1.0), ("data", 3.0), ("model", 1.0)]
-    assert any(ln.text == "first step 8.0 s after the supervisor started: torch import 3.0 s, rendezvous 1.0 s, "
-                          "data 3.0 s, model 1.0 s" for ln in st.logs)
+    st.feed_all([ev("phase", 8.5, rank=r, phase="batch") for r in (0, 1)])
+    st.feed(ev("phase", 11, rank=0, phase="steps"))
+    assert st.startup(T0 + 11.5) == "waiting for the first batch (1/2 ranks, 3 s)"  # loader workers starting
+    st.feed(ev("phase", 11.5, rank=1, phase="steps"))
+    assert st.startup(T0 + 12) == "taking the first steps (2/2 ranks, 1 s)"
+    st.feed(step(0, 10, 13))
+    assert st.startup(T0 + 13) is None and st.status == "running"
+    assert st.startup_breakdown() == [("torch import", 3.0), ("rendezvous", 1.0), ("data", 3.0), ("model", 0.5),
+                                      ("first batch", 2.5), ("steps 1-10", 2.0)]
+    assert any(ln.text == "step 10 (the first report) 12.0 s after the supervisor started: torch import 3.0 s, "
+                          "rendezvous 1.0 s, data 3.0 s, model 0.5 s, first batch 2.5 s, steps 1-10 2.0 s"
+               for ln in st.logs)
     assert st.feed(ev("phase", 10, rank=0, phase="dancing")) is False  # unknown phase: skipped
 
 
