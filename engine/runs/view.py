@@ -318,7 +318,7 @@ class RunView:
             took = self.startup_breakdown()
             if took:
                 total = sum(s for _, s in took)
-                head = "first step" if step <= 1 else f"step {step} (the first report)"
+                head = "first step" if step <= 1 else f"first steps (1-{step}) done"
                 self._log(t, "info", None, f"{head} {total:.1f} s after the supervisor started: "
                                            + ", ".join(f"{what} {s:.1f} s" for what, s in took))
         if self.status == Status.STARTING:

@@ -269,7 +269,7 @@ def test_start_up_phases_are_shown_while_starting_and_summed_at_the_first_step()
     assert st.startup(T0 + 13) is None and st.status == "running"
     assert st.startup_breakdown() == [("torch import", 3.0), ("rendezvous", 1.0), ("data", 3.0), ("model", 0.5),
                                       ("first batch", 2.5), ("steps 1-10", 2.0)]
-    assert any(ln.text == "step 10 (the first report) 12.0 s after the supervisor started: torch import 3.0 s, "
+    assert any(ln.text == "first steps (1-10) done 12.0 s after the supervisor started: torch import 3.0 s, "
                           "rendezvous 1.0 s, data 3.0 s, model 0.5 s, first batch 2.5 s, steps 1-10 2.0 s"
                for ln in st.logs)
     assert st.feed(ev("phase", 10, rank=0, phase="dancing")) is False  # unknown phase: skipped
