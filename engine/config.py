@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -16,7 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from engine.affinity import MODES as CPU_AFFINITY
-from engine.cache import AUGMENTS, CACHE_MODES
+from engine.cache import AUGMENTS, CACHE_MODES, WORKER_STARTS
 from engine.errors import TorchdeckError
 from engine.network import host_problem
 
@@ -96,6 +97,7 @@ class DataConfig:
     prefetch_factor: int = 2  # batches each loader worker keeps ready
     pin_memory: bool = False
     persistent_workers: bool = True  # loader workers live across epochs (with num_workers > 0)
+    worker_start: str = "auto"  # auto | fork | spawn | forkserver: how loader workers start (auto: fork on Linux)
     on_device: bool = False  # keep a small data set on the GPU
 
 
@@ -537,6 +539,9 @@ def _data_rules(cfg: RunConfig, p: _Problems) -> None:
         p.append(("data.num_workers", f"must be -1 (auto) or a number of loader processes, got {d.num_workers}"))
     p.at_least("data.prefetch_factor", d.prefetch_factor, 1)
     p.choice("data.cache", d.cache, CACHE_MODES)
+    p.choice("data.worker_start", d.worker_start, WORKER_STARTS)
+    if d.worker_start in ("fork", "forkserver") and sys.platform == "win32":
+        p.append(("data.worker_start", f"{d.worker_start} is not available on Windows; use auto or spawn"))
     p.choice("data.augment", d.augment, AUGMENTS)
     p.at_least("data.cache_budget_mb", d.cache_budget_mb, 0)
     if d.dataset == "synthetic":

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from engine import affinity
 from engine import checkpoint as ckpt
-from engine.cache import NodeShare, loader_workers
+from engine.cache import NodeShare, loader_workers, worker_start
 from engine.data import BatchPrep
 from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
@@ -273,6 +273,7 @@ class Trainer:
             pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
             persistent_workers=d.persistent_workers and workers > 0,
             prefetch_factor=d.prefetch_factor if workers > 0 else None,
+            **worker_start(d.worker_start, workers),  # not spawn, as the rank was: no torch import each
             **affinity.loader_kwargs())  # workers off their rank's bound cores
         self.workers = workers
         # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
@@ -335,7 +336,11 @@ class Trainer:
             return f"decoded once: {mb:.0f} MiB of uint8 in memory, {who}"
         if isinstance(ds, torch.utils.data.TensorDataset):
             return "in memory"
-        return f"read by {self.workers} loader worker(s) per rank" if self.workers else "read in the training process"
+        if not self.workers:
+            return "read in the training process"
+        ctx = self.loader.multiprocessing_context  # None: the platform's default
+        how = f"started by {ctx.get_start_method()}" if ctx is not None else "started the platform's way"
+        return f"read by {self.workers} loader worker(s) per rank, {how}"
 
     def _node_share(self) -> NodeShare | None:
         """How this rank shares decoded data with the other ranks of its node (engine/cache.py)."""

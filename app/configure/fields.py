@@ -48,6 +48,7 @@ CHOICES: dict[str, tuple] = {
     "fsdp.state_dict": ("full", "sharded"),
     "deepspeed.offload_optimizer": C.OFFLOAD, "deepspeed.offload_param": C.OFFLOAD,
     "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS, "train.cpu_affinity": C.CPU_AFFINITY,
+    "data.worker_start": C.WORKER_STARTS,
 }
 
 LABELS = {
@@ -62,7 +63,7 @@ LABELS = {
     "checkpoint.resume": "resume (latest|path)", "optimizer.name": "optimizer", "scheduler.name": "scheduler",
     "model.name": "model", "data.dataset": "dataset", "data.root": "data root",
     "data.cache": "decode once (cache)", "data.cache_budget_mb": "cache MiB (0: RAM/4)",
-    "data.num_workers": "workers/rank (-1: auto)",
+    "data.num_workers": "workers/rank (-1: auto)", "data.worker_start": "workers start by",
     "deepspeed.stage": "ZeRO stage", "deepspeed.offload_optimizer": "offload optimizer",
     "deepspeed.offload_param": "offload parameters", "deepspeed.config": "your ds_config.json",
 }
@@ -80,6 +81,7 @@ HINTS = {
     "train.cpu_affinity": "auto: each CPU rank on cores of its own",
     "data.cache_budget_mb": "for all ranks of this node together",
     "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
+    "data.worker_start": "auto: fork on Linux (no torch import per worker)",
     "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",
     "deepspeed.config": "path (empty: generated); its values win, the run lists each one it replaces",
 }
@@ -106,6 +108,7 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "data.cache_budget_mb": lambda v: v("data.dataset") in ("cifar10", "mnist", "fashionmnist", "imagefolder"),
     "data.on_device": lambda v: v("accelerator") == "cuda",
     "data.pin_memory": lambda v: v("accelerator") == "cuda",
+    "data.worker_start": lambda v: v("data.dataset") != "synthetic" and v("data.num_workers") != 0,
     "optimizer.momentum": lambda v: v("optimizer.name") == "sgd",
     "optimizer.nesterov": lambda v: v("optimizer.name") == "sgd",
     "optimizer.betas": lambda v: v("optimizer.name") in ("adam", "adamw"),

@@ -4,7 +4,8 @@
 the folder once into a normalized float tensor, then trains from a TensorDataset (`--batched`
 fetches whole batches, bench/baselines/batch_fetch.py).
 `--mode tutorial`: the PyTorch tutorial way: ImageFolder with ToTensor/Normalize, decoded again
-every epoch by one DataLoader worker per rank.
+every epoch by one DataLoader worker per rank. Started by mp.spawn, a rank starts its workers by
+spawn too (each imports torch); `--worker-start fork` is what a user who knows it writes.
 
 Both evaluate on val/ after every epoch (sharded over the ranks, summed). Rank 0 prints a JSON
 line: t_ready (group formed, before any decoding), t_end (after the last evaluation), marks,
@@ -65,6 +66,8 @@ def worker(rank, a, port, out_path):
         tf = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
         train, val = tvd.ImageFolder(train_dir, transform=tf), tvd.ImageFolder(val_dir, transform=tf)
         workers = {"num_workers": 1}
+        if a.worker_start:
+            workers["multiprocessing_context"] = a.worker_start
     torch.manual_seed(0)
     model = DDP(cnn(DataInfo(3, 10, a.size, "folder")))
     criterion = nn.CrossEntropyLoss()
@@ -114,6 +117,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--mark-every", type=int, default=10)
     ap.add_argument("--batched", action="store_true")
+    ap.add_argument("--worker-start", choices=("fork", "spawn", "forkserver"), help="tutorial: DataLoader's "
+                    "multiprocessing_context (default: the rank's, spawn under mp.spawn)")
     a = ap.parse_args(argv)
 
     import torch.multiprocessing as mp

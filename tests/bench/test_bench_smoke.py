@@ -30,7 +30,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     only = ("engine_vs_plain,ddp_vs_plain,monitoring_cost,events_rate,app,scaling,imagefolder_vs_plain,"
-            "cifar_vs_plain,startup,first_frame,gpu")  # deepspeed_vs_plain: its own test below
+            "cifar_vs_plain,startup,first_frame,loader_start,gpu")  # deepspeed_vs_plain: its own test below
     p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=870)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -38,7 +38,8 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     data = json.loads(out.read_text())
     res = data["results"]
     assert list(res) == ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app",
-                         "scaling", "imagefolder_vs_plain", "cifar_vs_plain", "startup", "first_frame", "gpu"]
+                         "scaling", "imagefolder_vs_plain", "cifar_vs_plain", "startup", "first_frame",
+                         "loader_start", "gpu"]
     assert not [n for n, r in res.items() if "error" in r]
 
     evp = res["engine_vs_plain"]
@@ -95,6 +96,11 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     ff = res["first_frame"]  # the app against a Textual hello world, 80x24
     assert all(_positive(x) for x in ff["torchdeck_s"] + ff["hello_s"]) and _positive(ff["ratio"])
+
+    ls = res["loader_start"]  # a streamed folder: loader workers forked or spawned, torchdeck and plain
+    assert _positive(ls["ratio"])
+    assert all(_positive(r["wall_s"]) and _positive(r["first_step_s"]) and r["first_step_s"] < r["wall_s"]
+               for k in ("auto", "spawn", "plain", "plain_fork") for r in ls[k])
 
     gpu = res["gpu"]
     if not data["env"]["cuda"]:

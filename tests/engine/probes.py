@@ -9,6 +9,8 @@ rank) can read it.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from engine.models import cnn, mlp
@@ -125,3 +127,34 @@ def faults_model(info, out: str, mb: int = 40, rounds: int = 12) -> torch.nn.Mod
     with open(os.path.join(out, f"faults{os.environ.get('RANK', '0')}.json"), "w") as fh:
         json.dump(per_round, fh)
     return mlp(info, 16)
+
+
+# ----------------------------------------------------------------------------- loader worker start
+
+_BUILT_IN: int | None = None  # the pid that built the data set; a spawned worker imports this afresh
+
+
+class _StartSet(torch.utils.data.Dataset):
+    """Each loader worker records how it began: forked from its rank (this module's state came
+    along) or started afresh (spawn, forkserver: the module imported again, _BUILT_IN unset)."""
+
+    def __init__(self, out: str, n: int = 64):
+        self.out, self.n = out, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+
+        path = os.path.join(self.out, f"start{os.getpid()}.txt")
+        if torch.utils.data.get_worker_info() is not None and not os.path.exists(path):
+            with open(path, "w") as fh:
+                fh.write("forked" if _BUILT_IN == os.getppid() else "afresh")
+        return torch.zeros(3, 8, 8), i % 2
+
+
+def start_data(cfg):
+    global _BUILT_IN
+    _BUILT_IN = os.getpid()
+    return _StartSet(os.environ["PROBE_OUT"]), None, {"in_channels": 3, "num_classes": 2, "image_size": 8}
