@@ -8,7 +8,8 @@ cores trained ~10 % faster, the same gain for the plain script given the same bi
 (BENCHMARKS.md, issue 17).
 
 The cores are split out of the set this process may use (taskset, SLURM's cpuset, a container's),
-in order. DataLoader workers get that whole set back (`loader_kwargs`): they must not crowd onto
+in topology order (`core_order`: a physical core's hyperthreads together, NUMA node by node), so a
+rank gets whole cores, on one node where its share fits. DataLoader workers get that whole set back (`loader_kwargs`): they must not crowd onto
 their rank's cores.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 import os
 
 MODES = ("auto", "exclusive", "none")
+SYSFS = "/sys/devices/system"
 
 _original: list[int] | None = None  # the set before this process bound itself (for loader workers)
 
@@ -26,6 +28,47 @@ def allowed_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity on this OS
         return []
+
+
+def parse_list(text: str) -> list[int]:
+    """'0-3,8,10-11' (sysfs, taskset) -> [0, 1, 2, 3, 8, 10, 11]."""
+    out = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def core_order(cpus: list[int], sysfs: str = SYSFS) -> list[int]:
+    """`cpus` ordered so that splitting them in order gives each rank whole physical cores (a
+    core's hyperthreads side by side) and keeps a rank on one NUMA node where its share fits.
+    Linux numbers a 2-socket SMT host's first hyperthreads 0..P-1 across both sockets and their
+    siblings P..2P-1, so a split by number gave one rank a thread of every core of both sockets
+    and the other rank the siblings of the same cores. Unknown topology: number order."""
+    node_of = {}
+    for name in os.listdir(f"{sysfs}/node") if os.path.isdir(f"{sysfs}/node") else []:
+        text = _read(f"{sysfs}/node/{name}/cpulist") if name[4:].isdigit() and name.startswith("node") else None
+        for cpu in parse_list(text) if text else []:
+            node_of[cpu] = int(name[4:])
+
+    def key(cpu: int) -> tuple:
+        topo = f"{sysfs}/cpu/cpu{cpu}/topology"
+        pkg, core = _read(f"{topo}/physical_package_id"), _read(f"{topo}/core_id")
+        try:
+            return node_of.get(cpu, 0), int(pkg), int(core), cpu
+        except (TypeError, ValueError):
+            return node_of.get(cpu, 0), 0, cpu, cpu
+
+    return sorted(cpus, key=key)
 
 
 def plan(mode: str, accelerator: str, local_world: int, threads: int, cpus: list[int]) -> tuple[list[list[int]] | None, str]:
@@ -113,4 +156,4 @@ def describe(cfg) -> str:
 
     local = cfg.nproc_per_node
     return "cores: " + said(*plan(cfg.train.cpu_affinity, cfg.accelerator, local, threads_for(cfg, local),
-                                  allowed_cpus()))
+                                  core_order(allowed_cpus())))

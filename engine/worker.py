@@ -262,7 +262,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     local_world_size = local_world_size or cfg.nproc_per_node
     threads = threads_for(cfg, local_world_size)
     cores, why = affinity.plan(cfg.train.cpu_affinity, cfg.accelerator, local_world_size, threads,
-                               affinity.allowed_cpus())
+                               affinity.core_order(affinity.allowed_cpus()))
     if cores:
         affinity.bind(cores[local_rank])  # before the thread pools and gloo's threads: they inherit it
     keep_freed_buffers()  # before the data and the model allocate anything

@@ -34,6 +34,35 @@ def test_plan_splits_the_allowed_set_in_order_and_says_why_not():
     assert affinity.cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
+def _fake_sysfs(root, nodes: dict[int, str], topo: dict[int, tuple[int, int]]):
+    """A sysfs tree as a host this machine is not (2 sockets, 2 hyperthreads a core) shows it."""
+    for node, cpulist in nodes.items():
+        (root / "node" / f"node{node}").mkdir(parents=True)
+        (root / "node" / f"node{node}" / "cpulist").write_text(cpulist + "\n")
+    for cpu, (pkg, core) in topo.items():
+        d = root / "cpu" / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{pkg}\n")
+        (d / "core_id").write_text(f"{core}\n")
+    return str(root)
+
+
+def test_ranks_get_whole_cores_on_one_numa_node_of_an_smt_host(tmp_path):
+    # Linux's numbering on 2 sockets x 2 cores x 2 threads: first threads 0-3 across both
+    # sockets, their siblings 4-7. Split by number, rank 0 had 0-3: one thread of every core of
+    # both sockets, and rank 1 the sibling of each of them.
+    sysfs = _fake_sysfs(tmp_path, {0: "0-1,4-5", 1: "2-3,6-7"},
+                        {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)})
+    order = affinity.core_order(list(range(8)), sysfs)
+    assert order == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert affinity.plan("auto", "cpu", 2, 4, order)[0] == [[0, 4, 1, 5], [2, 6, 3, 7]]  # a socket each
+    assert affinity.plan("auto", "cpu", 4, 2, order)[0] == [[0, 4], [1, 5], [2, 6], [3, 7]]  # a core each
+    assert affinity.core_order([7, 6, 3, 2], sysfs) == [2, 6, 3, 7]  # a taskset's share of socket 1
+    assert affinity.core_order([3, 1, 2], str(tmp_path / "absent")) == [1, 2, 3]  # unknown: number order
+    assert sorted(affinity.core_order(affinity.allowed_cpus())) == affinity.allowed_cpus()  # this host's sysfs
+    assert affinity.parse_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+
+
 def _ddp(tmp_path, mode, **over):
     out = tmp_path / "seen"
     out.mkdir()
