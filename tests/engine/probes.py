@@ -82,29 +82,36 @@ def cores_model(info, out: str) -> torch.nn.Module:
     return mlp(info, 16)
 
 
-class _CoresSet(torch.utils.data.Dataset):
-    """Synthetic-sized samples; each read records the reading process's cores (a loader worker's)."""
+class _WorkerSet(torch.utils.data.Dataset):
+    """Synthetic-sized samples; each loader worker writes OUT/<prefix><pid> once, what `say()`
+    (a module-level function: it travels to spawned workers by name) returns there."""
 
-    def __init__(self, out: str, n: int = 64):
-        self.out, self.n = out, n
+    def __init__(self, out: str, prefix: str, say, n: int = 64):
+        self.out, self.prefix, self.say, self.n = out, prefix, say, n
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        import json
-        import os
-
-        path = os.path.join(self.out, f"worker{os.getpid()}.json")
+        path = os.path.join(self.out, f"{self.prefix}{os.getpid()}")
         if torch.utils.data.get_worker_info() is not None and not os.path.exists(path):
             with open(path, "w") as fh:
-                json.dump(_cores_of_every_thread(), fh)
+                fh.write(self.say())
         return torch.zeros(3, 8, 8), i % 2
 
 
+_INFO = {"in_channels": 3, "num_classes": 2, "image_size": 8}
+
+
+def _cores_json() -> str:
+    import json
+
+    return json.dumps(_cores_of_every_thread())
+
+
 def cores_data(cfg):
-    out = cfg.model.kwargs["out"]
-    return _CoresSet(out), None, {"in_channels": 3, "num_classes": 2, "image_size": 8}
+    """Each loader worker records its threads' cores in OUT/worker<pid>."""
+    return _WorkerSet(cfg.model.kwargs["out"], "worker", _cores_json), None, _INFO
 
 
 # ----------------------------------------------------------------------------- page faults (malloc)
@@ -134,27 +141,14 @@ def faults_model(info, out: str, mb: int = 40, rounds: int = 12) -> torch.nn.Mod
 _BUILT_IN: int | None = None  # the pid that built the data set; a spawned worker imports this afresh
 
 
-class _StartSet(torch.utils.data.Dataset):
-    """Each loader worker records how it began: forked from its rank (this module's state came
-    along) or started afresh (spawn, forkserver: the module imported again, _BUILT_IN unset)."""
-
-    def __init__(self, out: str, n: int = 64):
-        self.out, self.n = out, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        import os
-
-        path = os.path.join(self.out, f"start{os.getpid()}.txt")
-        if torch.utils.data.get_worker_info() is not None and not os.path.exists(path):
-            with open(path, "w") as fh:
-                fh.write("forked" if _BUILT_IN == os.getppid() else "afresh")
-        return torch.zeros(3, 8, 8), i % 2
+def _how_started() -> str:
+    """Forked from its rank (this module's state came along) or started afresh (spawn,
+    forkserver: the module imported again, _BUILT_IN unset)."""
+    return "forked" if _BUILT_IN == os.getppid() else "afresh"
 
 
 def start_data(cfg):
+    """Each loader worker records how it began in PROBE_OUT/start<pid>."""
     global _BUILT_IN
     _BUILT_IN = os.getpid()
-    return _StartSet(os.environ["PROBE_OUT"]), None, {"in_channels": 3, "num_classes": 2, "image_size": 8}
+    return _WorkerSet(os.environ["PROBE_OUT"], "start", _how_started), None, _INFO

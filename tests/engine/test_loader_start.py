@@ -23,7 +23,7 @@ def _starts(tmp_path, setting: str) -> tuple[list[str], list[dict]]:
                        "data.worker_start": setting, "train.batch_size": 8, "train.max_steps": 4})
     proc = run_supervised(tmp_path / "run", cfg, env={"PROBE_OUT": str(out)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return [p.read_text() for p in out.glob("start*.txt")], read_all(tmp_path / "run" / "events.jsonl")
+    return [p.read_text() for p in out.glob("start*")], read_all(tmp_path / "run" / "events.jsonl")
 
 
 @linux
