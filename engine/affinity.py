@@ -14,6 +14,7 @@ their rank's cores.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -133,6 +134,21 @@ def bind(cores: list[int]) -> None:
 
 def _reset_to(cores: list[int], _worker_id: int = 0) -> None:
     _set_all_threads(cores)
+
+
+@contextlib.contextmanager
+def unbound():
+    """The calling thread on the set this process had before binding (a process it starts inherits
+    that), then back on its cores."""
+    if not _original:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _original)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def loader_kwargs() -> dict:

@@ -126,13 +126,41 @@ def worker_start(setting: str, workers: int) -> dict:
     """DataLoader's multiprocessing_context for a rank's loader workers. A rank that
     torch.multiprocessing.spawn started has spawn as its default too, so each worker would import
     torch afresh: 2.4 s before the first batch on 2 cores (again each epoch without
-    persistent_workers), ~240 MiB more resident per worker. `auto` forks them, as a plain script on Linux does
-    (the rank's pages are shared until written); elsewhere it leaves the platform's default."""
+    persistent_workers), ~280 MiB more per worker. Forking the rank itself is fast but not safe on
+    Python 3.11: a child forked while another thread (gloo's, dropping a collective's tensors)
+    creates or ends its thread state waits forever for the interpreter's thread-list lock (1 run
+    in 7 to 100 hung at the first batch here). `auto` (Linux) starts them from a fork server: one
+    clean process per rank that imports torch while the rank builds its model, and forks each
+    worker from there. Elsewhere it leaves the platform's default."""
     if workers <= 0:
         return {}
     if setting == "auto":
-        setting = "fork" if sys.platform.startswith("linux") else ""
+        setting = "forkserver" if sys.platform.startswith("linux") else ""
     return {"multiprocessing_context": setting} if setting else {}
+
+
+def start_said(method: str | None) -> str:
+    """How workers start, as the rank's log, validate and the Configure summary say it."""
+    return {"fork": "forked from the rank", "forkserver": "forked from a fork server", None: "started the platform's way"
+            }.get(method, f"started by {method}")
+
+
+SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "engine.data"]
+
+
+def start_worker_server(start: dict) -> None:
+    """Start the fork server now (when the workers start from one), with torch and the data modules
+    preloaded, off the rank's bound cores: it imports them while the rank builds its model."""
+    if start.get("multiprocessing_context") != "forkserver":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from engine import affinity
+
+    multiprocessing.set_forkserver_preload(SERVER_PRELOAD)
+    with affinity.unbound():
+        forkserver.ensure_running()
 
 
 AUTO_WORKERS_ASKED = 2  # per rank, for a streamed set, where the cores are not known yet (sbatch)
@@ -181,7 +209,9 @@ def plan(cfg, nproc: int | None = None, room: int | None = None) -> CachePlan:
         return CachePlan(False, n, n * nproc, budget, False, f"{what}, {each}: {why}")
     images = f"{tr + va} images"
     workers = loader_workers(d.num_workers, False, nproc)
-    streamed = f"decoded every epoch by {workers} loader worker{'s' if workers != 1 else ''} per rank"
+    start = start_said(worker_start(d.worker_start, workers).get("multiprocessing_context")) if workers else ""
+    streamed = (f"decoded every epoch by {workers} loader worker{'s' if workers != 1 else ''} per rank"
+                + (f", {start}" if start else ""))
     if use:
         return CachePlan(True, n, node, budget, shareable,
                          f"data: {images} decoded once into RAM, {fmt_bytes(n)}, {copies}{over}")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from engine import affinity
 from engine import checkpoint as ckpt
-from engine.cache import NodeShare, loader_workers, worker_start
+from engine.cache import NodeShare, loader_workers, start_said, start_worker_server, worker_start
 from engine.data import BatchPrep
 from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
@@ -250,6 +250,12 @@ class Trainer:
 
         emit("phase", phase="data")
         self.train_ds, self.val_ds, self.info = build_datasets(cfg, self._node_share())
+        d = cfg.data
+        in_memory = isinstance(self.train_ds, torch.utils.data.TensorDataset)
+        on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
+        workers = 0 if on_device else loader_workers(d.num_workers, in_memory, ctx.local_world_size)
+        start = worker_start(d.worker_start, workers)
+        start_worker_server(start)  # it imports torch while this rank builds its model
         emit("phase", phase="model")
         model = build_model(cfg, self.info)
         if t.channels_last:
@@ -259,13 +265,9 @@ class Trainer:
         if inner is None:
             inner = default_sampler(self.train_ds, t.seed)
         self.sampler = SkipSampler(inner)
-        d = cfg.data
-        in_memory = isinstance(self.train_ds, torch.utils.data.TensorDataset)
         if d.on_device and not in_memory and ctx.rank == 0:
             emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
                                                  "tensor data set; loading batches as usual")
-        on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
-        workers = 0 if on_device else loader_workers(d.num_workers, in_memory, ctx.local_world_size)
         self.loader = DataLoader(
             BatchTensors(self.train_ds, self.device if on_device else None) if in_memory else self.train_ds,
             batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
@@ -273,9 +275,11 @@ class Trainer:
             pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
             persistent_workers=d.persistent_workers and workers > 0,
             prefetch_factor=d.prefetch_factor if workers > 0 else None,
-            **worker_start(d.worker_start, workers),  # not spawn, as the rank was: no torch import each
+            **start,  # not spawn, as the rank was: no torch import in each worker
             **affinity.loader_kwargs())  # workers off their rank's bound cores
         self.workers = workers
+        start = self.loader.multiprocessing_context  # the rank's ctx is another thing
+        self.forks_workers = workers > 0 and start is not None and start.get_start_method() == "fork"
         # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
         self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)
         self.val_prep = BatchPrep(self.val_ds, device=self.device) if self.val_ds is not None else None
@@ -338,9 +342,9 @@ class Trainer:
             return "in memory"
         if not self.workers:
             return "read in the training process"
-        ctx = self.loader.multiprocessing_context  # None: the platform's default
-        how = f"started by {ctx.get_start_method()}" if ctx is not None else "started the platform's way"
-        return f"read by {self.workers} loader worker(s) per rank, {how}"
+        mp_ctx = self.loader.multiprocessing_context  # None: the platform's default
+        return (f"read by {self.workers} loader worker(s) per rank, "
+                + start_said(mp_ctx.get_start_method() if mp_ctx is not None else None))
 
     def _node_share(self) -> NodeShare | None:
         """How this rank shares decoded data with the other ranks of its node (engine/cache.py)."""

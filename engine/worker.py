@@ -309,6 +309,12 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
             emit("log", level="info",
                  message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples ({trainer.data_note()}), "
                          f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps in all")
+        if trainer.forks_workers:
+            # data.worker_start fork: Python 3.11's fork hangs the child when another thread is
+            # starting or ending its thread state at that moment (the child waits for the
+            # interpreter's thread-list lock before re-creating it). The prewarm thread ends around
+            # the first batch: not then. (gloo's threads can still do it: auto uses a fork server.)
+            prewarm.join()
         pos = trainer.fit()
         if rank == 0:
             how = "stopped on request" if trainer.stopped else "finished"

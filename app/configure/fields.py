@@ -81,7 +81,7 @@ HINTS = {
     "train.cpu_affinity": "auto: each CPU rank on cores of its own",
     "data.cache_budget_mb": "for all ranks of this node together",
     "data.augment": "random crop (padding size/8) and/or horizontal flip, per batch",
-    "data.worker_start": "auto: fork on Linux (no torch import per worker)",
+    "data.worker_start": "auto: from a fork server (torch imported once)",
     "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",
     "deepspeed.config": "path (empty: generated); its values win, the run lists each one it replaces",
 }

@@ -100,7 +100,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     ls = res["loader_start"]  # a streamed folder: loader workers forked or spawned, torchdeck and plain
     assert _positive(ls["ratio"])
     assert all(_positive(r["wall_s"]) and _positive(r["first_step_s"]) and r["first_step_s"] < r["wall_s"]
-               for k in ("auto", "spawn", "plain", "plain_fork") for r in ls[k])
+               for k in ("auto", "fork", "spawn", "plain", "plain_fork") for r in ls[k])
 
     gpu = res["gpu"]
     if not data["env"]["cuda"]:

@@ -104,9 +104,14 @@ _INFO = {"in_channels": 3, "num_classes": 2, "image_size": 8}
 
 
 def _cores_json() -> str:
+    """The worker's threads' cores, and its parent's (the rank, or the fork server it came from)."""
     import json
 
-    return json.dumps(_cores_of_every_thread())
+    from engine.affinity import parse_list
+
+    with open(f"/proc/{os.getppid()}/status") as fh:
+        parent = next(x for x in fh.read().splitlines() if x.startswith("Cpus_allowed_list:"))
+    return json.dumps({"threads": _cores_of_every_thread(), "parent": parse_list(parent.split(":", 1)[1])})
 
 
 def cores_data(cfg):
@@ -142,9 +147,12 @@ _BUILT_IN: int | None = None  # the pid that built the data set; a spawned worke
 
 
 def _how_started() -> str:
-    """Forked from its rank (this module's state came along) or started afresh (spawn,
-    forkserver: the module imported again, _BUILT_IN unset)."""
-    return "forked" if _BUILT_IN == os.getppid() else "afresh"
+    """Forked from its rank (this module's state came along), forked from a fork server (its
+    parent), or started afresh (spawn: its own interpreter, child of the rank)."""
+    if _BUILT_IN == os.getppid():
+        return "forked"
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+        return "fork server" if b"forkserver" in fh.read() else "afresh"
 
 
 def start_data(cfg):

@@ -103,8 +103,9 @@ def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(tmp_path):
                                        "data.persistent_workers": False, "train.batch_size": 8})
     workers = [json.loads(p.read_text()) for p in out.glob("worker*")]
     assert len(workers) >= 2  # one per rank at least (each rank reads its own shard)
-    for threads in workers:
-        assert all(t == CPUS for t in threads), threads
+    for seen in workers:
+        assert all(t == CPUS for t in seen["threads"]), seen
+        assert seen["parent"] == CPUS  # the fork server too: it was started off its rank's cores
     assert json.loads((out / "rank0.json").read_text())[0] == [CPUS[0]]  # while the rank itself is bound
 
 
