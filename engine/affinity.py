@@ -9,8 +9,8 @@ cores trained ~10 % faster, the same gain for the plain script given the same bi
 
 The cores are split out of the set this process may use (taskset, SLURM's cpuset, a container's),
 in topology order (`core_order`: a physical core's hyperthreads together, NUMA node by node), so a
-rank gets whole cores, on one node where its share fits. DataLoader workers get that whole set back (`loader_kwargs`): they must not crowd onto
-their rank's cores.
+rank gets whole cores, on one node where its share fits. DataLoader workers get that whole set
+back (`loader_kwargs`): they must not crowd onto their rank's cores.
 """
 from __future__ import annotations
 

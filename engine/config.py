@@ -97,7 +97,7 @@ class DataConfig:
     prefetch_factor: int = 2  # batches each loader worker keeps ready
     pin_memory: bool = False
     persistent_workers: bool = True  # loader workers live across epochs (with num_workers > 0)
-    worker_start: str = "auto"  # auto | fork | spawn | forkserver: how loader workers start (auto: fork on Linux)
+    worker_start: str = "auto"  # auto | fork | spawn | forkserver: how loader workers start (auto: a fork server on Linux)
     on_device: bool = False  # keep a small data set on the GPU
 
 

@@ -255,6 +255,7 @@ class Trainer:
         on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
         workers = 0 if on_device else loader_workers(d.num_workers, in_memory, ctx.local_world_size)
         start = worker_start(d.worker_start, workers)
+        self.worker_start = start.get("multiprocessing_context")  # None: the platform's default
         start_worker_server(start)  # it imports torch while this rank builds its model
         emit("phase", phase="model")
         model = build_model(cfg, self.info)
@@ -278,8 +279,7 @@ class Trainer:
             **start,  # not spawn, as the rank was: no torch import in each worker
             **affinity.loader_kwargs())  # workers off their rank's bound cores
         self.workers = workers
-        start = self.loader.multiprocessing_context  # the rank's ctx is another thing
-        self.forks_workers = workers > 0 and start is not None and start.get_start_method() == "fork"
+        self.forks_workers = self.worker_start == "fork"  # (worker_start is None without workers)
         # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
         self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)
         self.val_prep = BatchPrep(self.val_ds, device=self.device) if self.val_ds is not None else None
@@ -342,9 +342,7 @@ class Trainer:
             return "in memory"
         if not self.workers:
             return "read in the training process"
-        mp_ctx = self.loader.multiprocessing_context  # None: the platform's default
-        return (f"read by {self.workers} loader worker(s) per rank, "
-                + start_said(mp_ctx.get_start_method() if mp_ctx is not None else None))
+        return f"read by {self.workers} loader worker(s) per rank, {start_said(self.worker_start)}"
 
     def _node_share(self) -> NodeShare | None:
         """How this rank shares decoded data with the other ranks of its node (engine/cache.py)."""

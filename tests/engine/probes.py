@@ -52,23 +52,22 @@ def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
 # ----------------------------------------------------------------------------- cores (train.cpu_affinity)
 
 
+def _allowed(status: str) -> list[int] | None:
+    """The CPUs a /proc status file says its process or thread may run on (None: it is gone)."""
+    from engine.affinity import parse_list
+
+    try:
+        with open(status) as fh:
+            line = next(x for x in fh.read().splitlines() if x.startswith("Cpus_allowed_list:"))
+    except OSError:
+        return None
+    return parse_list(line.split(":", 1)[1])
+
+
 def _cores_of_every_thread() -> list[list[int]]:
     """The CPUs each thread of this process may run on, read from /proc (not what we asked for)."""
-    import os
-
-    out = []
-    for tid in sorted(os.listdir("/proc/self/task")):
-        try:
-            text = open(f"/proc/self/task/{tid}/status").read()
-        except OSError:
-            continue
-        line = next(x for x in text.splitlines() if x.startswith("Cpus_allowed_list:"))
-        cores = []
-        for part in line.split(":", 1)[1].strip().split(","):
-            a, _, b = part.partition("-")
-            cores += range(int(a), int(b or a) + 1)
-        out.append(cores)
-    return out
+    cores = (_allowed(f"/proc/self/task/{tid}/status") for tid in sorted(os.listdir("/proc/self/task")))
+    return [c for c in cores if c is not None]
 
 
 def cores_model(info, out: str) -> torch.nn.Module:
@@ -107,11 +106,7 @@ def _cores_json() -> str:
     """The worker's threads' cores, and its parent's (the rank, or the fork server it came from)."""
     import json
 
-    from engine.affinity import parse_list
-
-    with open(f"/proc/{os.getppid()}/status") as fh:
-        parent = next(x for x in fh.read().splitlines() if x.startswith("Cpus_allowed_list:"))
-    return json.dumps({"threads": _cores_of_every_thread(), "parent": parse_list(parent.split(":", 1)[1])})
+    return json.dumps({"threads": _cores_of_every_thread(), "parent": _allowed(f"/proc/{os.getppid()}/status")})
 
 
 def cores_data(cfg):
