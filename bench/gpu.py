@@ -7,6 +7,9 @@ Note: torchdeck's step events read a loss from the GPU (a sync) every log_every_
 plain script syncs at the same steps to take its marks, so both pay the same."""
 from __future__ import annotations
 
+import sys
+import time
+
 from bench import common as C
 
 NAME = "gpu"
@@ -29,6 +32,17 @@ def _cfg(s, strategy="gpu", devices=(0,), batch=None, **train):
                            train={"batch_size": batch or s["batch"], "max_steps": s["steps"], **train})
 
 
+def said(what: str, fn):
+    """Each run's number as it comes (stderr): a lease that ends mid-benchmark keeps what it measured."""
+    def run_and_say():
+        t0 = time.monotonic()
+        r = fn()
+        print(f"gpu: {what}: {C.fmt(r.get('samples_per_s'))} images/s ({time.monotonic() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
+        return r
+    return run_and_say
+
+
 def run(quick: bool = False, reps: int = 3) -> dict:
     import torch
 
@@ -42,10 +56,10 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     for label, train, flags in VARIANTS:
         cfg = _cfg(s, **train)
         eng, pl = C.alternate(
-            reps, lambda: C.engine_result(C.run_engine(cfg, root), s["batch"], s["warm"]),
-            lambda: C.script_result(C.run_script("bench.baselines.plain_gpu", [
+            reps, said(f"{label}, torchdeck", lambda: C.engine_result(C.run_engine(cfg, root), s["batch"], s["warm"])),
+            said(f"{label}, plain", lambda: C.script_result(C.run_script("bench.baselines.plain_gpu", [
                 "--steps", str(s["steps"]), "--batch-size", str(s["batch"]), "--train-size", str(s["train"]),
-                *flags]), s["batch"], s["warm"]))
+                *flags]), s["batch"], s["warm"])))
         e, p = C.median([r["samples_per_s"] for r in eng]), C.median([r["samples_per_s"] for r in pl])
         rows.append([label, p, e, e / p if e and p else None])
         out[label] = {"engine": eng, "plain": pl}

@@ -47,6 +47,12 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     cfg = ctx.cfg
     deepspeed.init_distributed(dist_backend=cfg.resolved_backend, timeout=timedelta(seconds=cfg.nodes.timeout_s))
     model = model.to(ctx.device)
+    # DeepSpeed broadcasts (and ZeRO flattens) each parameter as a plain byte view, which a
+    # channels_last conv weight is not: keep the weights contiguous (the loop still hands channels_last
+    # batches, and cuDNN still runs NHWC kernels on them).
+    for p in model.parameters():
+        if not p.is_contiguous():
+            p.data = p.data.contiguous()
     ds_config = copy.deepcopy(resolved.ds_config)
     # torchdeck's LR schedule (the same curve as every strategy) unless the user's file brings one
     schedule = None if "scheduler" in ds_config else (

@@ -226,6 +226,7 @@ SGD_SCENARIOS = {"ddp": cfg_dict("ddp")} | {f"zero{s}": cfg_dict(**{"deepspeed.s
 ADAM = {"optimizer.name": "adam", "optimizer.lr": 0.01, "scheduler.name": "cosine", "train.grad_clip": 0.05,
         "train.max_steps": 6}
 WARM3 = {**ADAM, "scheduler.name": "warmup", "scheduler.warmup_steps": 5, "deepspeed.stage": 3}
+CHANNELS_LAST = {"model.name": "cnn", "data.image_size": 32, "train.channels_last": True}
 SCENARIOS = {
     **SGD_SCENARIOS,
     "ddp-adam": cfg_dict("ddp", **ADAM),
@@ -237,6 +238,9 @@ SCENARIOS = {
     "zero3-resumed": cfg_dict(**{**WARM3, "checkpoint.resume": "latest"}),
     "zero2-keep": cfg_dict(**{"checkpoint.every_n_steps": 1, "checkpoint.keep_last": 2}),
     "zero2-bf16": cfg_dict(**{"train.precision": "bf16-mixed"}),
+    # a conv net with train.channels_last (its 4-D weights are not contiguous): the GPU preset's setting
+    "ddp-channels-last": cfg_dict("ddp", **CHANNELS_LAST),
+    "zero2-channels-last": cfg_dict(**CHANNELS_LAST),
 }
 RUN_DIR = {"zero3-resumed": "zero3-first"}  # a resume continues in the first half's run directory
 
@@ -392,6 +396,19 @@ def test_bf16_trains_with_bf16_weights_and_fp32_masters(ranks):
     w = weights(ranks, "zero2-bf16")
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in w.values())
     assert_same(w, weights(ranks, "zero2"), atol=0.05)  # the same training, at bf16's precision
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_channels_last_conv_weights_train_like_ddp(ranks):
+    """train.channels_last on a conv net (the shipped GPU presets set it): DeepSpeed broadcasts each
+    weight as a byte view, which a channels_last 4-D weight refused, so the run died in
+    deepspeed.initialize (seen on an H100 with deepspeed-gpu). It trains, ending on DDP's weights."""
+    report = json.loads((ranks / "zero2-channels-last.json").read_text())
+    assert report["step"] == 4
+    ref = weights(ranks, "ddp-channels-last")
+    assert_same(weights(ranks, "zero2-channels-last"), ref, atol=1e-5)
+    assert any(v.dim() == 4 for v in ref.values())  # conv weights were there to be channels_last
 
 
 @needs_deepspeed
