@@ -47,12 +47,12 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     cfg = ctx.cfg
     deepspeed.init_distributed(dist_backend=cfg.resolved_backend, timeout=timedelta(seconds=cfg.nodes.timeout_s))
     model = model.to(ctx.device)
-    # DeepSpeed broadcasts (and ZeRO flattens) each parameter as a plain byte view, which a
-    # channels_last conv weight is not: keep the weights contiguous (the loop still hands channels_last
-    # batches, and cuDNN still runs NHWC kernels on them).
+    # DeepSpeed broadcasts (and ZeRO flattens) each parameter as a byte view, which needs a last
+    # stride of 1; a channels_last conv weight has not (a 1x1 conv's even counts as contiguous): keep
+    # the weights in plain layout (the loop still hands channels_last batches, so cuDNN still runs NHWC).
     for p in model.parameters():
-        if not p.is_contiguous():
-            p.data = p.data.contiguous()
+        if p.dim() and (p.stride(-1) != 1 or not p.is_contiguous()):
+            p.data = p.data.clone(memory_format=torch.contiguous_format)
     ds_config = copy.deepcopy(resolved.ds_config)
     # torchdeck's LR schedule (the same curve as every strategy) unless the user's file brings one
     schedule = None if "scheduler" in ds_config else (

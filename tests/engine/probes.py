@@ -49,6 +49,14 @@ def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
     return net
 
 
+def pointwise(info) -> torch.nn.Module:
+    """A 3x3 and a 1x1 conv (as ResNet's shortcuts have): under channels_last the 1x1 weight has a
+    last stride of C while is_contiguous() still says True."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(info.in_channels, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 1),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, info.num_classes))
+
+
 # ----------------------------------------------------------------------------- cores (train.cpu_affinity)
 
 
