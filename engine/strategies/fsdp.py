@@ -17,6 +17,10 @@ class FSDPStrategy(ProcessGroupStrategy):
         if cfg.fsdp.state_dict == "sharded":
             p.append(("fsdp.state_dict", "sharded checkpoints (one file per rank) are not supported yet; "
                                          "use full (gathered on rank 0, loads without FSDP)"))
+        if cfg.accelerator == "cuda" and cfg.resolved_backend == "gloo":
+            # seen on an H100 (torch 2.11): the rank died of SIGSEGV at its first checkpoint
+            p.append(("backend", "fsdp on GPUs needs nccl: over gloo PyTorch crashes (SIGSEGV) gathering the "
+                                 "sharded weights of CUDA ranks (pytorch/pytorch#132471); use backend nccl or auto"))
         return p
 
     def wrap(self, model, ctx):

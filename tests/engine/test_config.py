@@ -110,6 +110,17 @@ def test_cuda_on_a_host_without_gpu():
     assert "has none" in fields["accelerator"]
 
 
+def test_fsdp_over_gloo_on_gpus():
+    """The H100 run: gathering FSDP's CUDA shards over gloo killed the rank with SIGSEGV."""
+    fields, _ = problems({"strategy": "fsdp", "accelerator": "cuda", "devices": [0, 1], "backend": "gloo"},
+                         Hardware(gpu_count=2))
+    assert "needs nccl" in fields["backend"] and "132471" in fields["backend"]
+    for ok in ({"strategy": "fsdp", "accelerator": "cuda", "devices": [0, 1]},  # auto: nccl
+               {"strategy": "fsdp", "accelerator": "cpu", "devices": 2, "backend": "gloo"},
+               {"strategy": "ddp", "accelerator": "cuda", "devices": [0, 1], "backend": "gloo"}):
+        c.from_dict(ok, source="test.yaml", hw=Hardware(gpu_count=2))
+
+
 def test_fp16_on_cpu():
     fields, _ = problems(ddp_cpu(train={"precision": "16-mixed"}))
     assert "needs CUDA" in fields["train.precision"]
