@@ -66,14 +66,24 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     engine.set_gradient_accumulation_boundary(True)  # micro_step() clears it on the others
     dtype = (torch.bfloat16 if (ds_config.get("bf16") or {}).get("enabled")
              else torch.float16 if (ds_config.get("fp16") or {}).get("enabled") else None)
+    if dtype is not None:
+        # DeepSpeed's forward switches an outer CUDA autocast off (unless its own torch_autocast
+        # section is on), so the fp32 batches would meet bf16/fp16 weights bare: cast them on the way in.
+        engine.module.register_forward_pre_hook(_cast_inputs(dtype))
     return engine, _OptimizerView(engine), _SchedulerView(engine), Step(engine, dtype, ctx.device.type)
+
+
+def _cast_inputs(dtype):
+    def hook(module, args):
+        return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    return hook
 
 
 class Step:
     """What Precision is for other strategies: DeepSpeed scales, clips and steps itself.
 
     Under bf16/fp16 DeepSpeed keeps the weights in that type (fp32 masters in its optimizer); the
-    autocast lets the loop's fp32 batches meet them, and runs the loss in fp32."""
+    batches are cast to it on entering the model (_cast_inputs) and the autocast runs the loss in fp32."""
 
     def __init__(self, engine, dtype, device_type: str):
         self.engine, self.dtype, self.device_type = engine, dtype, device_type

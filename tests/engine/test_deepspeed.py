@@ -267,6 +267,14 @@ def _scenario(name: str, rank: int, out: Path) -> None:
         if cfg.strategy == "deepspeed":
             report["param_dtypes"] = sorted({str(p.dtype) for p in trainer.model.module.parameters()})
             report["lr"] = trainer.scheduler.get_last_lr()
+            # DeepSpeed's forward turns an outer CUDA autocast off: the model must take an fp32 batch bare
+            info = trainer.info
+            x = torch.randn(2, info.in_channels, info.image_size, info.image_size)
+            try:
+                with torch.no_grad():
+                    report["bare_forward"] = str(trainer.model(x).dtype)
+            except RuntimeError as exc:
+                report["bare_forward"] = str(exc)[:300]
         (out / f"{name}.json").write_text(json.dumps(report))
 
 
@@ -393,6 +401,9 @@ def test_bf16_trains_with_bf16_weights_and_fp32_masters(ranks):
     fp32 masters (what eval reads back), and the loss stays finite."""
     report = json.loads((ranks / "zero2-bf16.json").read_text())
     assert report["step"] == 4 and report["param_dtypes"] == ["torch.bfloat16"]
+    # on an H100 the first step died "Input type (torch.cuda.FloatTensor) and weight type
+    # (CUDABFloat16Type) should be the same": DeepSpeed had switched the loop's CUDA autocast off
+    assert report["bare_forward"] == "torch.bfloat16", report["bare_forward"]
     w = weights(ranks, "zero2-bf16")
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in w.values())
     assert_same(w, weights(ranks, "zero2"), atol=0.05)  # the same training, at bf16's precision
