@@ -92,10 +92,15 @@ def engine_result(res: dict, samples_per_step: int, warm_steps: int) -> dict:
     evs = res["events"]
     ready = [e["t"] for e in evs if e.get("kind") == "rank_ready"]
     marks = step_marks(evs)
+    steps = [e for e in evs if e.get("kind") == "step" and e.get("rank") == 0 and e["step"] > warm_steps]
+    wait = sum(e.get("data_wait_s") or 0.0 for e in steps)
+    busy = wait + sum(e.get("compute_s") or 0.0 for e in steps)
     return {
         "samples_per_s": throughput(marks, samples_per_step, warm_steps),
         "startup_s": (max(ready) - res["t_launch"]) if ready else None,
         "first_step_s": (marks[0][1] - res["t_launch"]) if marks else None,
+        # rank 0's own data-wait share after the warm-up (the Monitor's wait column for these steps)
+        "data_wait": wait / busy if busy else None,
     }
 
 

@@ -37,7 +37,8 @@ def said(what: str, fn):
     def run_and_say():
         t0 = time.monotonic()
         r = fn()
-        print(f"gpu: {what}: {C.fmt(r.get('samples_per_s'))} images/s ({time.monotonic() - t0:.0f} s)",
+        wait = f", data wait {r['data_wait']:.0%}" if r.get("data_wait") is not None else ""
+        print(f"gpu: {what}: {C.fmt(r.get('samples_per_s'))} images/s{wait} ({time.monotonic() - t0:.0f} s)",
               file=sys.stderr, flush=True)
         return r
     return run_and_say
