@@ -104,6 +104,14 @@ class BatchTensors(torch.utils.data.Dataset):
         return [t[ix] for t in self.tensors]
 
 
+def plain_layout(model) -> None:
+    """Give every weight a plain (row-major) layout. Tests the last stride too: a 1x1 conv's
+    channels_last weight passes is_contiguous() with a last stride of C."""
+    for p in model.parameters():
+        if p.dim() and (p.stride(-1) != 1 or not p.is_contiguous()):
+            p.data = p.data.clone(memory_format=torch.contiguous_format)
+
+
 def keep_batch(batch):
     """collate_fn for BatchTensors: the batch is already stacked."""
     return batch
@@ -259,8 +267,15 @@ class Trainer:
         start_worker_server(start)  # it imports torch while this rank builds its model
         emit("phase", phase="model")
         model = build_model(cfg, self.info)
-        if t.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+        if strategy.channels_last_weights:
+            if t.channels_last:
+                model = model.to(memory_format=torch.channels_last)
+        else:
+            plain_layout(model)  # a user's model may come channels-last itself
+            if t.channels_last and ctx.rank == 0:
+                emit("log", level="info", message=(
+                    f"train.channels_last: {strategy.name} keeps the weights in plain layout (it shards or "
+                    "byte-views them); the batches go channels-last, so convolutions still run NHWC"))
 
         inner = strategy.sampler(self.train_ds, ctx, shuffle=True, seed=t.seed)
         if inner is None:

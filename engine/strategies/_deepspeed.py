@@ -46,13 +46,7 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     _quiet()
     cfg = ctx.cfg
     deepspeed.init_distributed(dist_backend=cfg.resolved_backend, timeout=timedelta(seconds=cfg.nodes.timeout_s))
-    model = model.to(ctx.device)
-    # DeepSpeed broadcasts (and ZeRO flattens) each parameter as a byte view, which needs a last
-    # stride of 1; a channels_last conv weight has not (a 1x1 conv's even counts as contiguous): keep
-    # the weights in plain layout (the loop still hands channels_last batches, so cuDNN still runs NHWC).
-    for p in model.parameters():
-        if p.dim() and (p.stride(-1) != 1 or not p.is_contiguous()):
-            p.data = p.data.clone(memory_format=torch.contiguous_format)
+    model = model.to(ctx.device)  # its weights in plain layout (Trainer: channels_last_weights)
     ds_config = copy.deepcopy(resolved.ds_config)
     # torchdeck's LR schedule (the same curve as every strategy) unless the user's file brings one
     schedule = None if "scheduler" in ds_config else (

@@ -30,6 +30,7 @@ class Strategy:
     distributed = False  # True: one process group across nprocs x num_nodes ranks
     needs_cuda = False
     checkpoint_dirs = False  # True: its checkpoints are directories (every rank writes a part)
+    channels_last_weights = True  # False: it flattens or byte-views the weights, which need plain layout
 
     # ------------------------------------------------------------ config side (no torch)
     def nprocs(self, cfg) -> int:

@@ -89,6 +89,7 @@ def generate(cfg, world_size: int | None = None) -> dict:
     out["fp16"] = {"enabled": t.precision == "16-mixed"}
     if t.precision == "16-mixed":
         out["fp16"].update(loss_scale=0, initial_scale_power=16)  # dynamic loss scaling
+    _buffers_follow(out, {})
     params: dict = {"lr": o.lr, "weight_decay": o.weight_decay}
     if o.name == "sgd":
         params.update(momentum=o.momentum, nesterov=o.nesterov)
@@ -232,6 +233,27 @@ class Resolved:
         return out
 
 
+def _buffers_follow(ds_config: dict, user: dict) -> None:
+    """data_types.buffer_dtype = the training type, unless the user's file sets it.
+
+    DeepSpeed 0.19 casts the parameters only: BatchNorm's running statistics stayed fp32 beside
+    bf16 weights, which batch_norm refuses (a ResNet died at its first step). The buffers go to the
+    training type too, as DeepSpeed's blanket module.bfloat16()/half() did before. Decided on the
+    merged config, so a user's file that turns bf16 on or off gets the matching buffers."""
+    theirs = user.get("data_types") if isinstance(user.get("data_types"), dict) else {}
+    if "buffer_dtype" in theirs:
+        return
+    on = {k for k in ("bf16", "fp16") if isinstance(ds_config.get(k), dict) and ds_config[k].get("enabled")}
+    types = dict(ds_config.get("data_types") or {}) if isinstance(ds_config.get("data_types"), dict) else {}
+    types.pop("buffer_dtype", None)
+    if len(on) == 1:
+        types["buffer_dtype"] = on.pop()
+    if types:
+        ds_config["data_types"] = types
+    else:
+        ds_config.pop("data_types", None)
+
+
 def resolve(cfg, world_size: int | None = None) -> Resolved:
     """The generated ds_config with the user's file over it, checked; DeepSpeedConfigError otherwise."""
     world = world_size or cfg.world_size
@@ -250,6 +272,7 @@ def resolve(cfg, world_size: int | None = None) -> Resolved:
         raise DeepSpeedConfigError(f"{where}: bf16 and fp16 are both enabled; enable one of them")
     if fp16 and cfg.accelerator != "cuda":
         raise DeepSpeedConfigError(f"{where}: fp16 needs CUDA; on the CPU use bf16 or neither")
+    _buffers_follow(merged, user)
     zero = merged.get("zero_optimization")
     if not isinstance(zero, dict):
         raise DeepSpeedConfigError(f"{where}: zero_optimization must be an object of settings")
@@ -298,6 +321,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     summary = "DeepSpeed ZeRO (stages 0-3, CPU offload)"
     checkpoint_dirs = True  # DeepSpeed's own checkpoint: a directory, every rank writes its part
     min_world = 1  # ZeRO-Offload on one GPU is a use of its own
+    channels_last_weights = False  # it broadcasts each weight as a byte view (last stride 1 needed)
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)

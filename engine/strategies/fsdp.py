@@ -11,6 +11,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     name = "fsdp"
     summary = "FSDP2 fully_shard per block and at the root"
+    channels_last_weights = False  # fully_shard refuses non-contiguous parameters
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)

@@ -50,11 +50,12 @@ def recording(info, base: str = "cnn", hidden: int = 32) -> torch.nn.Module:
 
 
 def pointwise(info) -> torch.nn.Module:
-    """A 3x3 and a 1x1 conv (as ResNet's shortcuts have): under channels_last the 1x1 weight has a
-    last stride of C while is_contiguous() still says True."""
+    """ResNet's parts in small: a 3x3 conv, BatchNorm (running statistics are buffers) and a 1x1
+    conv, whose channels_last weight has a last stride of C while is_contiguous() says True."""
     return torch.nn.Sequential(
-        torch.nn.Conv2d(info.in_channels, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 1),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, info.num_classes))
+        torch.nn.Conv2d(info.in_channels, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(16, info.num_classes))
 
 
 # ----------------------------------------------------------------------------- cores (train.cpu_affinity)

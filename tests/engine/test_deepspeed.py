@@ -60,6 +60,7 @@ def test_generated_config_maps_the_run_config():
     g = ds.generate(cfg)
     assert (g["train_micro_batch_size_per_gpu"], g["gradient_accumulation_steps"], g["train_batch_size"]) == (8, 2, 32)
     assert g["gradient_clipping"] == 1.5 and g["bf16"] == {"enabled": True} and g["fp16"] == {"enabled": False}
+    assert g["data_types"] == {"buffer_dtype": "bf16"}  # BatchNorm's statistics with its bf16 weights
     assert g["optimizer"] == {"type": "Adam", "params": {"lr": 0.1, "weight_decay": 0.01, "betas": [0.9, 0.999],
                                                          "torch_adam": True, "adam_w_mode": False}}
     z = g["zero_optimization"]
@@ -67,7 +68,7 @@ def test_generated_config_maps_the_run_config():
     assert z["offload_optimizer"]["device"] == z["offload_param"]["device"] == "cpu"
     assert "scheduler" not in g  # torchdeck's own schedule goes in as a client scheduler
     plain = ds.generate(cfgmod.from_dict(cfg_dict()))
-    assert not plain["bf16"]["enabled"] and plain["gradient_clipping"] == 0
+    assert not plain["bf16"]["enabled"] and plain["gradient_clipping"] == 0 and "data_types" not in plain
     assert "offload_optimizer" not in plain["zero_optimization"]
     assert plain["optimizer"] == {"type": "SGD", "params": {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9,
                                                             "nesterov": False}}
@@ -90,6 +91,7 @@ def test_user_config_wins_and_every_conflict_is_named(tmp_path):
     assert m["zero_optimization"] == {"stage": 1, "overlap_comm": True, "contiguous_gradients": True,
                                       "reduce_bucket_size": 1000}
     assert m["optimizer"]["params"]["lr"] == 0.01 and m["optimizer"]["params"]["momentum"] == 0.9
+    assert m["data_types"] == {"buffer_dtype": "bf16"}  # follows the file's bf16, not the form's fp32
     notes = "\n".join(line for _, line in r.notes())
     for said in ("train_micro_batch_size_per_gpu = 4 replaces 8 (train.batch_size)",
                  "gradient_clipping = 2.0 replaces 0.0 (train.grad_clip)",
@@ -241,6 +243,7 @@ SCENARIOS = {
     # 3x3 and 1x1 convs with train.channels_last (the GPU presets' setting)
     "ddp-channels-last": cfg_dict("ddp", **CHANNELS_LAST),
     "zero2-channels-last": cfg_dict(**CHANNELS_LAST),
+    "zero2-bf16-channels-last": cfg_dict(**CHANNELS_LAST, **{"train.precision": "bf16-mixed"}),  # deepspeed-gpu's
 }
 RUN_DIR = {"zero3-resumed": "zero3-first"}  # a resume continues in the first half's run directory
 
@@ -422,6 +425,21 @@ def test_channels_last_conv_weights_train_like_ddp(ranks):
     ref = weights(ranks, "ddp-channels-last")
     assert_same(weights(ranks, "zero2-channels-last"), ref, atol=1e-5)
     assert {tuple(v.shape[2:]) for v in ref.values() if v.dim() == 4} == {(3, 3), (1, 1)}
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_bf16_with_batchnorm_and_channels_last_trains(ranks):
+    """The deepspeed-gpu preset's combination (bf16, channels_last, BatchNorm): DeepSpeed 0.19 casts
+    parameters only, so BatchNorm met bf16 weights with fp32 running statistics and the first step
+    died ("expected scalar type BFloat16 but found Float"). The generated data_types.buffer_dtype
+    takes the buffers along; the run ends near the fp32 one."""
+    report = json.loads((ranks / "zero2-bf16-channels-last.json").read_text())
+    assert report["step"] == 4 and report["param_dtypes"] == ["torch.bfloat16"]
+    assert report["bare_forward"] == "torch.bfloat16", report["bare_forward"]
+    w = weights(ranks, "zero2-bf16-channels-last")
+    assert any("running_mean" in k for k in w)
+    assert_same(w, weights(ranks, "zero2-channels-last"), atol=0.05)
 
 
 @needs_deepspeed

@@ -446,17 +446,20 @@ def cli_run(preset: str, runs: Path, extra: list[str], timeout=240):
 @pytest.mark.slow
 def test_shipped_presets_run_headless_and_agree(tmp_path):
     """model-parallel (2 CPU stages, 4 micro-batches), fsdp and zero (2 gloo ranks each) run to the
-    end through `torchdeck run`, and their checkpoints load into the plain model with equal weights."""
+    end through `torchdeck run`, and their checkpoints load into the plain model with equal weights.
+    All with train.channels_last (the GPU presets' setting), which fsdp's fully_shard refused
+    ("non-contiguous parameters") until fsdp kept its weights in plain layout."""
     from engine import checkpoint as ckpt
 
     weights = {}
     for preset, batch in [("model-parallel", 32), ("fsdp", 16), ("zero", 16)]:
         runs = tmp_path / preset
-        proc = cli_run(preset, runs, SMALL + [f"train.batch_size={batch}"])
+        proc = cli_run(preset, runs, SMALL + [f"train.batch_size={batch}", "train.channels_last=true"])
         assert proc.returncode == 0, f"{preset}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         (run_dir,) = list(runs.iterdir())
         _, state = ckpt.latest(run_dir / "checkpoints")
         assert state["step"] == 4 and state["config"]["strategy"] == preset
+        assert state["config"]["train"]["channels_last"] is True
         plain = cnn(DataInfo(3, 10, 32, "synthetic"))
         plain.load_state_dict(state["model"])  # full, plain keys: loads without the strategy
         weights[preset] = state["model"]
