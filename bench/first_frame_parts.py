@@ -1,12 +1,12 @@
-"""Where the first frame's time goes (a probe for issue 17's 1.25x target, not a benchmark of its
-own): the app as shipped and with parts of its first frame taken away, each against the Textual
-hello world in the same 80x24 pty, alternating, so the next person knows what a change can win.
+"""What the first frame holds and when the form arrives (a probe for issue 17's 1.25x target, not a
+benchmark of its own): the app as shipped (no field in the first frame; the Essentials section one
+refresh later) and as it was before (its first three fields in the first frame), each against the
+Textual hello world in the same 80x24 pty, alternating, timed to three marks on the screen: the key
+bar (the first frame), the first field (strategy) and the section's last field (precision).
 
     .venv/bin/python -m bench.first_frame_parts [--reps 7] [--json FILE]
 
-Variants (patched in a launcher script, never in the app): `plain` (as shipped), `one-line keys`
-(the key bar as one Static of the same text instead of Textual's Footer with a widget per key),
-`no fields` (the form's first fields come one refresh after the first frame), and both.
+Variants are patched in a launcher script, never in the app.
 """
 from __future__ import annotations
 
@@ -17,22 +17,10 @@ import sys
 from bench import common as C
 from bench import first_frame as F
 
-_KEYS = '''
-from textual.widgets import Static
-import app.configure.screen as S
-class OneLineKeys(Static):
-    def __init__(self, *a, **k):
-        super().__init__("^q Quit  F5 Launch  ^s Save  ^o Load  F6 Export  F7 Compare  F2 Runs  ^p palette")
-S.KeyBar = OneLineKeys
-'''
-_NO_FIELDS = '''
-import app.configure.form as Fm
-Fm.FIRST_FRAME_FIELDS = 0
-_update = Fm.ConfigForm.update_devices
-Fm.ConfigForm.update_devices = lambda self: _update(self) if "f-devices-procs" in self._w else None
-'''
 _RUN = "\nfrom app.main import TorchdeckApp\nTorchdeckApp().run()\n"
-VARIANTS = {"plain": "", "one-line keys": _KEYS, "no fields": _NO_FIELDS, "no fields + one-line keys": _NO_FIELDS + _KEYS}
+VARIANTS = {"as shipped": "",
+            "3 fields in the first frame": "import app.configure.form as Fm\nFm.FIRST_FRAME_FIELDS = 3\n"}
+MARKS = {"first frame": "Launch", "first field": "strategyddp", "Essentials complete": "precision32-true"}
 
 
 def run(reps: int = 7) -> dict:
@@ -43,14 +31,15 @@ def run(reps: int = 7) -> dict:
     for i, (name, patch) in enumerate(VARIANTS.items()):
         script = tmp / f"variant{i}.py"
         script.write_text(patch + _RUN)
-        cases[name] = ([sys.executable, str(script)], "Launch")
+        for mark, text in MARKS.items():
+            cases[f"{name}: {mark}"] = ([sys.executable, str(script)], text)
     for argv, marker in cases.values():  # warm the file cache and the bytecode
         F.frame_time(argv, marker, env)
     times = C.alternate(reps, *[(lambda a=a, m=m: F.frame_time(a, m, env)) for a, m in cases.values()])
     hello = C.median(times[0])
     out = {name: {"median_s": C.median(t), "ratio": C.median(t) / hello, "runs_s": t} for name, t in zip(cases, times)}
     for name, r in out.items():
-        print(f"{name:28s} {r['median_s']:.3f} s  {r['ratio']:.2f}x  ({' '.join(f'{x:.3f}' for x in r['runs_s'])})")
+        print(f"{name:48s} {r['median_s']:.3f} s  {r['ratio']:.2f}x")
     return out
 
 

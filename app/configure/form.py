@@ -23,9 +23,12 @@ from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format
                                   parse_text, set_path)
 from engine.config import SCHEMA_VERSION, RunConfig
 
-# Fields of the first section built with the first frame (strategy, accelerator, devices); the
-# rest of it follows one refresh later, before the other sections.
-FIRST_FRAME_FIELDS = 3
+# Fields of the first section built with the first frame. None: the first frame is the screen's
+# frame (title, section heading, summary, key bar) and the whole first section follows one refresh
+# later, before the other sections. `python -m bench.first_frame_parts --reps 9` (80x24, against a
+# Textual hello world): with 3 fields first, first frame 1.55x and the section complete at 1.97x;
+# with none, 1.23x and 1.86x (the first field itself comes later: 1.56x -> 1.85x).
+FIRST_FRAME_FIELDS = 0
 
 _INPUT_TYPE = {"int": "integer", "float": "number"}
 
@@ -115,6 +118,8 @@ class ConfigForm(VerticalScroll):
             widgets = [w for f in later for w in self._field_widgets(f)]
             await self._w[group_id(GROUPS[0])].mount_all(widgets)
             self._mounted_paths.update(f.path for f in later)
+            if self.screen.is_current and self.screen.focused is None:
+                self.screen.focus_next()  # the first field, as auto-focus would have chosen at mount
             self._edited()
             self.call_after_refresh(self._mount_next)
             return
@@ -385,6 +390,8 @@ class ConfigForm(VerticalScroll):
         self.update_devices()
 
     def update_devices(self) -> None:
+        if "f-devices-procs" not in self._w:
+            return  # not mounted yet: show_problems calls this again once it is
         mode = self.devices_mode()
         self._w["f-devices-procs"].display = mode == "procs"
         if self._cuda_ready:

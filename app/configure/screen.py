@@ -87,7 +87,7 @@ class ConfigureScreen(Screen):
         yield Static("", id="warnings", markup=False)
         yield Static("", id="summary", markup=False).set_styles(display="none" if side.display else "block")
         yield Static("", id="command", markup=False)
-        yield KeyBar(compact=True)
+        yield KeyBar()
 
     def _read_initial(self) -> tuple:
         """(data, path, source, name) of the preset to open with; the defaults when it is broken."""

@@ -273,6 +273,9 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert screen.query_one("#f-devices-gpu", Select).display and not gpus.display
         await choose(pilot, "f-strategy", "fs")
         assert shown("fsdp.state_dict") and shown("backend")
+        assert "fsdp on GPUs needs nccl" in invalid(screen, "backend")  # the preset's gloo, kept from ddp on CPU
+        await choose(pilot, "f-backend", "nc")
+        assert invalid(screen, "backend") is None
         assert screen.cfg is not None and screen.cfg.world_size == 2
 
 
@@ -1059,3 +1062,21 @@ def test_quitting_at_the_first_frame_exits_cleanly(tmp_path, presets_dir):
     app = QuitAtOnce(gpu_source=no_gpus(), runs_root=tmp_path / "runs")
     app.run(headless=True, size=(80, 24))
     assert app.return_code == 0
+
+
+async def test_key_bar_draws_the_keys_on_one_line_and_a_click_presses_one(tmp_path, presets_dir):
+    """The key bar is one widget (Textual's Footer is one per key: a tenth of the first frame): the
+    same line as the compact footer, and a click on a key runs it (disabled keys would ring)."""
+    from app.configure.dialogs import LoadPresetDialog
+    from app.keybar import KeyBar
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        bar = app.screen.query_one(KeyBar)
+        line = str(bar.render())
+        assert line.startswith("f5 Launch ^o Load ^s Save ^g Sections f2 Runs f6 Export ^q Quit"), line
+        assert len(line) == 80 and line.rstrip().endswith("▏^p palette"), repr(line)
+        await pilot.click(KeyBar, offset=(line.index("Load"), 0))
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, LoadPresetDialog)

@@ -141,7 +141,7 @@ def test_form_sections_by_keys_at_80x24(term):
     that jump between sections arrive through tmux (Ctrl+G then a digit, Ctrl+Down)."""
     term.start(f"{TORCHDECK} app tiny", width=80, height=24)
     term.wait_for("global batch 128", timeout=60)
-    screen = term.wait_for("precision", timeout=20)  # the first frame has the first three fields
+    screen = term.wait_for("precision", timeout=20)  # the section follows the first frame
     lines = [ln.strip() for ln in screen.splitlines()]
     assert "Essentials" in lines[:3], screen
     for label in ("strategy", "devices", "model", "dataset", "batch size", "lr", "epochs", "precision"):
