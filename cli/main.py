@@ -6,7 +6,6 @@ stderr with exit status 2 and nothing started; `--debug` adds the traceback.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -545,6 +544,8 @@ def cmd_app(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand that was not given --debug must not reset `torchdeck --debug run ...`
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
@@ -663,12 +664,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        # Bare `torchdeck`, the way most runs start: the app, without importing argparse and
+        # building every command's parser first (~6 ms, 3 % of the app's first frame).
+        from types import SimpleNamespace
+
+        return _dispatch(cmd_app, SimpleNamespace(command=None, preset=None))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    func = getattr(args, "func", cmd_app)
+    return _dispatch(getattr(args, "func", cmd_app), args)
+
+
+def _dispatch(func, args) -> int:
     try:
         return func(args)
     except TorchdeckError as exc:  # a problem the user can fix: one line each, exit 2

@@ -72,3 +72,15 @@ def test_core_modules_load_without_torch_or_textual():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("BAD []"), out.stdout
+
+
+def test_bare_torchdeck_opens_the_app_without_building_the_parser():
+    """`torchdeck` with no arguments (how most sessions start) goes straight to the app: importing
+    argparse and building every command's parser cost ~3 % of the app's first frame."""
+    code = ("import sys\n"
+            "import cli.main as m\n"
+            "m.cmd_app = lambda args: print('APP', args.preset, 'argparse' in sys.modules) or 0\n"
+            "sys.exit(m.main([]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "APP None False", out.stdout
