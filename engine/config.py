@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-import yaml
-
 from engine.affinity import MODES as CPU_AFFINITY
 from engine.cache import AUGMENTS, CACHE_MODES, WORKER_STARTS
 from engine.errors import TorchdeckError
@@ -288,6 +286,8 @@ def _said(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, (list, dict)):
+        import yaml
+
         kind = "list" if isinstance(value, list) else "mapping"
         return f"the {kind} " + yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
     return str(value)
@@ -652,7 +652,12 @@ def advice(cfg: RunConfig) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- YAML
 
 
-def _yaml_error(exc: yaml.YAMLError) -> str:
+# PyYAML is imported where YAML is read or written, not with this module: its import (~7 ms, most
+# of it one regex) is on the app's first frame otherwise, and a preset the app opened before is
+# read from its JSON copy (load(..., cache=True)).
+
+
+def _yaml_error(exc) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     if mark is not None:
@@ -660,15 +665,22 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return "broken YAML: " + " ".join(str(problem).split())  # one line (a ReaderError spans two)
 
 
-def loads(text: str, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
+def _parse(text: str, source: str | None) -> Any:
+    import yaml
+
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([("", _yaml_error(exc))], source) from None
-    return from_dict(data, source=source, hw=hw)
 
 
-def load(path: str | os.PathLike, hw: Hardware | None = None) -> RunConfig:
+def loads(text: str, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
+    return from_dict(_parse(text, source), source=source, hw=hw)
+
+
+def load(path: str | os.PathLike, hw: Hardware | None = None, cache: bool = False) -> RunConfig:
+    """cache: keep what the file parsed to as JSON (under the user's cache directory) and read that
+    while the file's text is unchanged. For the app's start-up only: it saves PyYAML's import."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -676,14 +688,60 @@ def load(path: str | os.PathLike, hw: Hardware | None = None) -> RunConfig:
         raise ConfigError([("", "no such preset file; `torchdeck presets` lists the known ones")], str(path)) from None
     except OSError as exc:
         raise ConfigError([("", f"cannot read the preset: {exc.strerror}")], str(path)) from None
-    return loads(text, source=str(path), hw=hw)
+    if not cache:
+        return loads(text, source=str(path), hw=hw)
+    return from_dict(_parse_cached(path, text), source=str(path), hw=hw)
 
 
-class _Dumper(yaml.SafeDumper):
+def cache_dir() -> Path:
+    base = os.environ.get("TORCHDECK_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchdeck")
+    return Path(base)
+
+
+def _parse_cached(path: Path, text: str) -> Any:
+    """The parsed file from its JSON copy when that copy was made from this very text; else parse
+    it and write the copy (only when JSON gives back exactly what YAML gave: no dates, no int keys).
+    A copy that cannot be read or written is ignored: the YAML file stays the truth."""
+    import json
+    import zlib
+
+    where = str(path.resolve())
+    copy = cache_dir() / "presets" / f"{zlib.crc32(where.encode()):08x}.json"
+    try:
+        kept = json.loads(copy.read_text())
+        if kept.get("path") == where and kept.get("text") == text:
+            return kept["data"]
+    except (OSError, ValueError, AttributeError, KeyError):
+        pass
+    data = _parse(text, str(path))
+    try:
+        blob = json.dumps({"path": where, "text": text, "data": data})
+        if json.loads(blob)["data"] == data:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            tmp = copy.with_name(f".{copy.name}.tmp-{os.getpid()}")
+            tmp.write_text(blob)
+            os.replace(tmp, copy)
+    except (OSError, TypeError, ValueError):
+        pass
+    return data
+
+
+_DUMPER = None
+
+
+def _dumper():
     """The shipped presets' style: mappings as indented blocks, lists inline (`devices: [0, 1]`)."""
+    global _DUMPER
+    if _DUMPER is None:
+        import yaml
 
+        class Dumper(yaml.SafeDumper):
+            pass
 
-_Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+        Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+        _DUMPER = Dumper
+    return _DUMPER
 
 
 def changes(cfg: RunConfig) -> dict:
@@ -708,7 +766,9 @@ def changes(cfg: RunConfig) -> dict:
 def dumps(cfg: RunConfig, changes_only: bool = False) -> str:
     """YAML of the whole config (what a run holds), or of its changes from the defaults (a preset)."""
     data = changes(cfg) if changes_only else cfg.to_dict()
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    import yaml
+
+    return yaml.dump(data, Dumper=_dumper(), sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def save(cfg: RunConfig, path: str | os.PathLike, changes_only: bool = False) -> None:
@@ -729,6 +789,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError([("", f"--set expects key=value, got {item!r}")])
         key, raw = item.split("=", 1)
+        import yaml
+
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:

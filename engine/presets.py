@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 
 from engine import config as cfgmod
 from engine.config import ConfigError
@@ -51,6 +50,8 @@ class PresetInfo:
 
 def _describe(path: Path, source: str) -> PresetInfo:
     """Read just enough of a preset to list it; a broken one is listed, not hidden."""
+    import yaml  # not at import: the app's first frame reads no preset list
+
     try:
         data = yaml.safe_load(path.read_text())
         if not isinstance(data, dict):

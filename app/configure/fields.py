@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
-import yaml
 
 from engine import config as C
 
@@ -206,6 +205,8 @@ def format_value(kind: str, value) -> str:
     if kind == "list":
         return ", ".join(str(x) for x in value) if isinstance(value, list) else str(value)
     if kind == "mapping":
+        import yaml  # here, not at import: PyYAML's import is not on the first frame
+
         return "" if value in ({}, None) else yaml.safe_dump(value, default_flow_style=True).strip()
     if kind == "devices":  # cuda indices typed by hand (no GPU list)
         if isinstance(value, list):
@@ -216,6 +217,8 @@ def format_value(kind: str, value) -> str:
 
 def parse_text(kind: str, text: str):
     """Text to a config value; text that does not parse is returned as is, so validation names it."""
+    import yaml
+
     t = text.strip()
     try:
         if kind == "int":
@@ -269,6 +272,8 @@ def override_text(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
+        import yaml
+
         try:
             same = yaml.safe_load(value) == value if value else False
         except yaml.YAMLError:

@@ -100,7 +100,7 @@ class ConfigureScreen(Screen):
             self._initial_error = str(exc)
         else:
             try:
-                cfg = cfgmod.load(path)
+                cfg = cfgmod.load(path, cache=True)  # its JSON copy when unchanged: no PyYAML import
             except ConfigError as exc:
                 self._initial_error = f"cannot load this preset:\n{exc}"
             else:
