@@ -20,7 +20,7 @@ RANKS = 2
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    s = dict(train=400, val=100, epochs=2, batch=32) if quick else dict(train=2000, val=500, epochs=3, batch=32)
+    s = dict(train=400, val=100, epochs=1, batch=32) if quick else dict(train=2000, val=500, epochs=3, batch=32)
     folder = make_folder(C.tmpdir("imagefolder_vs_plain-data") / "pngs", s["train"], s["val"], 32)
     root = C.tmpdir(NAME)
     samples = s["epochs"] * s["train"]
@@ -51,8 +51,11 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                     "samples_per_s": samples / wall, "val_acc": out["val_acc"]}
         return go
 
-    auto, fork, spawn, plain, plain_fork = C.alternate(reps, engine("auto"), engine("fork"), engine("spawn"),
-                                                       script(None), script("fork"))
+    runs = {"auto": engine("auto"), "spawn": engine("spawn"), "plain": script(None), "plain_fork": script("fork")}
+    if not quick:  # fork can hang on Python 3.11 (README): kept out of the test suite's smoke run
+        runs["fork"] = engine("fork")
+    got = dict(zip(runs, C.alternate(reps, *runs.values())))
+    auto, spawn, plain, plain_fork, fork = (got.get(k, []) for k in ("auto", "spawn", "plain", "plain_fork", "fork"))
     med = lambda rs, k: C.median([r[k] for r in rs])
     base = med(plain_fork, "samples_per_s")
     ratio = med(auto, "samples_per_s") / base if base else None
@@ -64,7 +67,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                               ("plain mp.spawn DDP, workers forked", plain_fork),
                               ("torchdeck ddp, data.worker_start spawn", spawn),
                               ("torchdeck ddp, data.worker_start fork", fork),
-                              ("torchdeck ddp, data.worker_start auto (fork server)", auto))]
+                              ("torchdeck ddp, data.worker_start auto (fork server)", auto)) if rs]
     text = C.table(f"{NAME}: {s['train']} train / {s['val']} val 32x32 PNGs read every epoch (cache none), "
                    f"{RANKS} ranks gloo, 1 loader worker/rank, {s['epochs']} epochs, median of {reps}",
                    ["what", "first step s", "wall s", "samples/s", "val acc", "vs plain forked", "runs wall s"], rows)
