@@ -31,7 +31,6 @@ class KeyBar(Widget):
     """
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.pop("compact", None)  # always compact: one space between key and description
         super().__init__(*args, **kwargs)
         self._spans: list[tuple[int, int, str, bool]] = []  # x from, x to, key, enabled
 
@@ -96,7 +95,7 @@ class KeyBar(Widget):
         for start, end, key, enabled in self._spans:
             if start <= event.x < end:
                 if enabled:
-                    self.app.simulate_key(key.split(",")[0])
+                    self.app.simulate_key(key)  # one key per active binding (Textual splits "f5,ctrl+r")
                 else:
                     self.app.bell()
                 return

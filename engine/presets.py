@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from engine import config as cfgmod
 from engine.config import ConfigError
 

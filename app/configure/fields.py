@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
-
 from engine import config as C
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"

@@ -240,14 +240,11 @@ def _buffers_follow(ds_config: dict, user: dict) -> None:
     bf16 weights, which batch_norm refuses (a ResNet died at its first step). The buffers go to the
     training type too, as DeepSpeed's blanket module.bfloat16()/half() did before. Decided on the
     merged config, so a user's file that turns bf16 on or off gets the matching buffers."""
-    theirs = user.get("data_types") if isinstance(user.get("data_types"), dict) else {}
-    if "buffer_dtype" in theirs:
+    if "buffer_dtype" in (user.get("data_types") if isinstance(user.get("data_types"), dict) else {}):
         return
-    on = {k for k in ("bf16", "fp16") if isinstance(ds_config.get(k), dict) and ds_config[k].get("enabled")}
-    types = dict(ds_config.get("data_types") or {}) if isinstance(ds_config.get("data_types"), dict) else {}
-    types.pop("buffer_dtype", None)
-    if len(on) == 1:
-        types["buffer_dtype"] = on.pop()
+    on = [k for k in ("bf16", "fp16") if isinstance(ds_config.get(k), dict) and ds_config[k].get("enabled")]
+    types = ds_config.get("data_types") if isinstance(ds_config.get("data_types"), dict) else {}
+    types = {k: v for k, v in types.items() if k != "buffer_dtype"} | ({"buffer_dtype": on[0]} if len(on) == 1 else {})
     if types:
         ds_config["data_types"] = types
     else:
