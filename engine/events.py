@@ -12,7 +12,9 @@ Kinds and their fields (beyond v, kind, t):
     phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume),
                    until its first step event; the run's start-up is read from these
     rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null)
-    step           rank, epoch, step (optimizer steps done), total_steps, loss,
+    step           one per train.log_every_n_steps steps, at the last step, and at the step a stop
+                   ended the run on (its final position, even between two windows):
+                   rank, epoch, step (optimizer steps done), total_steps, loss,
                    samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null),
                    comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report
                    collective) was in flight, i.e. waiting for the other ranks; null where not

@@ -567,13 +567,16 @@ class Trainer:
                 step = self.pos.step
                 epoch_done = micro + k > self.steps_per_epoch * k
                 last = step >= self.total_steps or epoch_done
-                if step % t.log_every_n_steps == 0 or last:
+                logged = step % t.log_every_n_steps == 0 or last
+                if logged:
                     # a periodic save after this event or within the next window
                     n = t.log_every_n_steps
                     saves = bool(every_n and (step + n - 1) // every_n > (step - 1) // every_n
                                  and step < self.total_steps)
                     self._emit_step(epoch, step, window, pause=last or saves)
                 if self._stop_now(step, last):
+                    if not logged:  # the final position, not the last window's: every view shows it
+                        self._emit_step(epoch, step, window, pause=True)
                     break
                 if (every_n and step % every_n == 0 and step < self.total_steps
                         and not (epoch_done and cfg.checkpoint.every_epoch)):

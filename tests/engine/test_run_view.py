@@ -292,3 +292,36 @@ def test_a_rank_bound_to_cores_is_placed_as_device_at_cores_in_both_front_ends()
     assert (r0.place, r1.place) == ("cpu@0", "cpu")
     assert "cpu@0" in rank_line(st, r0, T0 + 1, 80) and "cpu@" not in rank_line(st, r1, T0 + 1, 80)
     assert "cpu@0" in rank_text(st, r0, T0 + 1, 140).plain  # at 80 columns the table leaves devices out
+
+
+def test_a_stopped_runs_step_is_where_it_stopped_not_its_last_step_event(tmp_path):
+    """Issue 27: stopped between two step events (log_every_n_steps 4, stopped at step 1), the log
+    and the checkpoint said step 1 while every view said the last step event's 0. The ranks send
+    their final position; the reducer (and so the catalog, `torchdeck runs`, the Monitor) uses it."""
+    import json
+
+    from engine import config as cfgmod
+    from engine import events
+    from engine.runs.catalog import summarize
+    from engine.runs.layout import RunDir
+    from engine.worker import train_rank
+    from tests.engine.helpers import small_cfg
+
+    out: list[dict] = []
+    cfg = cfgmod.from_dict(small_cfg(**{"train.max_steps": 12, "train.log_every_n_steps": 4}))
+    stopped = train_rank(cfg, tmp_path, 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)),
+                         stop_requested=lambda: True)  # the stop file is there from the first check
+    assert stopped
+    said = [e["message"] for e in out if e["kind"] == "log" and "stopped on request" in e["message"]]
+    saved = [e["step"] for e in out if e["kind"] == "checkpoint"]
+    assert said == ["stopped on request at epoch 1, step 1"] and saved == [1]
+    view = RunView()
+    view.feed_all(out)
+    assert view.progress() == (1, 12), [e for e in out if e["kind"] == "step"]
+    # the run directory as the Runs list and `torchdeck runs` read it
+    cfgmod.save(cfg, tmp_path / "config.yaml")
+    out.append(events.make("run_finished", status="stopped", exit_codes=[0], root_cause=None, elapsed_s=1.0))
+    (tmp_path / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in out))
+    (tmp_path / "status.json").write_text(json.dumps({"status": "stopped", "exit_codes": [0], "elapsed_s": 1.0}))
+    row = summarize(RunDir(tmp_path))
+    assert (row.status, row.progress) == ("stopped", "1/12")
