@@ -43,6 +43,10 @@ def _config_or_usage(args, hw=None, launch: bool = False):
 
         hw = detect_hardware()
     cfg, path = preflight.load_config(args.preset, _overrides(args), hw=hw)
+    if str(args.preset).endswith((".yaml", ".yml")):  # a preset file: its folder may hold the user's model.name module
+        from engine import usercode
+
+        usercode.add_folders(path.parent)
     args.host_notes, args.host_hw = hw.notes, hw  # what was decided from this host (devices: free:N picked which GPUs, why)
     problems = preflight.check(cfg) if launch else preflight.file_problems(cfg)
     if problems:

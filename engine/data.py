@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -410,17 +409,11 @@ def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None,
 
 
 def _load_callable(path: str, kind: str, error: type[Exception]):
-    """Import `package.module:callable`; shared with engine.models."""
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise error(f"{kind} {path!r}: cannot import {module_name}: {type(exc).__name__}: {exc} "
-                    "(is the package installed or on PYTHONPATH?)") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise error(f"{kind} {path!r}: {module_name} has no callable named {attr!r}")
-    return fn
+    """Import `package.module:callable`; shared with engine.models. Where it looks is
+    engine.usercode's one rule (sys.path, then the user's folders)."""
+    from engine.usercode import load_callable
+
+    return load_callable(path, kind, error)
 
 
 def _infer_info(path: str, train: Dataset, given: dict) -> DataInfo:

@@ -49,6 +49,7 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
         cfg = from_dict(data, source=str(path))
     except ConfigError as exc:
         raise EvalError(f"the config stored in {path} no longer validates: {exc}") from None
+    _user_folders(path)
     _, val_ds, info = build_datasets(cfg)
     if val_ds is None or len(val_ds) == 0:
         raise EvalError(f"{info.name} has no validation split to evaluate on")
@@ -61,6 +62,17 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
     out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]),
                batches_done=int(state.get("batches_done") or 0))
     return out
+
+
+def _user_folders(path: Path) -> None:
+    """The user's module (model.name or data.dataset `mod:fn`) is looked up where its run was
+    started from, as the run did, wherever `torchdeck eval` runs (engine.usercode)."""
+    from engine import usercode
+
+    for run in list(path.resolve().parents)[:3]:  # RUN/checkpoints/ckpt-N.pt, or RUN/checkpoints/ckpt-N/
+        if (run / "config.yaml").is_file():
+            usercode.add_folders(*usercode.run_folders(run))
+            return
 
 
 def _deepspeed_state(path: Path) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 
 Problem = tuple[str, str]  # (field path, what is wrong and what to do)
@@ -70,25 +69,20 @@ def callable_problem(value: str) -> str | None:
     such name. (A rank would find the same a minute later, after the run has started.)"""
     import importlib.util
 
+    from engine.usercode import extend_path
+
     module, _, attr = value.partition(":")
-    added = os.getcwd() not in sys.path  # the supervisor runs with cwd on sys.path; so check with it
-    if added:
-        sys.path.insert(0, os.getcwd())
+    looked = ", ".join(extend_path())  # where a rank looks too (engine.usercode): sys.path, then these
     try:
-        try:
-            spec = importlib.util.find_spec(module)  # imports only the parent packages
-        except Exception as exc:  # ModuleNotFoundError of a parent, or an error importing it
-            return (f"cannot import {module!r}: {type(exc).__name__}: {exc} (looked in the current "
-                    "directory and on PYTHONPATH)")
-        if spec is None:
-            return f"no module named {module!r} (looked in the current directory and sys.path)"
-        origin = spec.origin or ""
-        if not origin.endswith(".py"):
-            return None  # compiled or namespace package: nothing to read
-        return _source_problem(origin, module, attr, importlib.util.find_spec)
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
+        spec = importlib.util.find_spec(module)  # imports only the parent packages
+    except Exception as exc:  # ModuleNotFoundError of a parent, or an error importing it
+        return f"cannot import {module!r}: {type(exc).__name__}: {exc} (looked on PYTHONPATH and in {looked})"
+    if spec is None:
+        return f"no module named {module!r} (looked on PYTHONPATH and in {looked})"
+    origin = spec.origin or ""
+    if not origin.endswith(".py"):
+        return None  # compiled or namespace package: nothing to read
+    return _source_problem(origin, module, attr, importlib.util.find_spec)
 
 
 def _source_problem(origin: str, module: str, attr: str, find_spec) -> str | None:

@@ -23,7 +23,7 @@ import time
 from multiprocessing import connection as mp_connection
 from pathlib import Path
 
-from engine import events, network
+from engine import events, network, usercode
 from engine.config import Hardware, load, resolve_all_gpus
 from engine.errors import TorchdeckError
 from engine.runs import stacks
@@ -428,6 +428,8 @@ class Supervisor:
             pass  # an unwritable run directory fails below, with its message
         try:
             cfg = load(rd.config_path)
+            usercode.add_folders(*usercode.run_folders(rd.path))  # the user's module:callable: where it
+            usercode.extend_path()  # was launched from, and its preset's folder; spawned ranks inherit sys.path
             self.timeout_s = cfg.nodes.timeout_s
             plan = self._plan(cfg)
         except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config
@@ -459,9 +461,9 @@ class Supervisor:
         picked += _pick_free_gpus(cfg)
         strategy = get_strategy(cfg.strategy)
         notes = picked + list(strategy.resolve(cfg, self.rd.path))  # deepspeed: the user's ds_config
-        from engine.worker import threads_for
+        from engine.affinity import threads_for
 
-        threads = threads_for(cfg)
+        threads = threads_for(cfg, cfg.nproc_per_node)
         child_env = {"OMP_NUM_THREADS": str(threads)}
         store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr

@@ -25,6 +25,9 @@ from engine.runs.status import Status
 def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None) -> RunDir:
     """Create the run directory and start `python -m engine.supervisor RUN_DIR` in its own session.
     `origin` ({"preset", "overrides"}) is kept beside the config, to tell runs apart later."""
+    # where it was started from: the run's own code (model.name: mod:fn) is looked up there
+    # later too, by `torchdeck eval` run elsewhere (engine.usercode)
+    origin = {"cwd": os.getcwd(), **(origin or {})}
     run = RunDir.create(cfg, Path(root) if root else None, origin)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -67,7 +70,8 @@ def resume_origin(run, ckpt: Path, overrides: list[str] | None = None) -> dict:
     old = run.origin()
     before = [str(o) for o in old.get("overrides") or [] if isinstance(o, str)]
     return {"preset": old.get("preset") or str(run.config_path), "overrides": before + list(overrides or []),
-            "resumed_from": str(run.path), "checkpoint": str(ckpt)}
+            "resumed_from": str(run.path), "checkpoint": str(ckpt),
+            **({"cwd": old["cwd"]} if isinstance(old.get("cwd"), str) else {})}  # its preset is relative to it
 
 
 def resume_config(run, overrides: list[str] | None = None):

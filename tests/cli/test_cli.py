@@ -550,3 +550,48 @@ def test_one_run_reads_the_same_duration_everywhere(tmp_path, capsys):
     assert row.cells()["duration"] == "00:14"
     assert cli.main(["attach", str(run.path)]) == 0
     assert "run finished after 00:14" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- issue 27: the user's own module
+
+USER_MODULE = """\
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def data(cfg):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 1, 4, 4, generator=g)
+    y = (x.flatten(1).sum(1) > 0).long()
+    return TensorDataset(x[:64], y[:64]), TensorDataset(x[64:], y[64:]), {"num_classes": 2}
+
+
+def net(info, hidden=8):
+    return nn.Sequential(nn.Flatten(), nn.Linear(info.in_channels * info.image_size ** 2, hidden), nn.ReLU(),
+                         nn.Linear(hidden, info.num_classes))
+"""
+
+
+def test_eval_finds_the_users_module_where_run_found_it(tmp_path):
+    """Issue 27: `torchdeck run` found irislike.py beside the preset, `torchdeck eval latest` from
+    the same folder said `cannot import irislike: ModuleNotFoundError`. Every command now looks
+    where the run looked (engine.usercode), and eval from another folder uses the run's own."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "irislike.py").write_text(USER_MODULE)
+    (proj / "iris.yaml").write_text("name: iris\nstrategy: cpu\nmodel: {name: 'irislike:net'}\n"
+                                    "data: {dataset: 'irislike:data'}\ntrain: {batch_size: 16, epochs: 1}\n")
+    runs = ("--runs-dir", str(tmp_path / "runs"))
+    r = torchdeck("run", "iris.yaml", *runs, cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = torchdeck("eval", "latest", *runs, cwd=proj)
+    assert r.returncode == 0 and "dataset irislike:data: 32 samples" in r.stdout, r.stdout + r.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = torchdeck("eval", "latest", *runs, cwd=elsewhere)  # the run's recorded folder, not this one
+    assert r.returncode == 0 and "dataset irislike:data: 32 samples" in r.stdout, r.stdout + r.stderr
+    # validate --memory builds the user's model in the CLI's own process: the same lookup
+    r = torchdeck("validate", str(proj / "iris.yaml"), "--memory", "--set", "data.dataset=synthetic",
+                  cwd=elsewhere)
+    assert r.returncode == 0 and "memory per rank" in r.stdout, r.stdout + r.stderr
