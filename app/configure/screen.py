@@ -12,7 +12,7 @@ from textual.widgets import Static
 
 from app.configure import summary
 from app.keybar import KeyBar
-from app.configure.fields import BY_PATH, GROUPS
+from app.configure.fields import BY_PATH, FIELDS, GROUPS
 from app.configure.form import ConfigForm, group_id
 from engine import config as cfgmod
 from engine.config import ConfigError, Hardware
@@ -39,6 +39,56 @@ def preset_source(path: Path) -> str:
     if preset_label(path) == str(Path(path).resolve()):
         return "file"
     return "user" if Path(path).resolve().parent == user_presets_dir().resolve() else "shipped"
+
+
+# Fields whose value is never stood in for while looking for more problems: changing one changes
+# what the others mean (a GPU list under accelerator cpu is itself an error), so a problem found
+# with a stand-in would not be the user's.
+_NO_STAND_IN = ("strategy", "accelerator", "devices")
+
+
+def find_problems(data: dict, hw: Hardware, baseline: dict) -> tuple:
+    """(the config, {}) when `data` is valid, else (None, every problem found, one per field).
+
+    engine.config stops at the first stage that finds anything (a field that is not a number
+    hides every range rule; a field out of range hides the strategy's rules), so an emptied lr
+    hid a batch size of 0 until lr was fixed. Here each field with a problem is given a stand-in
+    (the loaded preset's value, else the default) and the form checked again, until no new
+    problem turns up: every problem at once, each with the schema's own words."""
+    import copy
+
+    from app.configure.fields import get_path, set_path
+
+    problems: dict[str, str] = {}
+    trial = data
+    default = None
+    for _ in range(4):  # type errors, then ranges and combinations, then the strategy's rules
+        try:
+            cfg = cfgmod.from_dict(trial, hw=hw)
+        except ConfigError as exc:
+            found = exc.by_field()
+        else:
+            if trial is data:
+                return cfg, {}
+            break
+        new = {k: v for k, v in found.items() if k not in problems}
+        problems.update(new)
+        trial = copy.deepcopy(trial) if trial is data else trial
+        default = default or cfgmod.RunConfig().to_dict()
+        stood_in = False
+        for path in new:
+            if path not in BY_PATH or path in _NO_STAND_IN:
+                continue
+            now = get_path(trial, path)
+            for stand_in in (get_path(baseline, path), get_path(default, path)):
+                if stand_in is not None and stand_in != now:
+                    set_path(trial, path, stand_in)
+                    stood_in = True
+                    break
+        if not stood_in:
+            break
+    order = {f.path: i for i, f in enumerate(FIELDS)}  # the form's order: the summary names them as they come
+    return None, dict(sorted(problems.items(), key=lambda kv: order.get(kv[0], -1)))
 
 
 class ConfigureScreen(Screen):
@@ -243,16 +293,10 @@ class ConfigureScreen(Screen):
     def revalidate(self) -> None:
         """Validate what the form says now; mark fields, refresh the summary and the command."""
         data = self.form.to_dict()
-        problems: dict[str, str] = {}
-        self.cfg = None
-        try:
-            self.cfg = cfgmod.from_dict(data, hw=self.hw)
-        except ConfigError as exc:
-            problems = exc.by_field()
-        else:
+        self.cfg, problems = find_problems(data, self.hw, self.baseline)
+        if self.cfg is not None:
             from engine import preflight  # valid; can it start here? (saving and export still can)
 
-            problems = {}
             for field, why in preflight.check(self.cfg):
                 problems.setdefault(field, why)
         self.problems = problems
@@ -275,10 +319,8 @@ class ConfigureScreen(Screen):
             s.update("\n".join([summary.describe(self.cfg)] + mem))
             body = "\n".join(summary.describe_lines(self.cfg) + mem)
         else:
-            first = next(iter(problems.items()))
-            n = len(problems)
-            s.update(f"{n} problem{'s' if n > 1 else ''}: {first[0]}: {first[1]}")
-            body = f"invalid: {n} problem{'s' if n > 1 else ''}\n{first[0]}: {first[1]}"
+            s.update(summary.problems_line(problems))
+            body = "invalid: " + summary.problems_line(problems)
         side.update(Content.assemble(("Run", "bold"), "\n", body))  # the body as plain text: brackets stay
         for w in (s, side):
             w.set_class(bool(problems), "-invalid")

@@ -8,6 +8,31 @@ from app.configure.fields import flatten, override_text
 from engine.config import RunConfig
 
 
+def problems_line(problems: dict[str, str], most: int = 4) -> str:
+    """What is wrong, for the summary: the count, the first problem with its reason, and the
+    fields of the others by name (past `most` of them, how many more), so the count and the
+    names always agree."""
+    items = [(k or "preset", v) for k, v in problems.items()]
+    n = len(items)
+    text = f"{n} problem{'s' if n != 1 else ''}: {items[0][0]}: {items[0][1]}"
+    rest = [k for k, _ in items[1:]]
+    if rest:
+        named = rest if len(rest) <= most else rest[:most - 1]
+        more = len(rest) - len(named)
+        text += "\nalso " + ", ".join(named) + (f" and {more} more" if more else "")
+    return text
+
+
+def count(n: int) -> str:
+    """A count as people read it: 6,336. engine.runs.fmt writes every number; under 1,000 it adds
+    nothing, and importing it (with engine.runs, ~5 ms) is kept off the first frame then."""
+    if abs(n) < 1000:
+        return str(n)
+    from engine.runs import fmt
+
+    return fmt.num(n, ",")
+
+
 def rank_devices(cfg: RunConfig) -> list[list[str]]:
     """Devices each local rank uses, as the strategy sees it."""
     from engine.strategies import get_strategy
@@ -31,7 +56,7 @@ def describe(cfg: RunConfig) -> str:
         nodes = f" x {cfg.nodes.num_nodes} nodes (this is node {cfg.nodes.node_rank}: {mine})"
     accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
     return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {cfg.world_size} · "
-            f"global batch {cfg.global_batch}{accum} · {devs}\n{data_line(cfg)}")
+            f"global batch {count(cfg.global_batch)}{accum} · {devs}\n{data_line(cfg)}")
 
 
 def data_line(cfg: RunConfig) -> str:
@@ -48,7 +73,7 @@ def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     lines = [f"{n} process{'es' if n != 1 else ''}"
              + (f" x {nodes} nodes (this is node {cfg.nodes.node_rank})" if nodes > 1 else ""),
              f"world size {cfg.world_size}",
-             f"global batch {cfg.global_batch} = {cfg.train.batch_size} x {cfg.world_size}"
+             f"global batch {count(cfg.global_batch)} = {count(cfg.train.batch_size)} x {cfg.world_size}"
              + (f" x {cfg.train.grad_accum} accum" if cfg.train.grad_accum > 1 else "")]
     per_rank = rank_devices(cfg)
     shown = per_rank if len(per_rank) <= most_ranks else per_rank[:most_ranks - 1]

@@ -1080,3 +1080,49 @@ async def test_key_bar_draws_the_keys_on_one_line_and_a_click_presses_one(tmp_pa
         await pilot.click(KeyBar, offset=(line.index("Load"), 0))
         await pilot.pause(0.3)
         assert isinstance(app.screen, LoadPresetDialog)
+
+
+# ----------------------------------------------------------------------------- issue 27
+
+
+def summary_text(screen) -> str:
+    return str(screen.query_one("#summary").render())
+
+
+async def test_every_problem_is_marked_and_counted_at_once(tmp_path, presets_dir):
+    """Issue 27 item 5: batch size 0, then an emptied lr: the batch error vanished and the summary
+    said `1 problem: optimizer.lr` until lr was fixed. A batch size of 0 also hid strategy cpu's
+    own rule on devices 2 (the strategy's rules ran only once every field was fine)."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-batch_size", "0")
+        await type_into(pilot, "f-optimizer-lr", "")
+        assert invalid(screen, "train.batch_size") == "must be at least 1, got 0"
+        assert invalid(screen, "optimizer.lr") == "must be a number; it is empty"
+        text = summary_text(screen)
+        assert text.startswith("2 problems: train.batch_size: must be at least 1, got 0"), text
+        assert "also optimizer.lr" in text, text
+        await type_into(pilot, "f-optimizer-lr", "0.1")
+        assert invalid(screen, "optimizer.lr") is None
+        assert summary_text(screen) == "1 problem: train.batch_size: must be at least 1, got 0"
+        await choose(pilot, "f-strategy", "cp")
+        await type_into(pilot, "f-devices-procs", "2")
+        assert set(screen.problems) == {"devices", "train.batch_size"}, screen.problems
+        assert "strategy cpu runs one process" in invalid(screen, "devices")
+        text = summary_text(screen)
+        assert text.startswith("2 problems: devices: strategy cpu runs one process") and \
+            text.endswith("also train.batch_size"), text
+        await pilot.press("f5")
+        await pilot.pause(0.2)
+        assert app.said("Cannot launch: devices") and not (tmp_path / "runs").exists()
+
+
+def test_the_problem_count_names_each_problem_or_how_many_more():
+    from app.configure.summary import problems_line
+
+    two = problems_line({"devices": "strategy cpu runs one process", "accelerator": "cuda needs a GPU"})
+    assert two == "2 problems: devices: strategy cpu runs one process\nalso accelerator"
+    many = problems_line({f"f{i}": "bad" for i in range(7)})
+    assert many == "7 problems: f0: bad\nalso f1, f2, f3 and 3 more"
+    assert problems_line({"": "cannot load this preset"}) == "1 problem: preset: cannot load this preset"
