@@ -18,7 +18,6 @@ import contextlib
 import functools
 import os
 
-MODES = ("auto", "exclusive", "none")
 SYSFS = "/sys/devices/system"
 
 _original: list[int] | None = None  # the set before this process bound itself (for loader workers)
@@ -29,6 +28,17 @@ def allowed_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity on this OS
         return []
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: SLURM's --cpus-per-task, taskset and container cpusets give
+    fewer than the host has (os.cpu_count() counts the host)."""
+    return len(allowed_cpus()) or os.cpu_count() or 1  # [] where the OS has no affinity
+
+
+def threads_for(cfg, local_world_size: int) -> int:
+    """Usable cores / local processes (as torchrun's OMP_NUM_THREADS), unless train.threads_per_rank says."""
+    return cfg.train.threads_per_rank or max(1, usable_cpus() // max(1, local_world_size))
 
 
 def parse_list(text: str) -> list[int]:
@@ -165,11 +175,8 @@ def said(cores: list[list[int]] | None, why: str) -> str:
     return ", ".join(f"local rank {i} on {cpu_list(c)}" for i, c in enumerate(cores)) + f" ({why})"
 
 
-def describe(cfg) -> str:
-    """The plan for this host, as `torchdeck validate` says it before launch (the ranks make the
-    same plan when they start; the run's log says what they did)."""
-    from engine.worker import threads_for
-
-    local = cfg.nproc_per_node
+def describe(cfg, local: int) -> str:
+    """The plan for `local` ranks on this host, as `torchdeck validate` says it before launch (the
+    ranks make the same plan when they start; the run's log says what they did)."""
     return "cores: " + said(*plan(cfg.train.cpu_affinity, cfg.accelerator, local, threads_for(cfg, local),
                                   core_order(allowed_cpus())))

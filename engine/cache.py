@@ -21,9 +21,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_MODES = ("auto", "ram", "none")
-WORKER_STARTS = ("auto", "fork", "spawn", "forkserver")  # data.worker_start: DataLoader's multiprocessing_context
-AUGMENTS = ("none", "flip", "crop", "crop+flip")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 SHM_DIR = "/dev/shm"
 # name: (train, val, channels, size) of torchvision's array sets

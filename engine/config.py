@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from engine.affinity import MODES as CPU_AFFINITY
-from engine.cache import AUGMENTS, CACHE_MODES, WORKER_STARTS
 from engine.errors import TorchdeckError
 from engine.network import host_problem
 
@@ -29,6 +27,10 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
 OFFLOAD = ("none", "cpu")  # deepspeed.offload_optimizer / offload_param
 BUILTIN_MODELS = ("cnn", "resnet18", "mlp")
+CPU_AFFINITY = ("auto", "exclusive", "none")  # train.cpu_affinity (engine/affinity.py)
+CACHE_MODES = ("auto", "ram", "none")  # data.cache (engine/cache.py)
+WORKER_STARTS = ("auto", "fork", "spawn", "forkserver")  # data.worker_start: DataLoader's multiprocessing_context
+AUGMENTS = ("none", "flip", "crop", "crop+flip")  # data.augment
 BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
 _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

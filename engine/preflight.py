@@ -262,7 +262,7 @@ def describe(cfg) -> list[str]:
     lines.append(plan(cfg).line)  # decoded once within the node's budget, or streamed
     from engine.affinity import describe as cores
 
-    lines.append(cores(cfg))  # train.cpu_affinity on this host
+    lines.append(cores(cfg, n))  # train.cpu_affinity on this host
     return lines + [line for _, line in strat.resolve(cfg.copy())]  # deepspeed: its ds_config, what it replaces
 
 

@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from engine import affinity, events
+from engine.affinity import threads_for
 from engine.config import from_dict
 from engine.errors import TorchdeckError
 from engine.runs import stacks
@@ -71,18 +72,6 @@ def keep_freed_buffers() -> bool:
         return bool(libc.mallopt(-3, MMAP_THRESHOLD)) and bool(libc.mallopt(-1, TRIM_THRESHOLD))  # M_MMAP_, M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc
         return False
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: SLURM's --cpus-per-task, taskset and container cpusets give
-    fewer than the host has (os.cpu_count() counts the host)."""
-    return len(affinity.allowed_cpus()) or os.cpu_count() or 1  # [] where the OS has no affinity
-
-
-def threads_for(cfg, local_world_size: int | None = None) -> int:
-    """Usable cores / local processes (as torchrun's OMP_NUM_THREADS), unless train.threads_per_rank says."""
-    local = local_world_size or cfg.nproc_per_node
-    return cfg.train.threads_per_rank or max(1, usable_cpus() // max(1, local))
 
 
 class QueueReporter:

@@ -234,7 +234,7 @@ def test_auto_threads_per_rank_count_the_cpus_this_process_may_use(tmp_path):
         pytest.skip("needs CPU affinity and 2 or more usable CPUs")
     code = ("import os\n"
             "from engine.config import RunConfig\n"
-            "from engine.worker import threads_for\n"
+            "from engine.affinity import threads_for\n"
             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "print(os.cpu_count() > 1, threads_for(RunConfig(), 1))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
