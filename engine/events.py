@@ -42,6 +42,10 @@ Kinds and their fields (beyond v, kind, t):
     run_finished   status (finished|failed|stopped|preempted), exit_codes (list per local rank),
                    root_cause (str or null), elapsed_s
 
+`epoch` (step, epoch_end, checkpoint, rank_report) is the engine's 0-based index of the epoch
+(at an epoch's end in a checkpoint: the epochs done). People read epochs from 1 everywhere:
+metrics.csv, the views, the logs; `epoch_number` is the one place that turns one into the other.
+
 Changing a field's meaning bumps EVENT_VERSION; adding a field does not.
 """
 from __future__ import annotations
@@ -69,6 +73,18 @@ KINDS = (
 )
 
 FINAL_STATUSES = ("finished", "failed", "stopped", "preempted")
+
+
+def epoch_number(index, default: int | None = None) -> int | None:
+    """The 1-based epoch people read, from an event's 0-based `epoch` index; `default` when the
+    value is not a whole number >= 0 (an events file is input)."""
+    if isinstance(index, bool) or not isinstance(index, (int, float)) or index != index:
+        return default
+    try:
+        n = int(index)
+    except (OverflowError, ValueError):
+        return default
+    return n + 1 if n >= 0 and n == index else default
 
 
 def make(kind: str, **fields) -> dict:

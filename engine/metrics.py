@@ -15,6 +15,8 @@ import json
 import math
 from pathlib import Path
 
+from engine.events import epoch_number
+
 COLUMNS = ("t", "kind", "rank", "epoch", "step", "loss", "accuracy", "lr", "samples_per_s", "data_wait_s",
            "compute_s", "train_loss", "train_acc", "val_loss", "val_acc")
 KINDS = ("step", "epoch_end")
@@ -37,6 +39,8 @@ def row(ev: dict) -> list | None:
     out = []
     for col in COLUMNS:
         v = ev.get(col)
+        if col == "epoch":
+            v = epoch_number(v)  # counted from 1, as everywhere people read it (events carry the index)
         if isinstance(v, float) and not math.isfinite(v):
             v = str(v)  # nan / inf: spelled the way pandas reads them back
         out.append("" if v is None or isinstance(v, (dict, list)) else v)

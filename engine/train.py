@@ -342,7 +342,7 @@ class Trainer:
                 knob += (" or decode the set once: data.cache: auto" if d.cache == "none" else
                          " or let the set be decoded once in RAM: raise data.cache_budget_mb (or data.cache: ram)")
         self.emit("log", level="warning", message=f"data is the bottleneck: the ranks waited for batches "
-                                                  f"{share:.0%} of epoch {epoch}; {knob}")
+                                                  f"{share:.0%} of epoch {epoch + 1}; {knob}")
 
     def data_note(self) -> str:
         """How the batches come, for the run's log."""

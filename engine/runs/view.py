@@ -5,8 +5,8 @@ follower, from what the run directory says about its processes), so re-attaching
 and opening a finished one are the same thing: replay the file from the start. An events file is
 input like any other: a malformed or unknown event is counted and skipped, never raised.
 
-Epochs are counted from 1 here (events carry the engine's 0-based index): people read
-"epoch 3 of 3", not "epoch 2".
+Epochs are counted from 1 here (events carry the engine's 0-based index; events.epoch_number):
+people read "epoch 3 of 3", not "epoch 2".
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 
+from engine.events import epoch_number
 from engine.runs import fmt
 from engine.runs.status import FINAL, Status, decide
 
@@ -327,7 +328,7 @@ class RunView:
     def _on_step(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         st.from_report = False
-        st.epoch = _i(ev.get("epoch"), st.epoch - 1) + 1
+        st.epoch = epoch_number(ev.get("epoch"), st.epoch)
         st.step = _i(ev.get("step"), st.step)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
         st.loss = _f(ev.get("loss"))
@@ -351,7 +352,7 @@ class RunView:
 
     def _on_epoch_end(self, ev, t) -> None:
         r = _rank_of(ev.get("rank", -1) if ev.get("rank") is not None else -1)
-        epoch = _i(ev.get("epoch")) + 1
+        epoch = epoch_number(ev.get("epoch"), 1)
         st = self.rank(r)
         st.epoch = max(st.epoch, epoch)
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
@@ -450,7 +451,7 @@ class RunView:
             if st.last_seen is not None and not st.from_report:
                 continue  # a rank of this node: its own events say more, and sooner
             st.from_report = True
-            st.epoch = _i(rep.get("epoch"), st.epoch - 1) + 1
+            st.epoch = epoch_number(rep.get("epoch"), st.epoch)
             st.step = _i(rep.get("step"), st.step)
             st.total_steps = st.total_steps or self.total_steps
             st.add_rate(_f(rep.get("samples_per_s")) or 0.0)
@@ -479,7 +480,7 @@ class RunView:
                     if acc is not None:
                         self.step_acc.add(_i(ev.get("step")), acc)
                 elif kind == "epoch_end" and ev.get("rank") in (0, None) and _i(ev.get("step"), upto_step + 1) <= upto_step:
-                    epoch = _i(ev.get("epoch")) + 1
+                    epoch = epoch_number(ev.get("epoch"), 1)
                     val = _f(ev.get("val_acc"))
                     self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
                                                              _f(ev.get("train_acc")), _f(ev.get("val_loss")), val))

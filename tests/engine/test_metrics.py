@@ -52,3 +52,35 @@ def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys)
         assert code == 0 and losses == pytest.approx([float(r["loss"]) for r in rows if r["kind"] == "step" and r["rank"] == "1"], rel=1e-6)  # float32
     else:
         assert code == 2 and "tensorboard package is not installed" in capsys.readouterr().err
+
+
+def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
+    """Issue 27: an 8-epoch run's metrics.csv had epoch_end rows 0-7 (the events' 0-based index)
+    while the README, the Monitor and the log count from 1. Both the supervisor's live sink and
+    `torchdeck metrics` over a past run's events (written by the engine as it always did) say 1-2."""
+    from engine import config as cfgmod
+    from engine import events
+    from tests.run_events import ev
+
+    run = tmp_path / "old-run"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg()), run / "config.yaml")
+    evs = [ev("step", 1, rank=0, epoch=0, step=4, total_steps=8, loss=1.0),
+           ev("epoch_end", 2, rank=0, epoch=0, step=4, train_loss=1.0, train_acc=0.5, val_loss=None, val_acc=None),
+           ev("step", 3, rank=0, epoch=1, step=8, total_steps=8, loss=0.9),
+           ev("epoch_end", 4, rank=0, epoch=1, step=8, train_loss=0.9, train_acc=0.6, val_loss=None, val_acc=None)]
+    lines = [events.dumps(e) for e in evs]
+    (run / "events.jsonl").write_text("".join(ln + "\n" for ln in lines))
+
+    live = tmp_path / "live.csv"
+    sink = metrics.MetricsSink(live)
+    for ln in lines:
+        sink.add_line(ln)  # what the supervisor's event writer does as the run goes
+    sink.close()
+    rebuilt = tmp_path / "rebuilt.csv"
+    assert cli_main(["metrics", str(run), "--csv", str(rebuilt)]) == 0
+    for path in (live, rebuilt):
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert [(r["kind"], r["epoch"]) for r in rows] == [("step", "1"), ("epoch_end", "1"),
+                                                           ("step", "2"), ("epoch_end", "2")], path
