@@ -369,8 +369,8 @@ def cmd_stop(args) -> int:
 
 def cmd_stacks(args) -> int:
     """`torchdeck stacks RUN`: where every rank of this node (and the supervisor) is right now,
-    grouped by place; for a run that is over, the last stacks its watchdog took."""
-    from engine import events
+    grouped by place; for a run that is over, the last stacks recorded (its watchdog's, or the
+    ones asked for)."""
     from engine.runs import stacks
 
     run = _find_run(args.run, args.runs_dir)
@@ -381,14 +381,15 @@ def cmd_stacks(args) -> int:
             return EXIT_FAILED
         print(f"stacks of {run.name}: {len(taken)} process(es) on this host, {time.strftime('%H:%M:%S')}")
     else:
-        last = [e for e in events.read_all(run.events_path) if e.get("kind") == "stacks"]
-        if not last:
+        last = stacks.last_recorded(run)  # the watchdog's event, or the files `t` / a live `stacks` left
+        if last is None:
             print(f"run {run.name} is not running (status: {run.status()}) and took no stacks")
             return EXIT_FAILED
-        groups = last[-1].get("groups") or []
-        when = time.strftime("%H:%M:%S", time.localtime(float(last[-1].get("t") or 0)))
-        print(f"run {run.name} is not running (status: {run.status()}); the stacks it took at {when} "
-              f"({last[-1].get('reason') or 'asked'}):")
+        groups = last["groups"]
+        when = time.strftime("%H:%M:%S", time.localtime(last["t"]))
+        files = f"; {', '.join(last['files'])}" if last["files"] else ""
+        print(f"run {run.name} is not running (status: {run.status()}); the stacks last recorded at {when} "
+              f"({last['reason']}{files}):")
     for line in stacks.render(groups, depth=args.depth):
         print(line)
     return EXIT_OK

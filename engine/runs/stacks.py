@@ -256,3 +256,58 @@ def take(rd, wait_s: float = WAIT_S) -> tuple[list[dict], list[ProcStack]]:
     """(groups, per-process stacks) of a run's live processes on this host, now."""
     stacks = collect(run_targets(rd), wait_s)
     return group(stacks), stacks
+
+
+_STACKS_FILE = re.compile(r"rank(\d+)\.stacks|supervisor\.stacks")
+
+
+def recorded(rd) -> dict | None:
+    """The newest stacks a run's processes wrote into its directory (rank<N>.stacks,
+    supervisor.stacks), read back once they are gone: {"t", "groups", "files"}, or None when no
+    file holds a dump. Every taking writes these files (`t` in the Monitor, `torchdeck stacks`,
+    the watchdog), not only the watchdog's, which alone becomes a `stacks` event. The files of
+    one taking are written within WAIT_S of each other; older dumps of an earlier one stay out."""
+    found = []
+    try:
+        names = sorted(os.listdir(rd.path))
+    except OSError:
+        return None
+    for name in names:
+        m = _STACKS_FILE.fullmatch(name)
+        if not m:
+            continue
+        path = Path(rd.path) / name
+        try:
+            threads = parse(path.read_text(errors="replace"))
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        if threads:
+            rank = int(m.group(1)) if m.group(1) is not None else None
+            found.append((mtime, ProcStack("supervisor" if rank is None else f"rank {rank}", rank, 0, str(path),
+                                           threads)))
+    if not found:
+        return None
+    newest = max(t for t, _ in found)
+    taken = [ps for t, ps in found if t >= newest - WAIT_S - 1.0]
+    return {"t": newest, "groups": group(taken), "files": [Path(ps.file).name for ps in taken]}
+
+
+def last_recorded(rd, evs=None) -> dict | None:
+    """What `torchdeck stacks` shows of a run that is over: the newer of its last `stacks` event
+    (the watchdog's, with its reason) and the dumps its files hold; {"t", "reason", "groups",
+    "files"} or None when it never took any."""
+    from engine import events
+
+    evs = events.read_all(rd.events_path) if evs is None else evs
+    last = next((e for e in reversed(evs) if isinstance(e, dict) and e.get("kind") == "stacks"), None)
+    files = recorded(rd)
+    ev_t = last.get("t") if last is not None else None
+    ev_t = float(ev_t) if isinstance(ev_t, (int, float)) and not isinstance(ev_t, bool) else 0.0
+    if files is not None and (last is None or files["t"] > ev_t):
+        return {**files, "reason": "asked"}  # taken after the last event: `t` or `torchdeck stacks`
+    if last is None:
+        return None
+    groups = last.get("groups") if isinstance(last.get("groups"), list) else []
+    return {"t": ev_t, "reason": str(last.get("reason") or "asked"), "groups": groups,
+            "files": last.get("files") if isinstance(last.get("files"), list) else []}

@@ -206,3 +206,49 @@ def test_one_step_far_over_the_median_dumps_stacks_before_the_rank_is_stale(tmp_
     assert r.wait(timeout=120) == 0
     assert r.status()["status"] == "finished"
     assert sum(e["kind"] == "stacks" for e in r.events()) == 1, "once per stall"
+
+
+def test_stacks_of_a_run_that_is_over_are_the_last_recorded_files_or_event(tmp_path):
+    """Issue 27: `t` in the Monitor left rank0.stacks, rank1.stacks and supervisor.stacks in the run
+    directory, yet `torchdeck stacks RUN` on the finished run said it "took no stacks" (it read only
+    the watchdog's `stacks` events). It prints the last stacks recorded, files or event, the newer."""
+    import json
+    import os
+
+    from engine import config as cfgmod
+    from engine import events
+    from engine.runs.layout import RunDir
+    from tests.engine.helpers import env_for, small_cfg
+    from tests.run_events import T0, ev, started
+
+    run = tmp_path / "runs" / "over"
+    run.mkdir(parents=True)
+    cfgmod.save(cfgmod.from_dict(small_cfg()), run / "config.yaml")
+    evs = [started(world=2), ev("run_finished", 50, status="stopped", exit_codes=[0, 0], root_cause=None,
+                                elapsed_s=50.0)]
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in evs))
+    (run / "status.json").write_text(json.dumps({"status": "stopped", "exit_codes": [0, 0], "elapsed_s": 50.0}))
+    for name in ("rank0.stacks", "rank1.stacks", "supervisor.stacks"):
+        (run / name).write_text(DUMP)
+        os.utime(run / name, (T0 + 40, T0 + 40))
+
+    def cli():
+        p = subprocess.run(cli_cmd() + ["stacks", str(run)], env=env_for(tmp_path), capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, p.stdout + p.stderr
+
+    code, out = cli()
+    assert code == 0, out
+    assert "took no stacks" not in out and "the stacks last recorded at" in out
+    assert "rank0.stacks, rank1.stacks, supervisor.stacks" in out
+    assert ("ranks 0,1, supervisor: all_reduce (distributed/distributed_c10d.py:2950) <- "
+            "_should_stop (engine/train.py:341)") in out
+    # the watchdog's event, newer than the files, wins (with its reason); older, the files do
+    watchdog = ev("stacks", 45, rank=None, reason="rank 1 silent for 12 s", summary="rank 1: sleep (x.py:1)",
+                  groups=[{"who": "rank 1", "ranks": [1], "where": "sleep (x.py:1)", "frames": []}],
+                  files=["rank1.stacks"])
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in [evs[0], watchdog, evs[1]]))
+    code, out = cli()
+    assert code == 0 and "(rank 1 silent for 12 s; rank1.stacks)" in out and "rank 1: sleep (x.py:1)" in out, out
+    os.utime(run / "rank0.stacks", (T0 + 48, T0 + 48))
+    assert stacks.last_recorded(RunDir(run))["reason"] == "asked"
