@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.strategies import nproc_per_node, world_size
+
 MiB = 2 ** 20
 PROBE_BATCH = 4  # activations are measured at this batch, then scaled
 
@@ -21,6 +23,12 @@ class Estimate:
     device_mb: dict = field(default_factory=dict)  # what each rank holds on its device, by part
     host_mb: dict = field(default_factory=dict)  # offloaded to host RAM, per rank
     note: str = ""
+    # Host RAM each rank holds besides the model: the data set it keeps in memory and the
+    # runtime's fixed share (a process with torch loaded, measured in this one). A rank's peak RSS
+    # on the CPU counts both (846-880 MiB measured for a 4.4 MiB model: issue 27).
+    fixed_mb: dict = field(default_factory=dict)
+    runtime_own_mb: float = 0.0  # of fixed_mb["runtime"], the pages that are the process's own (not libraries')
+    node_data_mb: float = 0.0  # the data set's memory for the whole node (one shared copy, or one per rank)
 
     @property
     def device_total_mb(self) -> float:
@@ -75,9 +83,34 @@ def _activation_bytes_per_sample(model, info, precision: str) -> float:
     return saved / PROBE_BATCH
 
 
+def _runtime_mb() -> tuple[float, float]:
+    """(RSS, RSS less file-backed pages) in MiB of this process with torch loaded: what any rank holds before its model
+    and data (libtorch's pages, the interpreter, the allocator's arenas). (0, 0) if unreadable."""
+    import psutil
+    import torch  # noqa: F401  (loaded: its pages are what is measured)
+
+    try:
+        mem = psutil.Process().memory_info()
+    except (psutil.Error, OSError):
+        return 0.0, 0.0
+    file_backed = getattr(mem, "shared", 0)  # Linux: libraries' pages, held once however many ranks map them
+    return mem.rss / MiB, (mem.rss - file_backed) / MiB
+
+
+def _data_mb(cfg) -> tuple[float, float]:
+    """(per rank, per node) MiB of the data set held in memory (engine.cache's plan: decoded once,
+    generated, or streamed from disk, which holds none)."""
+    from engine.cache import plan
+
+    p = plan(cfg, nproc_per_node(cfg))
+    if not p.node_bytes:
+        return 0.0, 0.0
+    return p.nbytes / MiB, p.node_bytes / MiB
+
+
 def _shards(cfg) -> tuple[int, int, int]:
     """How many ways parameters, gradients and optimizer state are split across the ranks."""
-    w = cfg.world_size
+    w = world_size(cfg)
     s = cfg.strategy
     if s == "zero":
         return 1, 1, w
@@ -100,6 +133,8 @@ def estimate(cfg) -> Estimate:
     if info is None:
         return Estimate(0, note=f"not estimated: data.dataset {cfg.data.dataset!r} is your own; its shapes "
                                  "are known once it is loaded")
+    rss, own = _runtime_mb()  # before the model: the runtime alone
+    rank_data, node_data = _data_mb(cfg)
     torch.manual_seed(0)
     model = build_model(cfg, info)
     n = sum(p.numel() for p in model.parameters())
@@ -116,7 +151,7 @@ def estimate(cfg) -> Estimate:
     if cfg.strategy == "ddp" and not cfg.ddp.gradient_as_bucket_view:
         device["ddp buckets"] = 4 * n  # DDP's flat all-reduce buffers, a copy of the gradients
     if cfg.strategy == "model-parallel":
-        k = max(1, len(set(cfg.devices)) if isinstance(cfg.devices, list) else cfg.nproc_per_node)
+        k = max(1, len(set(cfg.devices)) if isinstance(cfg.devices, list) else nproc_per_node(cfg))
         for part in ("parameters", "gradients", "optimizer state"):
             device[part] /= k  # layers balanced by parameters over the devices
     host = {}
@@ -124,7 +159,9 @@ def estimate(cfg) -> Estimate:
         host["optimizer state"] = device.pop("optimizer state")
     if cfg.strategy == "deepspeed" and cfg.deepspeed.offload_param == "cpu":
         host["parameters"] = device.pop("parameters")
-    return Estimate(n, {k: v / MiB for k, v in device.items()}, {k: v / MiB for k, v in host.items()})
+    fixed = {"data set": rank_data, "runtime": rss} if rss else {"data set": rank_data}
+    return Estimate(n, {k: v / MiB for k, v in device.items()}, {k: v / MiB for k, v in host.items()},
+                    fixed_mb=fixed, runtime_own_mb=own, node_data_mb=node_data)
 
 
 def lines(cfg, hw=None) -> list[str]:
@@ -133,9 +170,24 @@ def lines(cfg, hw=None) -> list[str]:
     est = estimate(cfg)
     if est.note:
         return [f"memory: {est.note}"]
-    parts = ", ".join(f"{k} {v:,.1f}" for k, v in est.device_mb.items())
-    out = [f"memory per rank (MiB, estimated; {est.params:,} parameters, {cfg.train.precision}, batch "
-           f"{cfg.train.batch_size}): {parts}; total {est.device_total_mb:,.1f}"]
+    head = (f"memory per rank (MiB, estimated; {est.params:,} parameters, {cfg.train.precision}, batch "
+            f"{cfg.train.batch_size}): ")
+    runtime = est.fixed_mb.get("runtime")
+    said_runtime = ((f"runtime: a process with torch loaded, measured here ({runtime:,.0f}, {est.runtime_own_mb:,.0f} "
+                     "of it its own, the rest libraries the ranks share)") if runtime else
+                    "runtime: not measured (torch's own footprint, some hundreds of MiB, is left out)")
+    said_runtime += ("; not counted: the allocator's free blocks, the process group's buffers and the copies made "
+                     "while the data set is built (a rank's peak can be a few hundred MiB above this)")
+    if cfg.accelerator == "cuda":  # the device holds the model's parts; the host the data and the runtime
+        parts = ", ".join(f"{k} {v:,.1f}" for k, v in est.device_mb.items())
+        out = [f"{head}{parts}; total {est.device_total_mb:,.1f} on the GPU, plus the CUDA context "
+               "(some hundreds of MiB per GPU, not measured without one: left out)"]
+        out.append("  host RAM per rank: " + ", ".join(f"{k} {v:,.1f}" for k, v in est.fixed_mb.items())
+                   + f"; {said_runtime}")
+    else:  # one memory: a rank's peak RSS holds all of it
+        both = {**est.device_mb, **est.fixed_mb}
+        parts = ", ".join(f"{k} {v:,.1f}" for k, v in both.items())
+        out = [f"{head}{parts}; total {sum(both.values()):,.1f}", f"  {said_runtime}"]
     if est.host_mb:
         out.append("  offloaded to host RAM per rank: " + ", ".join(f"{k} {v:,.1f}" for k, v in est.host_mb.items()))
     need = est.device_total_mb
@@ -150,9 +202,13 @@ def lines(cfg, hw=None) -> list[str]:
         import psutil
 
         avail = psutil.virtual_memory().available / MiB
-        total = need * cfg.nproc_per_node
+        # the node: each rank's model and own runtime pages, the data as the node holds it, and
+        # the shared libraries once
+        runtime = est.fixed_mb.get("runtime", 0.0)
+        total = ((need + est.runtime_own_mb) * nproc_per_node(cfg) + est.node_data_mb
+                 + (runtime - est.runtime_own_mb))
         if total > avail:
-            out.append(f"  warning: {cfg.nproc_per_node} rank(s) need about {total:,.0f} MiB, this host has "
+            out.append(f"  warning: {nproc_per_node(cfg)} rank(s) need about {total:,.0f} MiB, this host has "
                        f"{avail:,.0f} MiB available: lower train.batch_size or devices")
     return out
 
@@ -162,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch itself (the app's Configure screen runs this in a child process)."""
     import sys
 
-    from engine import config as cfgmod
+    from engine import preflight
     from engine.errors import TorchdeckError
     from engine.hardware import detect_hardware
 
@@ -172,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         hw = detect_hardware()
-        out = lines(cfgmod.load(args[0], hw=hw), hw)
+        out = lines(preflight.load(args[0], hw=hw), hw)
     except (TorchdeckError, OSError) as exc:
         print(f"memory: {exc}".splitlines()[0], file=sys.stderr)
         return 2
