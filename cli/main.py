@@ -450,8 +450,10 @@ def cmd_validate(args) -> int:
     if args.explain:
         from engine import presets
 
+        from engine.runs import fmt
+
         for line in preflight.explain(args.preset, _overrides(args), cfg, presets.resolve(args.preset)):
-            print(line)
+            print(fmt.wrap(line, _terminal_width()))  # paths whole (fmt.wrap), never cut by the terminal
     return EXIT_OK
 
 

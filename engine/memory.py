@@ -171,7 +171,7 @@ def lines(cfg, hw=None) -> list[str]:
     if est.note:
         return [f"memory: {est.note}"]
     head = (f"memory per rank (MiB, estimated; {est.params:,} parameters, {cfg.train.precision}, batch "
-            f"{cfg.train.batch_size}): ")
+            f"{cfg.train.batch_size:,}): ")
     runtime = est.fixed_mb.get("runtime")
     said_runtime = ((f"runtime: a process with torch loaded, measured here ({runtime:,.0f}, {est.runtime_own_mb:,.0f} "
                      "of it its own, the rest libraries the ranks share)") if runtime else

@@ -238,6 +238,7 @@ def lines(problems: list[Problem], source: str | None = None) -> list[str]:
 
 def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
+    from engine.runs import fmt
     from engine.strategies import get_strategy
 
     strat = get_strategy(cfg.strategy)
@@ -246,14 +247,11 @@ def describe(cfg) -> list[str]:
         f"strategy {cfg.strategy} ({strat.summary}) on {cfg.accelerator}, backend "
         f"{cfg.resolved_backend if strat.distributed else 'none'}, precision {cfg.train.precision}",
         f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {cfg.world_size}",
-        f"global batch: {cfg.train.batch_size} per process x {cfg.world_size} x accumulation "
-        f"{cfg.train.grad_accum} = {cfg.global_batch}",
+        f"global batch: {fmt.num(cfg.train.batch_size, ',')} per process x {cfg.world_size} x accumulation "
+        f"{cfg.train.grad_accum} = {fmt.num(cfg.global_batch, ',')}",
     ]
-    per_rank = []
-    for lr in range(n):
-        rank = cfg.nodes.node_rank * n + lr
-        per_rank.append(f"rank {rank}: {','.join(strat.local_devices(cfg, lr))}")
-    lines.append("devices per rank: " + "; ".join(per_rank))
+    per_rank = [(cfg.nodes.node_rank * n + lr, ",".join(strat.local_devices(cfg, lr))) for lr in range(n)]
+    lines.append("devices per rank: " + fmt.rank_groups(per_rank))  # identical ranks said once (fmt)
     lines.append(f"model {cfg.model.name}, data {cfg.data.dataset}, optimizer {cfg.optimizer.name} "
                  f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))

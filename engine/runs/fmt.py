@@ -46,6 +46,19 @@ def epoch_at(epochs_done: int, batches_done: int) -> str:
     return f"epoch {epochs_done + 1}"
 
 
+def rank_groups(devices: list[tuple[int, str]]) -> str:
+    """Ranks and what each uses, consecutive ranks with the same value said once:
+    [(0, 'cpu'), (1, 'cpu'), (2, 'cuda:1')] -> 'ranks 0-1: cpu; rank 2: cuda:1' (25 ranks on the
+    CPU were 25 items of `rank N: cpu`)."""
+    groups: list[list] = []
+    for rank, what in devices:
+        if groups and groups[-1][2] == what and groups[-1][1] == rank - 1:
+            groups[-1][1] = rank
+        else:
+            groups.append([rank, rank, what])
+    return "; ".join(f"rank {a}: {w}" if a == b else f"ranks {a}-{b}: {w}" for a, b, w in groups)
+
+
 def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None = None,
               drop: tuple[str, ...] = (), all_in: str = "") -> list[str]:
     """An aligned text table of `cols` (key, label) over `cells`; with a width (a terminal's),
@@ -75,7 +88,12 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
 def wrap(text: str, width: int | None, indent: str = "  ") -> str:
     """Each line of `text` wrapped at `width`, its continuation lines under the line's own indent
     plus `indent`: a terminal wraps at column 0 and mid-number (`acc 88.9` / `%`), so a long
-    message read as two. Lines that fit (and tracebacks' indentation) are kept as they are."""
+    message read as two. Lines that fit (and tracebacks' indentation) are kept as they are.
+
+    Breaks fall only between words, never inside what a user copies: a path or any other token
+    too long for the line goes on a line of its own, whole (a checkpoint path pasted from the
+    terminal must work), and a command (`in backquotes`, `torchdeck ...` up to the end of its
+    clause, `--set key=value`) stays on one line."""
     if width is None:
         return text
     import textwrap
@@ -86,6 +104,24 @@ def wrap(text: str, width: int | None, indent: str = "  ") -> str:
             out.append(line)
             continue
         lead = line[:len(line) - len(line.lstrip())]
-        out.append(textwrap.fill(line.strip(), width, initial_indent=lead, subsequent_indent=lead + indent,
-                                 break_on_hyphens=False))
+        glued = _glue_commands(line.strip())
+        filled = textwrap.fill(glued, width, initial_indent=lead, subsequent_indent=lead + indent,
+                               break_on_hyphens=False, break_long_words=False)
+        out.append(filled.replace(_GLUE, " "))
     return "\n".join(out)
+
+
+_GLUE = "\x00"  # a space that must not become a line break
+
+
+def _glue_commands(text: str) -> str:
+    """`text` with the spaces inside each command made unbreakable (see wrap)."""
+    import re
+
+    def glue(m):
+        return m.group(0).replace(" ", _GLUE)
+
+    text = re.sub(r"`[^`]*`", glue, text)
+    text = re.sub(r"(?<!\S)(--[\w-]+) (?!-)(\S+)", glue, text)  # --set key=value, --runs-dir DIR
+    # torchdeck and its arguments, up to a word that ends the clause (`;`, `,`, `)`) or the line
+    return re.sub(r"(?<![\w/.-])torchdeck(?: (?![(`])[^\s;,)]+)+", glue, text)
