@@ -132,10 +132,12 @@ def cmd_run(args) -> int:
         from engine.runs import control
 
         old = _find_run(args.resume, args.runs_dir)
-        _, ckpt = control.resume_point(old)
+        at, ckpt = control.resume_point(old)
         origin.update(resumed_from=str(old.path), checkpoint=str(ckpt))
         args.set = list(args.set or []) + [f"checkpoint.resume={ckpt}"]
     cfg = _config_or_usage(args, launch=True)
+    if args.resume and args.resume != "latest":
+        control.check_left(old, cfg, at, ckpt)  # the same rule as `torchdeck resume`: nothing left, nothing started
     for note in args.host_notes:
         print(note, flush=True)
     if args.host_notes:

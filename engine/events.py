@@ -9,8 +9,9 @@ Kinds and their fields (beyond v, kind, t):
     run_started    run, strategy, world_size, nproc_per_node, node_rank, num_nodes,
                    global_batch, devices (list of device strings per local rank),
                    master_addr, master_port, pid (supervisor), host, total_steps
-    phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume),
-                   until its first step event; the run's start-up is read from these
+    phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume |
+                   batch | steps), until its first step event; the run's start-up is read from these.
+                   "batch" also carries step and epoch: the position it trains from (a checkpoint's)
     rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null)
     step           one per train.log_every_n_steps steps, at the last step, and at the step a stop
                    ended the run on (its final position, even between two windows):
@@ -20,7 +21,7 @@ Kinds and their fields (beyond v, kind, t):
                    collective) was in flight, i.e. waiting for the other ranks; null where not
                    measured (measured today: DDP on the CPU)
     epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval)
-    checkpoint     rank, epoch, step, path
+    checkpoint     rank, epoch, step, batches_done (micro-batches into that epoch), path
     log            rank (null: supervisor), level (info|warning|error), message
     error          rank, host, pid, exception, message, traceback
     rank_exited    rank, exitcode, signal (name or null)

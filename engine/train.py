@@ -411,7 +411,8 @@ class Trainer:
         }
         path = self.strategy.save_checkpoint(self, meta)
         if c.rank == 0:
-            self.emit("checkpoint", epoch=self.pos.epoch, step=self.pos.step, path=str(path))
+            self.emit("checkpoint", epoch=self.pos.epoch, step=self.pos.step, batches_done=self.pos.batches_done,
+                      path=str(path))
         self.last_saved_step = self.pos.step
         if _distributed():
             dist.barrier()
@@ -527,7 +528,7 @@ class Trainer:
         # Start-up's last two phases: the first batch (loader workers start: each imports torch)
         # and the steps up to the first step event (log_every_n_steps of them), told apart.
         self._first_batch = True
-        self.emit("phase", phase="batch")
+        self.emit("phase", phase="batch", step=self.pos.step, epoch=self.pos.epoch)  # where it trains from
         max_epochs = t.epochs if t.epochs else 10 ** 9
         elsewhere = None  # model-parallel: the logits come out on the last stage's device
         no_sync_needed = contextlib.nullcontext()

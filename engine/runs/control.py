@@ -63,6 +63,63 @@ def resume_point(run) -> tuple[int, Path]:
     return found
 
 
+def checkpoint_position(run, step: int, ckpt: Path) -> tuple[int | None, int | None]:
+    """(epoch index, batches done) of a run's checkpoint at `step`, from its `checkpoint` event
+    (torch-free: the app asks from its event loop); (None, None) when the events do not say."""
+    from engine.runs.catalog import read_head_tail
+    from engine.runs.follow import iter_events
+
+    def find(evs):
+        hit = None
+        for ev in evs:
+            if ev.get("kind") == "checkpoint" and ev.get("rank") in (0, None) and ev.get("step") == step:
+                hit = ev
+        return hit
+
+    run = _as_run(run)
+    ev = find(read_head_tail(run.events_path)[1]) or find(iter_events(run.events_path))  # the tail: nearly always
+    if ev is None:
+        return None, None
+    epoch, done = ev.get("epoch"), ev.get("batches_done")
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+    return (epoch if ok(epoch) else None), (done if ok(done) else None)
+
+
+def nothing_left(cfg, step: int, epoch: int | None, batches_done: int | None = None) -> str | None:
+    """Why a run resumed at this position would train nothing under `cfg` (its length is already
+    done), or None when it has steps left. `epoch` is the engine's 0-based index (as events and
+    checkpoints carry it; at an epoch's end, the epochs done). The one rule `torchdeck resume`,
+    `torchdeck run --resume` and the app's Resume all apply before they create anything."""
+    from engine.runs.fmt import epoch_at
+
+    t = cfg.train
+    ends, raise_ = [], []
+    if t.max_steps and step >= t.max_steps:
+        ends.append(f"train.max_steps={t.max_steps}")
+        raise_.append(f"--set train.max_steps=N (N > {step})")
+    if t.epochs and epoch is not None and epoch >= t.epochs:
+        ends.append(f"train.epochs={t.epochs}")
+        raise_.append(f"--set train.epochs=K (K > {epoch})")
+    if not ends:
+        return None
+    if batches_done is None and epoch is not None:  # a run from before checkpoint events said it
+        batches_done = 0 if t.epochs and epoch >= t.epochs else 1  # train.epochs ends only at an epoch's end
+    where = f"{epoch_at(epoch, batches_done)}, " if epoch is not None else ""
+    return (f"nothing left to train: its checkpoint is at {where}step {step}, where {' and '.join(ends)} "
+            f"end{'s' if len(ends) == 1 else ''} the run; raise {'it' if len(ends) == 1 else 'both'}: "
+            + " ".join(raise_))
+
+
+def check_left(run, cfg, step: int, ckpt: Path) -> None:
+    """UsageError (exit 2, nothing created) when resuming `run` from `ckpt` under `cfg` would train nothing."""
+    from engine.errors import UsageError
+
+    epoch, done = checkpoint_position(run, step, ckpt)
+    why = nothing_left(cfg, step, epoch, done)
+    if why:
+        raise UsageError(f"run {_as_run(run).name} cannot be resumed from {Path(ckpt).name}: {why}")
+
+
 def resume_origin(run, ckpt: Path, overrides: list[str] | None = None) -> dict:
     """origin.json of a run that continues `run` from `ckpt`: the same preset and --set values (and
     any new ones), and where it came from, so its curves can continue the old ones."""
@@ -76,8 +133,8 @@ def resume_origin(run, ckpt: Path, overrides: list[str] | None = None) -> dict:
 
 def resume_config(run, overrides: list[str] | None = None):
     """What resuming `run` would start: its config with `overrides` applied and checkpoint.resume
-    at its newest checkpoint, checked as any launch is (TorchdeckError with the reasons
-    otherwise). Returns (cfg, origin, step, checkpoint); `start(cfg, run.path.parent, origin)`
+    at its newest checkpoint, checked as any launch is and refused when it would train nothing
+    (TorchdeckError with the reasons otherwise). Returns (cfg, origin, step, checkpoint); `start(cfg, run.path.parent, origin)`
     launches it. The CLI's `torchdeck resume` and the app's Resume both come here."""
     from engine import preflight
     from engine.errors import UsageError
@@ -88,6 +145,7 @@ def resume_config(run, overrides: list[str] | None = None):
     problems = preflight.check(cfg)
     if problems:
         raise UsageError(*preflight.lines(problems, str(run.config_path)))
+    check_left(run, cfg, step, ckpt)
     return cfg, resume_origin(run, ckpt, overrides), step, ckpt
 
 

@@ -36,7 +36,7 @@ class RankState:
     device: str = ""
     cpus: str = ""  # the cores it is bound to ("0", "0-3"; train.cpu_affinity), "" when not bound
     pid: int | None = None
-    epoch: int = 0  # 1-based epoch in progress (0: none yet)
+    epoch: int = 1  # 1-based epoch in progress (a starting rank: the one it starts in)
     step: int = 0
     total_steps: int = 0
     loss: float | None = None
@@ -209,6 +209,7 @@ class RunView:
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
+    start_step: int = 0  # where a resumed run starts: its checkpoint's step, shown before its first step event
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
     _finished_event: bool = False
@@ -218,7 +219,7 @@ class RunView:
         r = _rank_of(r)
         st = self.ranks.get(r)
         if st is None:
-            st = self.ranks[r] = RankState(r, total_steps=self.total_steps)
+            st = self.ranks[r] = RankState(r, total_steps=self.total_steps, step=self.start_step)
         return st
 
     def _log(self, t, level, rank, text, detail="") -> None:
@@ -311,6 +312,10 @@ class RunView:
         st.phase = phase
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
         self.phase_t.setdefault(phase, t)
+        at = ev.get("step")  # "batch": the position it trains from (a resumed rank: its checkpoint's)
+        if isinstance(at, int) and not isinstance(at, bool) and at > st.step and self.first_step_t is None:
+            st.step = at
+            st.epoch = epoch_number(ev.get("epoch"), st.epoch)
 
     def _stepping(self, t: float, step: int) -> None:
         if self.first_step_t is None:
@@ -465,7 +470,11 @@ class RunView:
 
     def add_history(self, evs, upto_step: int, source: str) -> None:
         """The curves of the run this one resumed (steps up to its checkpoint), so a resumed run's
-        loss and accuracy continue where they left off. Nothing else of that run comes along."""
+        loss and accuracy continue where they left off, and its ranks start at that step (the last
+        call's: the run it continues directly). Nothing else of that run comes along."""
+        self.start_step = max(0, _i(upto_step))
+        for st in self.ranks.values():
+            st.step = max(st.step, self.start_step)
         n = 0
         for ev in evs:
             if not isinstance(ev, dict):
@@ -550,12 +559,12 @@ class RunView:
     def progress(self) -> tuple[int, int]:
         """(step of the slowest rank, total steps): where the run as a whole is."""
         ranks = self.rank_list()
-        step = min((r.step for r in ranks), default=0)
+        step = min((r.step for r in ranks), default=self.start_step)
         total = max((r.total_steps for r in ranks), default=0) or self.total_steps  # the ranks know best
         return step, total
 
     def epoch(self) -> int:
-        """The 1-based epoch in progress (the slowest rank's); 0 before the first step."""
+        """The 1-based epoch in progress (the slowest rank's); 0 before any rank is known."""
         ranks = self.rank_list()
         return min((r.epoch for r in ranks), default=0)
 

@@ -431,17 +431,29 @@ async def test_torchdeck_runs_and_the_runs_screen_say_the_same_of_every_run(tmp_
 
 @pytest.mark.slow
 async def test_resume_from_the_runs_list_starts_a_run_that_continues_it(tmp_path, real_run):
-    """R on a run with a checkpoint: a new run directory that resumes it, watched in the Monitor."""
-    root, real_path = real_run
+    """R on a run with a checkpoint: a new run directory that resumes it, watched in the Monitor.
+    R on a run whose length is done (issue 27) is refused with the reason, and creates nothing."""
+    import shutil
+
+    _, real_path = real_run
+    root = tmp_path / "runs"
+    done = Path(shutil.copytree(real_path, root / real_path.name))  # finished: max_steps 4, all done
+    more = Path(shutil.copytree(real_path, root / (real_path.name + "-more")))
+    (more / "config.yaml").write_text((more / "config.yaml").read_text().replace("max_steps: 4", "max_steps: 6"))
     app = make_app(root)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_runs(pilot)
-        select(screen, real_path)
+        select(screen, done)
+        await pilot.press("R")
+        assert await until(pilot, lambda: any("nothing left to train" in n for n in notes(app)), timeout=20), notes(app)
+        assert sorted(p.name for p in root.iterdir()) == sorted([done.name, more.name])
+        assert "train.max_steps=4 ends the run" in next(n for n in notes(app) if "nothing left" in n)
+        select(screen, more)
         await pilot.press("R")
         assert await until(pilot, lambda: type(app.screen).__name__ == "MonitorScreen", timeout=20)
         new = Path(app.last_run)
         origin = json.loads((new / "origin.json").read_text())
-        assert origin["resumed_from"] == str(real_path) and origin["checkpoint"].endswith("ckpt-00000004.pt")
+        assert origin["resumed_from"] == str(more) and origin["checkpoint"].endswith("ckpt-00000004.pt")
         assert await until(pilot, lambda: app.screen.run_state.final, timeout=120)
         assert app.screen.run_state.status == "finished"
-        assert [x for x, _ in app.screen.run_state.steps.points] == [1, 2, 3, 4]  # the old curve came along
+        assert [x for x, _ in app.screen.run_state.steps.points] == [1, 2, 3, 4, 5, 6]  # the old curve, then the new

@@ -595,3 +595,53 @@ def test_eval_finds_the_users_module_where_run_found_it(tmp_path):
     r = torchdeck("validate", str(proj / "iris.yaml"), "--memory", "--set", "data.dataset=synthetic",
                   cwd=elsewhere)
     assert r.returncode == 0 and "memory per rank" in r.stdout, r.stdout + r.stderr
+
+
+def _finished_run(root: Path, epochs: int = 1, max_steps: int = 0, step: int = 30) -> Path:
+    """A run directory as a finished 1-epoch run leaves it: its events (a checkpoint at the end of
+    its last epoch), status.json and the checkpoint file (refused before anything unpickles it)."""
+    import zipfile
+
+    from engine import events
+    from tests.run_events import ev, started
+
+    run = root / "20260101-000000-done"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(TINY.replace("epochs: 1", f"epochs: {epochs}, max_steps: {max_steps}"))
+    evs = [started(total=step, world=1),
+           ev("step", 5, rank=0, epoch=epochs - 1, step=step, total_steps=step, loss=1.0),
+           ev("checkpoint", 6, rank=0, epoch=epochs, step=step, path=str(run / "checkpoints" / f"ckpt-{step:08d}.pt")),
+           ev("run_finished", 7, status="finished", exit_codes=[0], root_cause=None, elapsed_s=7.0)]
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in evs))
+    (run / "status.json").write_text(json.dumps({"status": "finished", "exit_codes": [0], "elapsed_s": 7.0}))
+    with zipfile.ZipFile(run / "checkpoints" / f"ckpt-{step:08d}.pt", "w") as z:  # torch.save's container
+        z.writestr("archive/data.pkl", b"never unpickled")
+    return run
+
+
+def test_resuming_a_run_with_nothing_left_is_refused_before_anything_starts(tmp_path, tiny):
+    """Issue 27: `torchdeck resume` of a finished run (or with --set train.epochs at or below what
+    is done) launched a run that trained nothing (`finished at epoch 1, step 30`, then `step 0/30`),
+    exit 0, with a new run directory. It is refused first: exit 2, nothing created, what is done
+    and what to raise. `run --resume` and the app's Resume (control.resume_config) say the same."""
+    from engine.errors import UsageError
+    from engine.runs import control
+
+    run = _finished_run(tmp_path / "runs")
+    before = run_dirs(tmp_path / "runs")
+    for extra in ([], ["--set", "train.epochs=1"]):
+        r = torchdeck("resume", str(run), *extra, cwd=tmp_path, timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert ("cannot be resumed from ckpt-00000030.pt: nothing left to train: its checkpoint is at end of "
+                "epoch 1, step 30, where train.epochs=1 ends the run; raise it: --set train.epochs=K (K > 1)") in r.stderr
+        assert run_dirs(tmp_path / "runs") == before and "run directory" not in r.stdout
+    r = torchdeck("resume", str(run), "--set", "train.max_steps=20", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "train.max_steps=20 and train.epochs=1 end the run; raise both" in r.stderr, r.stderr
+    r = torchdeck("run", str(tiny), "--resume", str(run), cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "train.epochs=1 ends the run" in r.stderr, r.stdout + r.stderr
+    assert run_dirs(tmp_path / "runs") == before
+    # the app's Resume (R in the Monitor and the Runs list) calls this one function
+    with pytest.raises(UsageError, match="nothing left to train"):
+        control.resume_config(run)
+    cfg, origin, step, ckpt = control.resume_config(run, ["train.epochs=2"])  # more epochs: allowed
+    assert (step, cfg.train.epochs) == (30, 2)

@@ -59,7 +59,9 @@ def test_stop_after_max_steps_then_resume_with_more_steps(tmp_path):
     assert part["step"] == 5
     more = {**straight, "checkpoint": {**base["checkpoint"], "resume": "latest",
                                        "dir": str(tmp_path / "first" / "checkpoints")}}
-    run_in_process(tmp_path / "more", more)
+    evs = run_in_process(tmp_path / "more", more)
+    batch = next(e for e in evs if e["kind"] == "phase" and e["phase"] == "batch")
+    assert (batch["step"], batch["epoch"]) == (5, 0)  # where it trains from, before its first step event
     a, b = final_model(tmp_path / "first"), final_model(tmp_path / "straight")  # "more" wrote into first's dir
     assert a["step"] == b["step"] == 14
     assert_same_weights(a["model"], b["model"], atol=1e-6)

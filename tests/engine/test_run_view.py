@@ -325,3 +325,38 @@ def test_a_stopped_runs_step_is_where_it_stopped_not_its_last_step_event(tmp_pat
     (tmp_path / "status.json").write_text(json.dumps({"status": "stopped", "exit_codes": [0], "elapsed_s": 1.0}))
     row = summarize(RunDir(tmp_path))
     assert (row.status, row.progress) == ("stopped", "1/12")
+
+
+def test_a_resumed_run_shows_its_checkpoints_step_from_the_start(tmp_path):
+    """Issue 27: a run resumed at step 750 showed `step 0/1500` until its first step event. The
+    follower knows the checkpoint from origin.json (`torchdeck resume`, the app's R); a run resumed
+    by checkpoint.resume says it in its ranks' "batch" phase event. Rank rows start in the epoch
+    the header names (they said `ep 0` under `epoch 1`)."""
+    import json
+
+    from engine import events
+    from engine.runs.follow import Follower
+    from engine.runs.layout import RunDir
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    for d in (old, new):
+        d.mkdir()
+        (d / "config.yaml").write_text("name: x\n")
+    write = lambda d, evs: (d / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in evs))  # noqa: E731
+    write(old, [started(total=750), step(0, 750, 5, total=750)])
+    (new / "origin.json").write_text(json.dumps({"resumed_from": str(old),
+                                                 "checkpoint": str(old / "checkpoints" / "ckpt-00000750.pt")}))
+    write(new, [started(total=1500)] + [ev("rank_ready", 1, rank=r, local_rank=r, device="cpu", pid=9 + r,
+                                           host="box", threads=1) for r in (0, 1)])
+    f = Follower(RunDir(new), outputs=False)
+    f.poll(force=True)
+    assert f.view.progress() == (750, 1500)
+    assert [r.step for r in f.view.rank_list()] == [750, 750]
+
+    view = RunView()  # checkpoint.resume in the config: the ranks say where they train from
+    view.feed_all([started(total=1500), ev("rank_ready", 1, rank=0, local_rank=0, device="cpu", pid=9, host="b",
+                                           threads=1)])
+    assert view.rank_list()[0].epoch == 1  # not 0, while the header says epoch 1
+    view.feed(ev("phase", 2, rank=0, phase="batch", step=750, epoch=5))
+    r0 = view.rank_list()[0]
+    assert (view.progress(), r0.epoch, view.status) == ((750, 1500), 6, "starting")
