@@ -199,7 +199,11 @@ def cmd_attach(args) -> int:
     from cli.progress import Display
 
     run = _find_run(args.run, args.runs_dir)
-    print(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", flush=True)
+    status = run.status()
+    if status.live:
+        print(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", flush=True)
+    else:  # its history only: nothing goes on after Ctrl-C
+        print(f"{run.path}: the run is over ({status}); its history:", flush=True)
 
     def on_interrupt(n: int):
         print(f"detached; the run goes on. Re-attach with: torchdeck attach {run.path}", flush=True)

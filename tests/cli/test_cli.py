@@ -238,6 +238,8 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     assert cli.main(["attach", "latest", "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "val loss 0.4000 acc 93.0%" in out and "run finished" in out and "val accuracy 93.0%" in out
+    assert "the run goes on" not in out and "the run is over (finished); its history:" in out  # issue 27
+    assert "epoch 1 done at step 2" in out  # epochs counted from 1 (the event's epoch 0)
     assert cli.main(["runs", "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert run.name in out and "finished" in out
