@@ -670,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (srun + torchrun)")
     g.add_argument("--deepspeed", action="store_true", help="DeepSpeed's launcher: a hostfile and a command per node")
     s.add_argument("--write-config", metavar="FILE", help="save the resolved config here and point torchrun at it")
-    s.add_argument("--run-root", default="runs", metavar="DIR", help="where each node's run directory goes")
+    s.add_argument("--run-root", metavar="DIR",
+                   help="where each node's run directory goes (default $TORCHDECK_RUNS, else ./runs)")
     s.add_argument("--node-rank", type=int, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_export)
     return p

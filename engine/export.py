@@ -7,6 +7,7 @@ the environment, so these commands run the same training the app would. No torch
 """
 from __future__ import annotations
 
+import os
 import shlex
 
 from engine import config as cfgmod
@@ -58,17 +59,23 @@ def run_dir_shell(run_root: str, name: str, node_rank: int) -> str:
     return f'"{_in_double_quotes(run_root)}/$(date +%Y%m%d-%H%M%S)-{_name(name)}-node{node_rank}"'
 
 
-def torchrun_commands(cfg, config_path: str, run_root: str = "runs") -> list[tuple[int, dict, list[str]]]:
+def default_run_root() -> str:
+    """Where an exported job's run directories go unless --run-root says: $TORCHDECK_RUNS as
+    `torchdeck run` uses it (read when exporting), else ./runs on each node."""
+    return os.environ.get("TORCHDECK_RUNS") or "runs"
+
+
+def torchrun_commands(cfg, config_path: str, run_root: str | None = None) -> list[tuple[int, dict, list[str]]]:
     """(node rank, extra environment, argv) for every node; each node writes its own run directory.
     The last argument is shell text (the run directory, named when the line runs): join the rest
     with shlex and append it as is."""
-    out = []
+    out, run_root = [], run_root or default_run_root()
     for k in range(cfg.nodes.num_nodes):
         out.append((k, _env(cfg), torchrun_argv(cfg, config_path, run_dir_shell(run_root, cfg.name, k), k)))
     return out
 
 
-def torchrun(cfg, config_path: str, run_root: str = "runs") -> str:
+def torchrun(cfg, config_path: str, run_root: str | None = None) -> str:
     """Shell text: one command per node, to run from the project directory on that node."""
     lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
              f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
@@ -102,10 +109,11 @@ def deepspeed_argv(cfg, config_path: str, hostfile: str, run_dir: str, node_rank
     return argv + ["--no_local_rank", "--module", "engine.worker", str(config_path), "--run-dir", run_dir]
 
 
-def deepspeed(cfg, config_path: str, run_root: str = "runs", hostfile: str | None = None) -> str:
+def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str | None = None) -> str:
     """Shell text: write the hostfile (<name>.hostfile), then one `deepspeed` command per node (run on
     that node)."""
     hostfile = hostfile or f"{_name(cfg.name)}.hostfile"
+    run_root = run_root or default_run_root()
     lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
              f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
              f"# DeepSpeed's launcher, no ssh: run each node's line on that node, from the project directory;",
@@ -164,7 +172,7 @@ export TD_CONFIG="$SLURM_SUBMIT_DIR/torchdeck-$SLURM_JOB_ID.yaml"
 cat > "$TD_CONFIG" <<'{SLURM_CONFIG_MARK}'
 {yaml_text}{SLURM_CONFIG_MARK}
 
-export TD_RUN_ROOT="$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID-{cfg.name}"
+export TD_RUN_ROOT="${{TORCHDECK_RUNS:-$SLURM_SUBMIT_DIR/runs}}/$SLURM_JOB_ID-{cfg.name}"
 # A requeued job (SLURM_RESTART_COUNT > 0) writes new run directories beside the first ones and
 # resumes from the newest checkpoint among them.
 export TD_ATTEMPT="${{SLURM_RESTART_COUNT:-0}}"

@@ -276,6 +276,7 @@ def env_report() -> list[str]:
         f"- python: {platform.python_version()} ({sys.executable})",
         f"- platform: {platform.platform()}",
         f"- textual: {version('textual')}",
+        f"- deepspeed: {version('deepspeed')}",  # strategy deepspeed needs it (torchdeck[deepspeed])
     ]
     try:
         import torch

@@ -647,3 +647,22 @@ def test_resuming_a_run_with_nothing_left_is_refused_before_anything_starts(tmp_
         control.resume_config(run)
     cfg, origin, step, ckpt = control.resume_config(run, ["train.epochs=2"])  # more epochs: allowed
     assert (step, cfg.train.epochs) == (30, 2)
+
+
+def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed(tmp_path, tiny):
+    """Issue 27: `torchdeck export --torchrun` wrote `--run-dir "runs/..."` whatever TORCHDECK_RUNS
+    said (its runs then missing from `torchdeck runs`), and `torchdeck env` did not say DeepSpeed's
+    version."""
+    runs = tmp_path / "runs"  # torchdeck() sets TORCHDECK_RUNS to it
+    r = torchdeck("export", str(tiny), "--torchrun", cwd=tmp_path)
+    assert r.returncode == 0 and f'--run-dir "{runs}/$(date' in r.stdout, r.stdout + r.stderr
+    r = torchdeck("export", str(tiny), "--torchrun", "--run-root", str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert f'--run-dir "{tmp_path / "elsewhere"}/$(date' in r.stdout, r.stdout  # --run-root still wins
+    r = torchdeck("export", str(tiny), "--sbatch", cwd=tmp_path)
+    assert 'TD_RUN_ROOT="${TORCHDECK_RUNS:-$SLURM_SUBMIT_DIR/runs}/' in r.stdout, r.stdout  # read in the job
+    r = torchdeck("env", cwd=tmp_path)
+    import importlib.util
+
+    from importlib.metadata import version
+    want = version("deepspeed") if importlib.util.find_spec("deepspeed") else "not installed"
+    assert f"- deepspeed: {want}\n" in r.stdout, r.stdout
