@@ -513,13 +513,14 @@ def cmd_env(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from engine.hardware import Hardware
     from engine import config as cfgmod
     from engine import export
     from engine.presets import resolve
 
     # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
     # everything but this host's GPUs and MPI build.
-    cfg = _config_or_usage(args, hw=cfgmod.Hardware(gpu_count=None, mpi_available=None))
+    cfg = _config_or_usage(args, hw=Hardware(gpu_count=None, mpi_available=None))
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
         raise UsageError(f"devices: {cfg.devices}: an exported job cannot know how many GPUs its nodes have; list "
                          "them, e.g. --set 'devices=[0,1,2,3]'")
@@ -544,12 +545,23 @@ def cmd_export(args) -> int:
 def cmd_app(args) -> int:
     from engine.presets import DEFAULT_PRESET, resolve
 
-    path = resolve(getattr(args, "preset", None) or DEFAULT_PRESET)
+    preset = getattr(args, "preset", None)
+    path = resolve(preset or DEFAULT_PRESET)
+    if preset:
+        # A preset the form cannot open is refused here, as `torchdeck run` refuses it: one line,
+        # exit 2, nothing opens. Read the way the Configure screen reads it (its JSON copy when
+        # unchanged), so the screen's own read costs nothing more. Bare `torchdeck` opens the
+        # shipped default: no read before its first frame.
+        from engine import preflight
+
+        preflight.load(path, cache=True)
     try:
         from app.main import run as run_app
     except ImportError as exc:
         raise UsageError(f"the terminal app cannot start: {exc}; headless commands: torchdeck --help") from None
-    run_app(preset_path=str(path))
+    if run_app(preset_path=str(path)):  # the app crashed: Textual printed the traceback above
+        _err("torchdeck app: the app stopped on an error (the traceback is above)")
+        return EXIT_FAILED
     return EXIT_OK
 
 

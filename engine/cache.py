@@ -163,19 +163,19 @@ def start_worker_server(start: dict) -> None:
 AUTO_WORKERS_ASKED = 2  # per rank, for a streamed set, where the cores are not known yet (sbatch)
 
 
-def asked_workers(cfg) -> int:
+def asked_workers(cfg, nproc: int) -> int:
     """Loader workers a rank will run, for asking a scheduler for CPUs before the job's host is known."""
     if cfg.data.num_workers >= 0:
         return cfg.data.num_workers
-    p = plan(cfg)
+    p = plan(cfg, nproc)
     in_memory = cfg.data.dataset == "synthetic" or p.use or cfg.data.dataset in TV_SHAPES
     return 0 if in_memory else AUTO_WORKERS_ASKED
 
 
-def plan(cfg, nproc: int | None = None, room: int | None = None) -> CachePlan:
-    """Whether this run keeps its data decoded in memory, and the one line that says so."""
+def plan(cfg, nproc: int, room: int | None = None) -> CachePlan:
+    """Whether this run keeps its data decoded in memory with `nproc` ranks on the node, and the
+    one line that says so."""
     d = cfg.data
-    nproc = nproc or cfg.nproc_per_node
     budget = budget_bytes(cfg)
     of_budget = f"cache budget {fmt_bytes(budget)}"
     size = decoded_size(cfg)

@@ -216,20 +216,8 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     # ------------------------------------------------------------------ derived values
-    @property
-    def nproc_per_node(self) -> int:
-        from engine.strategies import get_strategy
-
-        return get_strategy(self.strategy).nprocs(self)
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nodes.num_nodes
-
-    @property
-    def global_batch(self) -> int:
-        return self.train.batch_size * self.world_size * self.train.grad_accum
-
+    # (processes per node, world size and global batch are the strategy's to say:
+    # engine.strategies.nproc_per_node / world_size / global_batch)
     @property
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -250,22 +238,12 @@ class RunConfig:
         return from_dict(self.to_dict())
 
 
-# ----------------------------------------------------------------------------- hardware
-
-
-@dataclass
-class Hardware:
-    """What this host has, as far as validation needs to know. None: unknown, not checked."""
-
-    gpu_count: int | None = None
-    mpi_available: bool | None = None
-    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
-    gpus: list | None = None  # engine.hardware.GPUInfo per GPU, read at launch (devices: free:N); None: not read
-    notes: list = field(default_factory=list)  # what was decided from this host (which GPUs free:N picked, why)
+# ----------------------------------------------------------------------------- devices
 
 
 def free_gpus_asked(devices) -> int | None:
-    """N for `devices: free:N` (the N least used GPUs without other processes, picked at launch)."""
+    """N for `devices: free:N` (the N least used GPUs without other processes, picked at launch by
+    engine.hardware.resolve_free_gpus)."""
     if isinstance(devices, str) and devices.startswith("free:") and devices[5:].isdigit():
         return int(devices[5:])
     return None
@@ -360,8 +338,10 @@ def _build(cls, data, prefix: str, problems: list):
     return obj
 
 
-def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
-    """Build and validate a config. Raises ConfigError listing every problem."""
+def build(data: dict | None, source: str | None = None, hw=None) -> tuple[RunConfig, list[tuple[str, str]]]:
+    """The config `data` says, its types checked and `devices` normalized (devices: -1 made this
+    host's GPUs when hw, an engine.hardware.Hardware, knows their count), and the problems found
+    so far. Raises ConfigError for data that is not a config at all."""
     problems: list[tuple[str, str]] = []
     if data is None:
         data = {}
@@ -377,7 +357,15 @@ def from_dict(data: dict | None, source: str | None = None, hw: Hardware | None 
         _normalize(cfg, problems)
     if not problems and hw is not None:
         resolve_all_gpus(cfg, hw)
-        resolve_free_gpus(cfg, hw, problems)
+    return cfg, problems
+
+
+def from_dict(data: dict | None, source: str | None = None, hw=None) -> RunConfig:
+    """Build a config and check it against the schema's own rules (hw: an engine.hardware.Hardware,
+    or None: not checked against a host). Raises ConfigError listing every problem. The rules that
+    need a strategy (processes per node, what each strategy requires) and the picking of free GPUs
+    sit above the schema: engine.preflight.from_dict checks everything."""
+    cfg, problems = build(data, source, hw)
     if not problems:
         problems.extend(validate(cfg, hw))
     if problems:
@@ -425,23 +413,7 @@ def _normalize(cfg: RunConfig, problems: list) -> None:
     cfg.devices = d
 
 
-def resolve_free_gpus(cfg: RunConfig, hw: Hardware, problems: list) -> None:
-    """devices: free:N becomes the N GPUs NVML shows least used and without other processes,
-    when this host's GPUs were read (hw.gpus); too few: a problem naming who uses what."""
-    n = free_gpus_asked(cfg.devices)
-    if cfg.accelerator != "cuda" or n is None or hw.gpus is None:
-        return
-    from engine.hardware import pick_free_gpus
-
-    picked, why = pick_free_gpus(hw.gpus, n)
-    if picked is None:
-        problems.append(("devices", why))
-        return
-    cfg.devices = picked
-    hw.notes.append(why)
-
-
-def resolve_all_gpus(cfg: RunConfig, hw: Hardware) -> None:
+def resolve_all_gpus(cfg: RunConfig, hw) -> None:
     """devices: -1 means every GPU on this host; fix it to indices once the count is known."""
     if cfg.accelerator == "cuda" and cfg.devices == "all" and hw.gpu_count is not None:
         cfg.devices = list(range(hw.gpu_count))
@@ -461,19 +433,15 @@ class _Problems(list):
             self.append((path, f"must be at least {low}, got {value}"))
 
 
-def validate(cfg: RunConfig, hw: Hardware | None = None) -> list[tuple[str, str]]:
-    """Every rule that needs no torch. Returns (field, reason) pairs; empty means valid. Each
-    field's own range first, then combinations, then the strategy's rules (only for a config
-    whose fields are each fine: its rules may assume them)."""
+def validate(cfg: RunConfig, hw=None) -> list[tuple[str, str]]:
+    """The schema's rules: each field's own range, then combinations of fields (and of fields and
+    this host, when hw is given). Returns (field, reason) pairs; empty means valid as far as the
+    schema sees. engine.preflight.validate adds the rules that need the strategy."""
     p = _Problems()
     for rules in (_names, _train_rules, _optimizer_rules, _data_rules, _node_rules):
         rules(cfg, p)
     _device_rules(cfg, hw, p)
     _combination_rules(cfg, hw, p)
-    if not p and cfg.strategy in STRATEGIES:
-        from engine.strategies import get_strategy
-
-        p.extend(get_strategy(cfg.strategy).check(cfg, hw))
     return list(p)
 
 
@@ -577,7 +545,7 @@ def _node_rules(cfg: RunConfig, p: _Problems) -> None:
     p.at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
 
 
-def _device_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
+def _device_rules(cfg: RunConfig, hw, p: _Problems) -> None:
     """Devices as this host has them (hw None: checked without a host, e.g. for another node)."""
     if cfg.accelerator == "cpu" and isinstance(cfg.devices, int):
         p.at_least("devices", cfg.devices, 1)
@@ -597,16 +565,8 @@ def _device_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
         p.append(("accelerator", "cuda needs an NVIDIA GPU and driver, and this host has none; use accelerator cpu"))
 
 
-def _combination_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> None:
+def _combination_rules(cfg: RunConfig, hw, p: _Problems) -> None:
     """Settings each fine alone that do not go together (or not on this host)."""
-    t = cfg.train
-    if t.cpu_affinity == "exclusive" and hw is not None:
-        local = cfg.nproc_per_node
-        need = local * (t.threads_per_rank or 1)
-        if need > hw.cpu_count:
-            p.append(("train.cpu_affinity", f"exclusive needs {local} rank(s) x {t.threads_per_rank or 1} "
-                      f"thread(s) = {need} cores of their own; this host has {hw.cpu_count}: lower "
-                      "train.threads_per_rank or the ranks per node, or use auto"))
     if cfg.backend == "nccl" and cfg.accelerator != "cuda":
         p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
     if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:
@@ -618,37 +578,6 @@ def _combination_rules(cfg: RunConfig, hw: Hardware | None, p: _Problems) -> Non
         p.append(("data.on_device", "keeping data on the device needs accelerator cuda"))
     if cfg.data.pin_memory and cfg.accelerator != "cuda":
         p.append(("data.pin_memory", "pinned memory only helps copies to a GPU; turn it off for CPU runs"))
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    host = host.strip().strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def advice(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Valid but probably not meant: (field, why) pairs that validate and the form show as
-    warnings and never refuse. Call it on a config that passed validation."""
-    out: list[tuple[str, str]] = []
-    n = cfg.nodes
-    from engine.strategies import get_strategy
-
-    if n.num_nodes > 1 and get_strategy(cfg.strategy).distributed:
-        if cfg.init_method.startswith("tcp://"):
-            field, host = "init_method", cfg.init_method[len("tcp://"):].rpartition(":")[0]
-        else:
-            field, host = "nodes.master_addr", n.master_addr
-        if cfg.init_method.startswith(("env://", "tcp://")) and _is_loopback(host):
-            # a warning, not an error: several nodes on one host is a fair rehearsal
-            out.append((field, f"{host.strip()} is this host itself: nodes on other machines need "
-                               "node 0's network address here"))
-    return out
 
 
 # ----------------------------------------------------------------------------- YAML
@@ -676,13 +605,15 @@ def _parse(text: str, source: str | None) -> Any:
         raise ConfigError([("", _yaml_error(exc))], source) from None
 
 
-def loads(text: str, source: str | None = None, hw: Hardware | None = None) -> RunConfig:
-    return from_dict(_parse(text, source), source=source, hw=hw)
+def parse(text: str, source: str | None = None) -> Any:
+    """What a preset's YAML text says (not yet checked as a config)."""
+    return _parse(text, source)
 
 
-def load(path: str | os.PathLike, hw: Hardware | None = None, cache: bool = False) -> RunConfig:
-    """cache: keep what the file parsed to as JSON (under the user's cache directory) and read that
-    while the file's text is unchanged. For the app's start-up only: it saves PyYAML's import."""
+def read(path: str | os.PathLike, cache: bool = False) -> Any:
+    """What a preset file says (not yet checked as a config). cache: keep what the file parsed to
+    as JSON (under the user's cache directory) and read that while the file's text is unchanged.
+    For the app's start-up only: it saves PyYAML's import."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -690,9 +621,17 @@ def load(path: str | os.PathLike, hw: Hardware | None = None, cache: bool = Fals
         raise ConfigError([("", "no such preset file; `torchdeck presets` lists the known ones")], str(path)) from None
     except OSError as exc:
         raise ConfigError([("", f"cannot read the preset: {exc.strerror}")], str(path)) from None
-    if not cache:
-        return loads(text, source=str(path), hw=hw)
-    return from_dict(_parse_cached(path, text), source=str(path), hw=hw)
+    return _parse_cached(path, text) if cache else _parse(text, str(path))
+
+
+def loads(text: str, source: str | None = None, hw=None) -> RunConfig:
+    """The schema's check only (engine.preflight.loads checks everything)."""
+    return from_dict(_parse(text, source), source=source, hw=hw)
+
+
+def load(path: str | os.PathLike, hw=None, cache: bool = False) -> RunConfig:
+    """The schema's check only (engine.preflight.load checks everything); cache: see `read`."""
+    return from_dict(read(path, cache), source=str(path), hw=hw)
 
 
 def cache_dir() -> Path:

@@ -12,6 +12,8 @@ import shlex
 
 from engine import config as cfgmod
 from engine.cache import asked_workers
+from engine.preflight import advice
+from engine.strategies import global_batch, nproc_per_node, world_size
 
 SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
 PREEMPT_WARNING_S = 120  # seconds of warning sbatch asks for before preemption or the time limit
@@ -29,7 +31,7 @@ def _env(cfg) -> dict:
 
 def torchrun_argv(cfg, config_path: str, run_dir: str, node_rank: int | None = None) -> list[str]:
     """argv for one node. One node: `--standalone` (torchrun picks a free port)."""
-    nproc = cfg.nproc_per_node
+    nproc = nproc_per_node(cfg)
     argv = ["torchrun"]
     if cfg.nodes.num_nodes == 1:
         argv += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc)]
@@ -77,10 +79,10 @@ def torchrun_commands(cfg, config_path: str, run_root: str | None = None) -> lis
 
 def torchrun(cfg, config_path: str, run_root: str | None = None) -> str:
     """Shell text: one command per node, to run from the project directory on that node."""
-    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
-             f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
+    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {nproc_per_node(cfg)} "
+             f"process(es) = world size {world_size(cfg)}, global batch {global_batch(cfg)}",
              f"# every node needs the same config at {config_path} and torchdeck installed"]
-    lines += [f"# warning: {field}: {why}" for field, why in cfgmod.advice(cfg)]
+    lines += [f"# warning: {field}: {why}" for field, why in advice(cfg)]
     for k, env, argv in torchrun_commands(cfg, config_path, run_root):
         if cfg.nodes.num_nodes > 1:
             host = f" (master: {cfg.nodes.master_addr})" if k == 0 else ""
@@ -94,7 +96,7 @@ def hostfile_text(cfg) -> str:
     """DeepSpeed's hostfile: one `host slots=N` line per node. With `--no_ssh` every node starts its
     own launcher (as torchrun), so the names only key the nodes; slots count the GPU indices up to
     the highest one used (the exact ones go in --include) or the CPU processes."""
-    slots = max(cfg.devices) + 1 if cfg.accelerator == "cuda" else cfg.nproc_per_node
+    slots = max(cfg.devices) + 1 if cfg.accelerator == "cuda" else nproc_per_node(cfg)
     return "".join(f"node{k} slots={slots}\n" for k in range(cfg.nodes.num_nodes))
 
 
@@ -114,11 +116,11 @@ def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str 
     that node)."""
     hostfile = hostfile or f"{_name(cfg.name)}.hostfile"
     run_root = run_root or default_run_root()
-    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {cfg.nproc_per_node} "
-             f"process(es) = world size {cfg.world_size}, global batch {cfg.global_batch}",
+    lines = [f"# {cfg.name}: {cfg.strategy}, {cfg.nodes.num_nodes} node(s) x {nproc_per_node(cfg)} "
+             f"process(es) = world size {world_size(cfg)}, global batch {global_batch(cfg)}",
              f"# DeepSpeed's launcher, no ssh: run each node's line on that node, from the project directory;",
              f"# every node needs the same config at {config_path}, the hostfile, and torchdeck[deepspeed]"]
-    lines += [f"# warning: {field}: {why}" for field, why in cfgmod.advice(cfg)]
+    lines += [f"# warning: {field}: {why}" for field, why in advice(cfg)]
     lines += [f"cat > {shlex.quote(hostfile)} <<'EOF'", hostfile_text(cfg).rstrip("\n"), "EOF"]
     for k in range(cfg.nodes.num_nodes):
         if cfg.nodes.num_nodes > 1:
@@ -135,12 +137,12 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
     The resolved config is embedded, so the job runs exactly what was validated here.
     """
     name = job_name or cfg.name
-    nproc = cfg.nproc_per_node
+    nproc = nproc_per_node(cfg)
     port = cfg.nodes.master_port or 29500
     gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
     # one task per node runs torchrun and all its ranks: without this SLURM gives them one CPU
     threads = cfg.train.threads_per_rank or AUTO_THREADS_ASKED
-    workers = asked_workers(cfg)
+    workers = asked_workers(cfg, nproc)
     cpus = nproc * (threads + workers)
     env_lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _env(cfg).items())
     yaml_text = cfgmod.dumps(cfg)
@@ -148,7 +150,7 @@ def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> st
         raise ValueError("the config contains the heredoc marker; rename it")
     return f"""#!/bin/bash
 # torchdeck export: {cfg.name} ({cfg.strategy}), {cfg.nodes.num_nodes} node(s) x {nproc} process(es)
-# = world size {cfg.world_size}, global batch {cfg.global_batch}. Submit with: sbatch THIS_FILE
+# = world size {world_size(cfg)}, global batch {global_batch(cfg)}. Submit with: sbatch THIS_FILE
 #SBATCH --job-name={shlex.quote(name)}
 #SBATCH --nodes={cfg.nodes.num_nodes}
 #SBATCH --ntasks-per-node=1

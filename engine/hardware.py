@@ -19,10 +19,19 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from engine.config import Hardware
-
 _lock = threading.Lock()
 _state: dict = {}  # "ok": bool, "reason": str, "nvml": module or None
+
+
+@dataclass
+class Hardware:
+    """What this host has, as far as validation needs to know. None: unknown, not checked."""
+
+    gpu_count: int | None = None
+    mpi_available: bool | None = None
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    gpus: list | None = None  # GPUInfo per GPU, read at launch (devices: free:N); None: not read
+    notes: list = field(default_factory=list)  # what was decided from this host (which GPUs free:N picked, why)
 
 
 @dataclass
@@ -145,6 +154,22 @@ def pick_free_gpus(gpus: list[GPUInfo], n: int) -> tuple[list[int] | None, str]:
            + ", ".join(f"GPU {g.index} {g.memory_used_mb} MiB" for g in free[:n]) + ")"
            + (f"; passed over {taken}" if taken else ""))
     return picked, why
+
+
+def resolve_free_gpus(cfg, hw: Hardware, problems: list) -> None:
+    """devices: free:N becomes the N GPUs NVML shows least used and without other processes,
+    when this host's GPUs were read (hw.gpus); too few: a problem naming who uses what."""
+    from engine.config import free_gpus_asked
+
+    n = free_gpus_asked(cfg.devices)
+    if cfg.accelerator != "cuda" or n is None or hw.gpus is None:
+        return
+    picked, why = pick_free_gpus(hw.gpus, n)
+    if picked is None:
+        problems.append(("devices", why))
+        return
+    cfg.devices = picked
+    hw.notes.append(why)
 
 
 def visible_devices_warning() -> str | None:

@@ -1,7 +1,9 @@
 """What is checked before a run starts, for every way of starting one: `torchdeck run`, Launch in
 the app, `torchdeck validate`. The schema (engine.config) checks a config on its own; this adds
-what needs the file system and this host: data roots, the resume file, a user's
-`module:callable`, network interfaces. One list of problems, the same words everywhere.
+the rules that need its strategy (asked through engine.strategies: processes per node, what each
+strategy requires), devices: free:N picked on this host (engine.hardware), and what needs the
+file system and this host: data roots, the resume file, a user's `module:callable`, network
+interfaces. One list of problems, the same words everywhere.
 No torch here (the app calls it on its event loop).
 """
 from __future__ import annotations
@@ -10,7 +12,111 @@ import os
 import socket
 from pathlib import Path
 
+from engine import config as cfgmod
+from engine import strategies
+
 Problem = tuple[str, str]  # (field path, what is wrong and what to do)
+
+
+# ----------------------------------------------------------------------------- the whole config
+
+
+def validate(cfg, hw=None) -> list[Problem]:
+    """Every rule that needs no torch (hw: an engine.hardware.Hardware, or None: no host). The
+    schema's rules and those that need the processes per node first, then the strategy's own
+    (only for a config whose fields are each fine: its rules may assume them). Empty: valid."""
+    p = cfgmod.validate(cfg, hw) + _per_node_rules(cfg, hw)
+    if not p and cfg.strategy in cfgmod.STRATEGIES:
+        p.extend(strategies.get_strategy(cfg.strategy).check(cfg, hw))
+    return p
+
+
+def _per_node_rules(cfg, hw) -> list[Problem]:
+    t = cfg.train
+    if t.cpu_affinity != "exclusive" or hw is None or cfg.strategy not in cfgmod.STRATEGIES:
+        return []
+    local = strategies.nproc_per_node(cfg)
+    need = local * (t.threads_per_rank or 1)
+    if need <= hw.cpu_count:
+        return []
+    return [("train.cpu_affinity", f"exclusive needs {local} rank(s) x {t.threads_per_rank or 1} "
+                                   f"thread(s) = {need} cores of their own; this host has {hw.cpu_count}: lower "
+                                   "train.threads_per_rank or the ranks per node, or use auto")]
+
+
+def from_dict(data, source: str | None = None, hw=None):
+    """A RunConfig checked by every rule (`validate`), devices: free:N picked on this host when hw
+    has read its GPUs. Raises ConfigError listing every problem."""
+    from engine.hardware import resolve_free_gpus
+
+    cfg, problems = cfgmod.build(data, source, hw)
+    if not problems and hw is not None:
+        resolve_free_gpus(cfg, hw, problems)
+    if not problems:
+        problems.extend(validate(cfg, hw))
+    if problems:
+        raise cfgmod.ConfigError(problems, source)
+    return cfg
+
+
+def loads(text: str, source: str | None = None, hw=None):
+    return from_dict(cfgmod.parse(text, source), source=source, hw=hw)
+
+
+def load(path, hw=None, cache: bool = False):
+    """A preset file checked by every rule; cache: see engine.config.read."""
+    return from_dict(cfgmod.read(path, cache), source=str(path), hw=hw)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def advice(cfg) -> list[Problem]:
+    """Valid but probably not meant: (field, why) pairs that validate and the form show as
+    warnings and never refuse. Call it on a config that passed validation."""
+    out: list[Problem] = []
+    n = cfg.nodes
+    if n.num_nodes > 1 and strategies.get_strategy(cfg.strategy).distributed:
+        if cfg.init_method.startswith("tcp://"):
+            field, host = "init_method", cfg.init_method[len("tcp://"):].rpartition(":")[0]
+        else:
+            field, host = "nodes.master_addr", n.master_addr
+        if cfg.init_method.startswith(("env://", "tcp://")) and _is_loopback(host):
+            # a warning, not an error: several nodes on one host is a fair rehearsal
+            out.append((field, f"{host.strip()} is this host itself: nodes on other machines need "
+                               "node 0's network address here"))
+    crowded = cpu_ranks_advice(cfg)
+    if crowded:
+        out.append(("devices", crowded))
+    return out
+
+
+def cpu_ranks_advice(cfg, cores: int | None = None) -> str | None:
+    """More CPU ranks than this process may use cores (affinity.usable_cpus): they take turns on
+    the cores, and each holds its own model and data, so the run is slower than with fewer."""
+    if cfg.accelerator != "cpu":
+        return None
+    from engine.affinity import usable_cpus
+
+    ranks, cores = strategies.nproc_per_node(cfg), cores or usable_cpus()
+    if ranks <= cores:
+        return None
+    from engine.cache import fmt_bytes, plan
+
+    data = plan(cfg, ranks)
+    held = (f", each with its own {fmt_bytes(data.nbytes)} of data ({fmt_bytes(data.node_bytes)} in all)"
+            if data.nbytes and not data.shared else "")
+    return (f"{ranks} CPU ranks on {cores} usable core{'s' if cores != 1 else ''}: they take turns on the "
+            f"cores{held}; {cores} or fewer train faster")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -21,7 +127,6 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
     Raises ConfigError; a problem that comes from a `--set` value is said to come from `--set`."""
     import yaml
 
-    from engine import config as cfgmod
     from engine import presets
 
     path = presets.resolve(preset)
@@ -52,7 +157,7 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
 
         hw = detect_hardware()
     try:
-        return cfgmod.from_dict(data, source=source, hw=hw), path
+        return from_dict(data, source=source, hw=hw), path
     except cfgmod.ConfigError as exc:
         def from_set(field: str) -> bool:
             return any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in keys if field)
@@ -175,10 +280,7 @@ def looks_like_checkpoint(path: Path) -> bool:
 
 def file_problems(cfg) -> list[Problem]:
     """What the schema cannot see: folders and files the config names, and user code."""
-    from engine.config import BUILTIN_DATASETS, BUILTIN_MODELS
-    from engine.strategies import get_strategy
-
-    strategy = get_strategy(cfg.strategy)
+    strategy = strategies.get_strategy(cfg.strategy)
     problems: list[Problem] = strategy.preflight(cfg)  # deepspeed: its ds_config.json, its resume folder
     if cfg.data.dataset == "imagefolder":
         root = Path(cfg.data.root).expanduser()
@@ -198,8 +300,8 @@ def file_problems(cfg) -> list[Problem]:
     elif resume and resume != "latest" and not looks_like_checkpoint(Path(resume).expanduser()):
         problems.append(("checkpoint.resume", f"{resume!r} is not a PyTorch checkpoint (torch.save writes a zip "
                                               "archive; this is not one, or it is cut short)"))
-    for fld, value, builtin in (("model.name", cfg.model.name, BUILTIN_MODELS),
-                                ("data.dataset", cfg.data.dataset, BUILTIN_DATASETS)):
+    for fld, value, builtin in (("model.name", cfg.model.name, cfgmod.BUILTIN_MODELS),
+                                ("data.dataset", cfg.data.dataset, cfgmod.BUILTIN_DATASETS)):
         if value not in builtin and ":" in value:
             why = callable_problem(value)
             if why:
@@ -210,12 +312,10 @@ def file_problems(cfg) -> list[Problem]:
 def host_problems(cfg) -> list[Problem]:
     """What stops a valid config from starting on this host. Such a config may be meant for other
     nodes, so it still saves and exports; only a launch here is refused."""
-    from engine.strategies import get_strategy
-
     problems: list[Problem] = []
     ifname = cfg.nodes.ifname
     # NCCL-style patterns (^docker, =eth0) are NCCL's to read; plain names must exist here
-    if ifname and get_strategy(cfg.strategy).distributed and not any(c in ifname for c in "^="):
+    if ifname and strategies.get_strategy(cfg.strategy).distributed and not any(c in ifname for c in "^="):
         have = [name for _, name in socket.if_nameindex()]
         missing = [n for n in ifname.split(",") if n and n not in have]
         if missing:
@@ -239,16 +339,15 @@ def lines(problems: list[Problem], source: str | None = None) -> list[str]:
 def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
     from engine.runs import fmt
-    from engine.strategies import get_strategy
 
-    strat = get_strategy(cfg.strategy)
-    n = cfg.nproc_per_node
+    strat = strategies.get_strategy(cfg.strategy)
+    n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
     lines = [
         f"strategy {cfg.strategy} ({strat.summary}) on {cfg.accelerator}, backend "
         f"{cfg.resolved_backend if strat.distributed else 'none'}, precision {cfg.train.precision}",
-        f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {cfg.world_size}",
-        f"global batch: {fmt.num(cfg.train.batch_size, ',')} per process x {cfg.world_size} x accumulation "
-        f"{cfg.train.grad_accum} = {fmt.num(cfg.global_batch, ',')}",
+        f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {world}",
+        f"global batch: {fmt.num(cfg.train.batch_size, ',')} per process x {world} x accumulation "
+        f"{cfg.train.grad_accum} = {fmt.num(strategies.global_batch(cfg), ',')}",
     ]
     per_rank = [(cfg.nodes.node_rank * n + lr, ",".join(strat.local_devices(cfg, lr))) for lr in range(n)]
     lines.append("devices per rank: " + fmt.rank_groups(per_rank))  # identical ranks said once (fmt)
@@ -257,7 +356,7 @@ def describe(cfg) -> list[str]:
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
     from engine.cache import plan
 
-    lines.append(plan(cfg).line)  # decoded once within the node's budget, or streamed
+    lines.append(plan(cfg, n).line)  # decoded once within the node's budget, or streamed
     from engine.affinity import describe as cores
 
     lines.append(cores(cfg, n))  # train.cpu_affinity on this host
@@ -308,7 +407,6 @@ def explain(preset: str, overrides: list[str] | None, cfg, path: Path) -> list[s
     a run does: no hidden global config (Accelerate issue 1133)."""
     import yaml
 
-    from engine import config as cfgmod
     from engine import presets
 
     try:

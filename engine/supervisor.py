@@ -23,12 +23,13 @@ import time
 from multiprocessing import connection as mp_connection
 from pathlib import Path
 
-from engine import events, network, usercode
-from engine.config import Hardware, load, resolve_all_gpus
+from engine import events, network, strategies, usercode
+from engine.config import resolve_all_gpus
 from engine.errors import TorchdeckError
 from engine.runs import stacks
 from engine.runs.layout import RunDir
 from engine.runs.view import RunView
+from engine.preflight import load
 from engine.strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
@@ -331,8 +332,8 @@ def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = 
 def _pick_free_gpus(cfg) -> list:
     """devices: free:N still unresolved (a config written before launch): pick the GPUs now, or
     refuse with who uses what (ConfigError)."""
-    from engine.config import ConfigError, free_gpus_asked, resolve_free_gpus
-    from engine.hardware import detect_hardware
+    from engine.config import ConfigError, free_gpus_asked
+    from engine.hardware import detect_hardware, resolve_free_gpus
 
     if cfg.accelerator != "cuda" or free_gpus_asked(cfg.devices) is None:
         return []
@@ -456,6 +457,8 @@ class Supervisor:
         if cfg.accelerator == "cuda" and cfg.devices == "all":
             import torch
 
+            from engine.hardware import Hardware
+
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
         picked = [("info", n) for n in self.rd.origin().get("host_notes") or [] if isinstance(n, str)]
         picked += _pick_free_gpus(cfg)
@@ -463,7 +466,7 @@ class Supervisor:
         notes = picked + list(strategy.resolve(cfg, self.rd.path))  # deepspeed: the user's ds_config
         from engine.affinity import threads_for
 
-        threads = threads_for(cfg, cfg.nproc_per_node)
+        threads = threads_for(cfg, strategies.nproc_per_node(cfg))
         child_env = {"OMP_NUM_THREADS": str(threads)}
         store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr
@@ -481,14 +484,14 @@ class Supervisor:
         strategy = get_strategy(cfg.strategy)
         total = None
         if cfg.data.dataset == "synthetic":
-            per_rank = cfg.data.train_size // (cfg.world_size if strategy.distributed else 1)
+            per_rank = cfg.data.train_size // (strategies.world_size(cfg) if strategy.distributed else 1)
             spe = per_rank // cfg.train.batch_size // cfg.train.grad_accum
             total = min(cfg.train.max_steps or 10 ** 18, (cfg.train.epochs or 10 ** 18) * spe)
         writer.write(events.make(
-            "run_started", run=self.rd.name, strategy=cfg.strategy, world_size=cfg.world_size,
-            nproc_per_node=cfg.nproc_per_node, node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
-            global_batch=cfg.global_batch,
-            devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(cfg.nproc_per_node)],
+            "run_started", run=self.rd.name, strategy=cfg.strategy, world_size=strategies.world_size(cfg),
+            nproc_per_node=strategies.nproc_per_node(cfg), node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
+            global_batch=strategies.global_batch(cfg),
+            devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(strategies.nproc_per_node(cfg))],
             master_addr=cfg.nodes.master_addr, master_port=plan.port, pid=os.getpid(),
             host=socket.gethostname(), total_steps=total, threads_per_rank=plan.threads, epochs=cfg.train.epochs))
         if plan.port_msg:
@@ -501,7 +504,7 @@ class Supervisor:
         """Start the node's ranks (spawn context: events are text, no torch needed to carry them)."""
         from engine.worker import rank_main
 
-        nproc = cfg.nproc_per_node
+        nproc = strategies.nproc_per_node(cfg)
         ctx_mp = multiprocessing.get_context("spawn")
         q = writer.q = ctx_mp.Queue()
         stop_event = ctx_mp.Event()

@@ -22,6 +22,7 @@ from pathlib import Path
 from engine import affinity, events
 from engine.affinity import threads_for
 from engine.config import from_dict
+from engine.strategies import nproc_per_node, world_size
 from engine.errors import TorchdeckError
 from engine.runs import stacks
 from engine.runs.layout import RunDir, write_atomic
@@ -248,7 +249,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
     from engine.train import Trainer
 
     strategy = get_strategy(cfg.strategy)
-    local_world_size = local_world_size or cfg.nproc_per_node
+    local_world_size = local_world_size or nproc_per_node(cfg)
     threads = threads_for(cfg, local_world_size)
     cores, why = affinity.plan(cfg.train.cpu_affinity, cfg.accelerator, local_world_size, threads,
                                affinity.core_order(affinity.allowed_cpus()))
@@ -322,8 +323,8 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
     """Started once per local rank by the supervisor (multiprocessing, spawn); `addr` is where the
     rendezvous store listens (loopback on one node), else nodes.master_addr; local rank 0 of node 0
     gets the store's `listener` and serves it."""
-    cfg = from_dict(cfg_dict)
-    nproc = cfg.nproc_per_node
+    cfg = from_dict(cfg_dict)  # checked in full at launch
+    nproc, world = nproc_per_node(cfg), world_size(cfg)
     rank = cfg.nodes.node_rank * nproc + local_rank
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
@@ -334,11 +335,11 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _die_with_parent()
     os.environ.update(MASTER_ADDR=addr or cfg.nodes.master_addr, MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(cfg.world_size),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
     emit = QueueReporter(queue, rank)
     try:
-        if train_rank(cfg, run_dir, rank, local_rank, cfg.world_size, emit, stop_event.is_set, listener=listener):
+        if train_rank(cfg, run_dir, rank, local_rank, world, emit, stop_event.is_set, listener=listener):
             rd.stop_path.touch()  # stopped (maybe asked on another node): the run is 'stopped'
     except BaseException as exc:
         error_event(emit, rank, exc)
@@ -405,7 +406,7 @@ def main(argv=None) -> int:
 
     Every rank of a node appends to DIR/events.jsonl; local rank 0 also writes DIR/config.yaml
     (with this node's rank), run_started, and at the end run_finished and status.json."""
-    from engine.config import load
+    from engine.preflight import load
 
     ap = argparse.ArgumentParser(prog="python -m engine.worker")
     ap.add_argument("config")

@@ -15,7 +15,9 @@ from app.keybar import KeyBar
 from app.configure.fields import BY_PATH, FIELDS, GROUPS
 from app.configure.form import ConfigForm, group_id
 from engine import config as cfgmod
-from engine.config import ConfigError, Hardware
+from engine import preflight
+from engine.config import ConfigError
+from engine.hardware import Hardware
 
 
 def preset_label(path: Path) -> str:
@@ -64,7 +66,7 @@ def find_problems(data: dict, hw: Hardware, baseline: dict) -> tuple:
     default = None
     for _ in range(4):  # type errors, then ranges and combinations, then the strategy's rules
         try:
-            cfg = cfgmod.from_dict(trial, hw=hw)
+            cfg = preflight.from_dict(trial, hw=hw)
         except ConfigError as exc:
             found = exc.by_field()
         else:
@@ -118,7 +120,7 @@ class ConfigureScreen(Screen):
         self.base: dict = {}  # the loaded preset, normalized
         self.baseline: dict = {}  # what the form showed right after loading it
         self.problems: dict[str, str] = {}
-        self.warnings: dict[str, str] = {}  # valid, but probably not meant (engine.config.advice)
+        self.warnings: dict[str, str] = {}  # valid, but probably not meant (engine.preflight.advice)
         self.cfg: cfgmod.RunConfig | None = None  # the form as a valid config (with hardware), else None
         self.hw = Hardware(gpu_count=None)
         self.gpus_loaded = False
@@ -150,7 +152,7 @@ class ConfigureScreen(Screen):
             self._initial_error = str(exc)
         else:
             try:
-                cfg = cfgmod.load(path, cache=True)  # its JSON copy when unchanged: no PyYAML import
+                cfg = preflight.load(path, cache=True)  # its JSON copy when unchanged: no PyYAML import
             except ConfigError as exc:
                 self._initial_error = f"cannot load this preset:\n{exc}"
             else:
@@ -195,7 +197,7 @@ class ConfigureScreen(Screen):
     # ------------------------------------------------------------------ presets
     def load_preset(self, path: Path) -> bool:
         try:
-            cfg = cfgmod.load(path)
+            cfg = preflight.load(path)
         except ConfigError as exc:
             self.notify(f"cannot load this preset:\n{exc}", severity="error", timeout=10)
             return False
@@ -245,7 +247,7 @@ class ConfigureScreen(Screen):
 
     def action_save_preset(self) -> None:
         try:
-            cfg = cfgmod.from_dict(self.form.to_dict())  # no hardware check: a GPU preset saves anywhere
+            cfg = preflight.from_dict(self.form.to_dict())  # no hardware check: a GPU preset saves anywhere
         except ConfigError as exc:
             field, why = exc.problems[0]
             self.notify(f"Cannot save: {field}: {why}" if field else f"Cannot save: {why}", severity="error")
@@ -294,8 +296,8 @@ class ConfigureScreen(Screen):
         """Validate what the form says now; mark fields, refresh the summary and the command."""
         data = self.form.to_dict()
         self.cfg, problems = find_problems(data, self.hw, self.baseline)
-        if self.cfg is not None:
-            from engine import preflight  # valid; can it start here? (saving and export still can)
+        if "devices" in problems and data.get("accelerator") == "cuda" and data.get("devices") == []:
+            from app.configure.form import no_gpu_picked
 
             for field, why in preflight.check(self.cfg):
                 problems.setdefault(field, why)

@@ -35,10 +35,10 @@ def count(n: int) -> str:
 
 def rank_devices(cfg: RunConfig) -> list[list[str]]:
     """Devices each local rank uses, as the strategy sees it."""
-    from engine.strategies import get_strategy
+    from engine.strategies import get_strategy, nproc_per_node
 
     strat = get_strategy(cfg.strategy)
-    return [strat.local_devices(cfg, r) for r in range(cfg.nproc_per_node)]
+    return [strat.local_devices(cfg, r) for r in range(nproc_per_node(cfg))]
 
 
 def describe(cfg: RunConfig) -> str:
@@ -48,32 +48,37 @@ def describe(cfg: RunConfig) -> str:
         devs = "  ".join(f"r{r}:{','.join(d)}" for r, d in enumerate(per_rank))
     else:  # many ranks: say the pattern, not every rank
         devs = f"r0:{','.join(per_rank[0])} … r{len(per_rank) - 1}:{','.join(per_rank[-1])}"
-    n = cfg.nproc_per_node
+    from engine.strategies import global_batch, world_size
+
+    n = len(per_rank)
     nodes = ""
     if cfg.nodes.num_nodes > 1:  # global rank = node_rank x nproc_per_node + local rank (torchrun's rule)
         first = cfg.nodes.node_rank * n
         mine = f"rank {first}" if n == 1 else f"ranks {first}-{first + n - 1}"
         nodes = f" x {cfg.nodes.num_nodes} nodes (this is node {cfg.nodes.node_rank}: {mine})"
     accum = f" (x{cfg.train.grad_accum} accum)" if cfg.train.grad_accum > 1 else ""
-    return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {cfg.world_size} · "
-            f"global batch {count(cfg.global_batch)}{accum} · {devs}\n{data_line(cfg)}")
+    return (f"{n} process{'es' if n != 1 else ''}{nodes} · world {world_size(cfg)} · "
+            f"global batch {count(global_batch(cfg))}{accum} · {devs}\n{data_line(cfg)}")
 
 
 def data_line(cfg: RunConfig) -> str:
     """Where the data lives during the run: decoded in RAM within the node's budget, or streamed."""
     from engine.cache import plan
+    from engine.strategies import nproc_per_node
 
-    return plan(cfg).line
+    return plan(cfg, nproc_per_node(cfg)).line
 
 
 def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     """The same facts one per line, for the side panel of a wide terminal (plain text)."""
-    n, nodes = cfg.nproc_per_node, cfg.nodes.num_nodes
+    from engine.strategies import global_batch, nproc_per_node, world_size
+
+    n, nodes, world = nproc_per_node(cfg), cfg.nodes.num_nodes, world_size(cfg)
     first = cfg.nodes.node_rank * n  # global rank = node_rank x nproc_per_node + local rank
     lines = [f"{n} process{'es' if n != 1 else ''}"
              + (f" x {nodes} nodes (this is node {cfg.nodes.node_rank})" if nodes > 1 else ""),
-             f"world size {cfg.world_size}",
-             f"global batch {count(cfg.global_batch)} = {count(cfg.train.batch_size)} x {cfg.world_size}"
+             f"world size {world}",
+             f"global batch {count(global_batch(cfg))} = {count(cfg.train.batch_size)} x {world}"
              + (f" x {cfg.train.grad_accum} accum" if cfg.train.grad_accum > 1 else "")]
     per_rank = rank_devices(cfg)
     shown = per_rank if len(per_rank) <= most_ranks else per_rank[:most_ranks - 1]

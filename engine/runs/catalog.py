@@ -17,6 +17,7 @@ from engine.runs.follow import EventTail
 from engine.runs.layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
 from engine.runs.status import Status
 from engine.runs.view import RunView
+from engine.strategies import world_size
 
 HEAD_BYTES = 16 * 1024  # run_started is the first event
 TAIL_BYTES = 64 * 1024  # enough for the last step and epoch_end of any run
@@ -116,7 +117,7 @@ def _config_facts(rd: RunDir) -> tuple[str, int | None]:
     """Strategy and world size from config.yaml, for runs whose events do not say yet."""
     try:
         cfg = rd.config()
-        return cfg.strategy, cfg.world_size
+        return cfg.strategy, world_size(cfg)
     except Exception:  # an unreadable or old config still gets a row
         pass
     try:

@@ -26,6 +26,7 @@ from engine import events
 from engine.runs import fmt
 from engine.runs.layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from engine.runs.view import RunView
+from engine.strategies import global_batch, world_size
 
 PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
 ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
@@ -116,7 +117,7 @@ def measure(run, strategy: str | None = None, target: float | None = None) -> Ro
     if row.global_batch is None or row.world is None:
         try:
             cfg = rd.config()
-            row.global_batch, row.world = row.global_batch or cfg.global_batch, row.world or cfg.world_size
+            row.global_batch, row.world = row.global_batch or global_batch(cfg), row.world or world_size(cfg)
             row.strategy = strategy or cfg.strategy
         except Exception:  # an unreadable config: the events' figures (or none) stand
             pass
@@ -406,15 +407,15 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
         if epochs < 1:
             raise UsageError("--epochs: at least 1")
         limits = [f"train.epochs={epochs}", "train.max_steps=0"]
-    gb = base.global_batch
+    gb = global_batch(base)
     entries = []
     for s in strategies:
         common = overrides + [f"strategy={s}", "backend=auto", f"name={base.name}-{s}"] + _placement(s, base, hw)
         try:
             probe, _ = preflight.load_config(preset, common, hw=hw)
-            split = probe.world_size * probe.train.grad_accum
+            split = world_size(probe) * probe.train.grad_accum
             if gb % split:
-                entries.append(Entry(s, skipped=f"the global batch {gb} does not split evenly over {probe.world_size} "
+                entries.append(Entry(s, skipped=f"the global batch {gb} does not split evenly over {world_size(probe)} "
                                                 f"process(es) x accumulation {probe.train.grad_accum}"))
                 continue
             common.append(f"train.batch_size={gb // split}")
@@ -447,8 +448,8 @@ def new_dir(preset_name: str, root: Path | None = None) -> Path:
 def write_plan(path: Path, facts: dict, entries: list[Entry], target: float | None) -> dict:
     data = dict(facts, target_acc=target, created=time.time(), entries=[
         {"strategy": e.strategy, "run": None, "skipped": e.skipped,
-         "world": e.cfg.world_size if e.cfg is not None else None,
-         "global_batch": e.cfg.global_batch if e.cfg is not None else None} for e in entries])
+         "world": world_size(e.cfg) if e.cfg is not None else None,
+         "global_batch": global_batch(e.cfg) if e.cfg is not None else None} for e in entries])
     write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
     return data
 

@@ -142,6 +142,7 @@ def search(preset: str, overrides: list[str] | None = None, steps: int = 3, max_
     starts: the preset is invalid, or (require_gpu) it does not train on GPUs."""
     from engine import preflight
     from engine.errors import UsageError
+    from engine.strategies import world_size
 
     overrides = list(overrides or [])
     base, _ = preflight.load_config(preset, overrides, hw=hw)
@@ -160,7 +161,7 @@ def search(preset: str, overrides: list[str] | None = None, steps: int = 3, max_
     path = new_group_dir("tune", base.name, root)
     trials: list[Trial] = []
     result = {"version": 1, "preset": preset, "overrides": overrides, "start": base.train.batch_size,
-              "world": base.world_size, "steps_per_trial": steps, "trials": trials, "best": None,
+              "world": world_size(base), "steps_per_trial": steps, "trials": trials, "best": None,
               "stopped_by": None}
 
     def save() -> None:

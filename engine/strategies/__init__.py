@@ -31,3 +31,17 @@ def get_strategy(name: str) -> Strategy:
 def names() -> list[str]:
     return list(_MODULES)
 
+
+def nproc_per_node(cfg) -> int:
+    """Processes (ranks) on each node: the strategy's to say (dp drives all its GPUs from one)."""
+    return get_strategy(cfg.strategy).nprocs(cfg)
+
+
+def world_size(cfg) -> int:
+    return nproc_per_node(cfg) * cfg.nodes.num_nodes
+
+
+def global_batch(cfg) -> int:
+    """Samples per optimizer step over every rank."""
+    return cfg.train.batch_size * world_size(cfg) * cfg.train.grad_accum
+

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from engine.errors import TorchdeckError
+from engine.strategies import world_size as world_size_of
 from engine.strategies._data_parallel import ProcessGroupStrategy
 
 INSTALL_HINT = "not installed: pip install 'torchdeck[deepspeed]'"
@@ -74,7 +75,7 @@ def generate(cfg, world_size: int | None = None) -> dict:
     curve (a "scheduler" section in the user's file replaces it).
     """
     t, o, d = cfg.train, cfg.optimizer, cfg.deepspeed
-    world = world_size or cfg.world_size
+    world = world_size or world_size_of(cfg)
     out: dict = {
         "train_batch_size": t.batch_size * t.grad_accum * world,
         "train_micro_batch_size_per_gpu": t.batch_size,
@@ -253,7 +254,7 @@ def _buffers_follow(ds_config: dict, user: dict) -> None:
 
 def resolve(cfg, world_size: int | None = None) -> Resolved:
     """The generated ds_config with the user's file over it, checked; DeepSpeedConfigError otherwise."""
-    world = world_size or cfg.world_size
+    world = world_size or world_size_of(cfg)
     generated = generate(cfg, world)
     path = cfg.deepspeed.config
     if not path:

@@ -17,6 +17,7 @@ from app.configure.form import group_id
 from app.main import TorchdeckApp
 from engine import config as cfgmod
 from engine.presets import resolve
+from engine.strategies import world_size
 from textual.widgets import Input, Select, SelectionList
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +246,7 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert shown("backend") and shown("nodes.num_nodes") and shown("nodes.ifname")
         assert not shown("nodes.node_rank")  # one node is node 0
         await type_into(pilot, "f-nodes-num_nodes", "2")
-        assert shown("nodes.node_rank") and screen.cfg.world_size == 4
+        assert shown("nodes.node_rank") and world_size(screen.cfg) == 4
         await type_into(pilot, "f-nodes-node_rank", "1")
         assert str(screen.query_one("#summary").render()).startswith(
             "2 processes x 2 nodes (this is node 1: ranks 2-3) · world 4 · global batch 256")
@@ -276,7 +277,7 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert "fsdp on GPUs needs nccl" in invalid(screen, "backend")  # the preset's gloo, kept from ddp on CPU
         await choose(pilot, "f-backend", "nc")
         assert invalid(screen, "backend") is None
-        assert screen.cfg is not None and screen.cfg.world_size == 2
+        assert screen.cfg is not None and world_size(screen.cfg) == 2
 
 
 # ----------------------------------------------------------------------------- presets
@@ -619,7 +620,7 @@ async def test_export_of_an_edited_multi_node_form_writes_its_config(tmp_path, p
         await type_into(pilot, "f-nodes-num_nodes", "2")
         await type_into(pilot, "f-nodes-master_addr", "10.1.2.3")
         await type_into(pilot, "f-nodes-ifname", "tdnone0")
-        assert screen.cfg is not None and screen.cfg.world_size == 4
+        assert screen.cfg is not None and world_size(screen.cfg) == 4
         # an interface this host lacks: Launch here would fail, but the export is for other nodes
         assert "no network interface tdnone0" in invalid(screen, "nodes.ifname")
         await pilot.press("f5")

@@ -140,7 +140,9 @@ def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):
     2 GPUs, and the plain GPU script trains (bf16 autocast, channels_last) on --device cpu."""
     from bench import common as C
     from bench import gpu
-    from engine.config import Hardware, from_dict
+    from engine.hardware import Hardware
+    from engine.preflight import from_dict
+    from engine.strategies import world_size
 
     s = dict(steps=4, warm=2, batch=8, train=64)
     hw = Hardware(gpu_count=2, mpi_available=False)
@@ -150,7 +152,7 @@ def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):
     for d in cfgs:
         cfg = from_dict(d, hw=hw)
         assert cfg.accelerator == "cuda" and cfg.model.name == "resnet18"
-    assert [from_dict(d, hw=hw).world_size for d in cfgs[-2:]] == [2, 1]
+    assert [world_size(from_dict(d, hw=hw)) for d in cfgs[-2:]] == [2, 1]
 
     out = C.run_script("bench.baselines.plain_gpu", ["--device", "cpu", "--steps", "4", "--batch-size", "8",
                                                      "--train-size", "64", "--mark-every", "2", "--bf16",

@@ -10,6 +10,7 @@ import pytest
 
 from cli import main as cli
 from engine.events import read_all
+from engine.strategies import world_size
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 TINY = """\
@@ -273,7 +274,7 @@ def test_export_sbatch_is_valid_bash_and_embeds_the_validated_config(tmp_path, c
     assert "TD_PORT=29411" in script and "GLOO_SOCKET_IFNAME=eth0" in script
     embedded = re.search(r"<<'TORCHDECK_CONFIG_EOF'\n(.*?)TORCHDECK_CONFIG_EOF\n", script, re.S).group(1)
     cfg = c.loads(embedded)
-    assert cfg.nodes.num_nodes == 2 and cfg.world_size == 4 and cfg.name == "quickstart"
+    assert cfg.nodes.num_nodes == 2 and world_size(cfg) == 4 and cfg.name == "quickstart"
 
 
 def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys):
@@ -336,7 +337,7 @@ def test_export_a_gpu_preset_from_a_host_without_gpus(capsys):
     script = capsys.readouterr().out
     embedded = re.search(r"<<'TORCHDECK_CONFIG_EOF'\n(.*?)TORCHDECK_CONFIG_EOF\n", script, re.S).group(1)
     cfg = c.loads(embedded)
-    assert cfg.accelerator == "cuda" and cfg.devices == [0, 1, 2, 3] and cfg.world_size == 8
+    assert cfg.accelerator == "cuda" and cfg.devices == [0, 1, 2, 3] and world_size(cfg) == 8
     assert "#SBATCH --gpus-per-node=4" in script and "TD_NPROC=4" in script, script
 
     assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "devices=-1"]) == 2
@@ -482,7 +483,7 @@ def test_mpi_probe_sees_a_torch_built_with_mpi(tmp_path):
                  "-l:libmpi.so.40"]):
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-    code = MPI_PROBE + ("\nfrom engine.config import from_dict\n"
+    code = MPI_PROBE + ("\nfrom engine.preflight import from_dict\n"
                         "print(from_dict({'strategy': 'ddp', 'devices': 2, 'backend': 'mpi'},"
                         " hw=hardware.detect_hardware()).backend)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -110,7 +110,8 @@ def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(tmp_path):
 
 
 def test_exclusive_that_does_not_fit_is_refused_before_anything_starts():
-    from engine.config import Hardware, from_dict, validate
+    from engine.hardware import Hardware
+    from engine.preflight import from_dict, validate
 
     cfg = from_dict(small_cfg(strategy="ddp", devices=len(CPUS) + 1, **{"train.cpu_affinity": "exclusive"}))
     problems = validate(cfg, Hardware(gpu_count=0, cpu_count=len(CPUS)))

@@ -23,6 +23,7 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine import config as cfgmod
+from engine import preflight
 from engine import events
 from engine.strategies import deepspeed as ds
 
@@ -144,7 +145,7 @@ def test_batch_sizes_from_the_user_file_derive_the_missing_one(tmp_path):
 def test_stage_offload_and_compile_rules_name_their_field():
     def problems(**over):
         try:
-            cfgmod.from_dict(cfg_dict(**over))
+            preflight.from_dict(cfg_dict(**over))
         except cfgmod.ConfigError as exc:
             return exc.by_field()
         return {}
@@ -200,7 +201,7 @@ def test_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatc
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     assert not ds.installed()
     with pytest.raises(cfgmod.ConfigError) as e:
-        cfgmod.from_dict(cfg_dict())
+        preflight.from_dict(cfg_dict())
     assert e.value.by_field()["strategy"] == "deepspeed: not installed: pip install 'torchdeck[deepspeed]'"
     monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
     preset = tmp_path / "p.yaml"

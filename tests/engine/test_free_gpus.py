@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine import config as cfgmod
-from engine import hardware
+from engine import hardware, preflight
+from engine.strategies import nproc_per_node, world_size
 
 # index -> (memory used MiB, [(pid, MiB)])
 BOARD = {0: (3000, [(os.getpid(), 2900)]), 1: (5000, []), 2: (300, []), 3: (20, [(999999, 0)]), 4: (900, [])}
@@ -36,18 +37,18 @@ def fake_nvml(monkeypatch):
 def test_free_n_picks_the_least_used_gpus_without_processes(fake_nvml, capsys):
     data = {"strategy": "ddp", "accelerator": "cuda", "devices": "free:2"}
     hw = hardware.detect_hardware()
-    cfg = cfgmod.from_dict(data, hw=hw)
-    assert cfg.devices == [2, 4] and cfg.world_size == 2
+    cfg = preflight.from_dict(data, hw=hw)
+    assert cfg.devices == [2, 4] and world_size(cfg) == 2
     assert hw.notes == [f"devices free:2: GPU 2, 4 (no other process, least memory used: GPU 2 300 MiB, GPU 4 900 MiB); "
                         f"passed over GPU 0 (NVIDIA A100): {hardware._owner(os.getpid())} 2900 MiB; "
                         "GPU 3 (NVIDIA A100): pid 999999"]
     with pytest.raises(cfgmod.ConfigError) as exc:
-        cfgmod.from_dict(dict(data, devices="free:4"), hw=hardware.detect_hardware())
+        preflight.from_dict(dict(data, devices="free:4"), hw=hardware.detect_hardware())
     msg = str(exc.value)
     assert msg.startswith("devices: free:4: only 3 of 5 GPU(s) free (no other process on them): GPU 2, 4, 1; in use: GPU 0")
     assert f"pid {os.getpid()} (" in msg and "2900 MiB" in msg and "GPU 3 (NVIDIA A100): pid 999999" in msg
     # unresolved where the host's GPUs are not read (export, a saved preset): N processes, kept as written
-    kept = cfgmod.from_dict(data, hw=cfgmod.Hardware(gpu_count=None))
-    assert kept.devices == "free:2" and kept.nproc_per_node == 2
+    kept = preflight.from_dict(data, hw=hardware.Hardware(gpu_count=None))
+    assert kept.devices == "free:2" and nproc_per_node(kept) == 2
     with pytest.raises(cfgmod.ConfigError, match="free:N asks for N free GPUs"):
-        cfgmod.from_dict(dict(data, devices="free:x"))
+        preflight.from_dict(dict(data, devices="free:x"))

@@ -33,7 +33,7 @@ from app.sources.nvml import GPUSource, pid_namespace_warning
 from engine import config as cfgmod
 from engine import events
 from engine.runs import control as launch
-from engine.strategies import get_strategy
+from engine.strategies import get_strategy, world_size
 from engine.strategies.base import RankContext
 from engine.train import Trainer
 from engine.worker import FileReporter, seed_everything, train_rank
@@ -215,7 +215,7 @@ def test_one_rank_nccl_group_trains_like_plain_gpu_training(tmp_path, strategy):
         "model": RECORDING_MLP, "train.batch_size": 32, "train.max_steps": 4, "train.log_every_n_steps": 1,
         "train.tf32": False}))
     cfg.devices = [0]
-    assert (cfg.world_size, cfg.resolved_backend) == (1, "nccl")
+    assert (world_size(cfg), cfg.resolved_backend) == (1, "nccl")
     run_dir = tmp_path / strategy
     run_dir.mkdir()
     mp.spawn(nccl_rank, args=(cfg, str(run_dir), free_port()), nprocs=1, join=True)

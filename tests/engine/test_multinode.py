@@ -60,11 +60,12 @@ def assert_nothing_left(run: Path, before: set[int], within_s: float = 15) -> No
 def test_global_rank_is_node_rank_times_nproc_per_node_plus_local_rank():
     """devices is the per-node process count (torchrun's --nproc-per-node); world = nodes x devices."""
     from engine.preflight import describe as summary_lines
+    from engine.strategies import global_batch, nproc_per_node, world_size
 
     cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=3,
                                      **{"nodes.num_nodes": 2, "nodes.node_rank": 1, "nodes.master_port": 29411}))
-    assert cfg.nproc_per_node == 3 and cfg.world_size == 6
-    assert cfg.global_batch == 6 * cfg.train.batch_size
+    assert nproc_per_node(cfg) == 3 and world_size(cfg) == 6
+    assert global_batch(cfg) == 6 * cfg.train.batch_size
     assert "devices per rank: ranks 3-5: cpu" in summary_lines(cfg)  # identical ranks said once
 
 

@@ -4,9 +4,11 @@ import hashlib
 import pytest
 
 from engine import config as c
-from engine import presets
-from engine.config import ConfigError, Hardware
+from engine import preflight, presets
+from engine.config import ConfigError
+from engine.hardware import Hardware
 from engine.presets import shipped_presets_dir
+from engine.strategies import global_batch, world_size
 
 GPU8 = Hardware(gpu_count=8, mpi_available=True)
 NO_GPU = Hardware(gpu_count=0, mpi_available=False)
@@ -41,31 +43,31 @@ def _shipped():
 
 @pytest.mark.parametrize("info", _shipped(), ids=lambda i: i.name)
 def test_every_shipped_preset_is_valid(info):
-    cfg = c.load(info.path, hw=GPU8)
+    cfg = preflight.load(info.path, hw=GPU8)
     assert cfg.name == info.name, "the name inside a preset matches its file name"
     assert info.description and cfg.description == info.description
     assert info.strategy == cfg.strategy
-    assert cfg.world_size >= 1 and cfg.global_batch >= cfg.train.batch_size
-    assert c.loads(c.dumps(cfg), hw=GPU8) == cfg
+    assert world_size(cfg) >= 1 and global_batch(cfg) >= cfg.train.batch_size
+    assert preflight.loads(c.dumps(cfg), hw=GPU8) == cfg
     if _needs_cuda(info.path):
         with pytest.raises(ConfigError) as err:
-            c.load(info.path, hw=NO_GPU)
+            preflight.load(info.path, hw=NO_GPU)
         assert "accelerator" in err.value.by_field()
         assert "NVIDIA GPU" in str(err.value)
     else:
-        assert c.load(info.path, hw=NO_GPU) == cfg
+        assert preflight.load(info.path, hw=NO_GPU) == cfg
 
 
 def test_own_presets_are_shipped_with_what_issue_2_asks():
     names = {i.name for i in presets.list_presets() if i.source == "shipped"}
     assert set(OWN) <= names
-    q = c.load(presets.resolve(presets.DEFAULT_PRESET), hw=NO_GPU)
+    q = preflight.load(presets.resolve(presets.DEFAULT_PRESET), hw=NO_GPU)
     assert (q.strategy, q.accelerator, q.devices, q.resolved_backend, q.data.dataset) == ("ddp", "cpu", 2, "gloo", "synthetic")
-    assert q.world_size == 2
-    ddp_gpu = c.load(presets.resolve("ddp-gpu"), hw=Hardware(gpu_count=4))
+    assert world_size(q) == 2
+    ddp_gpu = preflight.load(presets.resolve("ddp-gpu"), hw=Hardware(gpu_count=4))
     assert ddp_gpu.devices == [0, 1, 2, 3] and ddp_gpu.resolved_backend == "nccl"
-    gpu = c.load(presets.resolve("gpu"), hw=GPU8)
-    assert gpu.train.precision == "bf16-mixed" and gpu.model.name == "resnet18" and gpu.world_size == 1
+    gpu = preflight.load(presets.resolve("gpu"), hw=GPU8)
+    assert gpu.train.precision == "bf16-mixed" and gpu.model.name == "resnet18" and world_size(gpu) == 1
     assert presets.list_presets()[0].name == presets.DEFAULT_PRESET
 
 
@@ -84,7 +86,7 @@ def test_resolve_names_paths_and_unknowns(user_dir, tmp_path):
 
 def test_save_load_delete_user_preset(user_dir):
     before = _shipped_digest()
-    cfg = c.load(presets.resolve("quickstart"))
+    cfg = preflight.load(presets.resolve("quickstart"))
     cfg.train.batch_size = 32
     cfg.description = "mine"
     path = presets.save_user_preset(cfg, "my-ddp")
@@ -92,7 +94,7 @@ def test_save_load_delete_user_preset(user_dir):
 
     info = {i.name: i for i in presets.list_presets()}["my-ddp"]
     assert (info.source, info.strategy, info.description) == ("user", "ddp", "mine")
-    back = c.load(presets.resolve("my-ddp"))
+    back = preflight.load(presets.resolve("my-ddp"))
     assert back.name == "my-ddp"
     cfg.name = "my-ddp"
     assert back == cfg
@@ -101,7 +103,7 @@ def test_save_load_delete_user_preset(user_dir):
         presets.save_user_preset(cfg, "my-ddp")
     cfg.train.batch_size = 16
     presets.save_user_preset(cfg, "my-ddp", overwrite=True)
-    assert c.load(presets.resolve("my-ddp")).train.batch_size == 16
+    assert preflight.load(presets.resolve("my-ddp")).train.batch_size == 16
 
     presets.delete_user_preset("my-ddp")
     assert not path.exists()
@@ -114,7 +116,7 @@ def test_save_load_delete_user_preset(user_dir):
 
 def test_shipped_presets_are_never_overwritten_or_deleted(user_dir):
     before = _shipped_digest()
-    cfg = c.load(presets.resolve("cpu"))
+    cfg = preflight.load(presets.resolve("cpu"))
     for name in ("quickstart", "cpu"):
         with pytest.raises(ConfigError) as err:
             presets.save_user_preset(cfg, name, overwrite=True)
@@ -139,7 +141,7 @@ def test_user_file_with_a_shipped_name_is_listed_separately(user_dir):
     assert presets.resolve("cpu") == shipped_presets_dir() / "cpu.yaml"
     assert presets.resolve("user:cpu") == user_dir / "cpu.yaml"
     with pytest.raises(ConfigError) as err:
-        c.load(presets.resolve("broken"))
+        preflight.load(presets.resolve("broken"))
     assert "broken YAML at line 2, column 1" in str(err.value)
 
 
@@ -149,7 +151,7 @@ def test_a_saved_preset_holds_what_differs_from_the_defaults_in_one_style(user_d
     and name), mappings as blocks and lists inline, as the shipped presets are written."""
     import yaml
 
-    cfg = c.load(presets.resolve("quickstart"))
+    cfg = preflight.load(presets.resolve("quickstart"))
     cfg.train.batch_size = 32
     cfg.optimizer.betas = [0.8, 0.99]
     cfg.model.kwargs = {"depth": 4}
@@ -161,8 +163,8 @@ def test_a_saved_preset_holds_what_differs_from_the_defaults_in_one_style(user_d
         "model": {"kwargs": {"depth": 4}}, "optimizer": {"betas": [0.8, 0.99]}, "train": {"batch_size": 32}}
     assert "optimizer:\n  betas: [0.8, 0.99]\n" in text and "model:\n  kwargs:\n    depth: 4\n" in text
     cfg.name = "mine"
-    assert c.load(presets.resolve("mine")) == cfg
+    assert preflight.load(presets.resolve("mine")) == cfg
     # the resolved configs a run directory and an sbatch script hold are complete, in the same style
     full = c.dumps(cfg)
     assert "{" not in full.replace("kwargs: {}", "") and "betas: [0.8, 0.99]" in full
-    assert c.loads(full) == cfg
+    assert preflight.loads(full) == cfg

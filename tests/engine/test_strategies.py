@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ConfigError, Hardware, from_dict
+from engine.config import ConfigError
+from engine.hardware import Hardware
+from engine.preflight import from_dict
 from engine.data import DataInfo
 from engine.models import ModelError, cnn, mlp
 from engine.strategies import get_strategy

@@ -16,6 +16,7 @@ import pytest
 
 from engine import config as cfgmod
 from engine import events
+from engine.strategies import nproc_per_node
 from engine.supervisor import choose_port, port_in_use, supervise
 from tests.engine.helpers import ROOT, final_model, small_cfg
 from tests.engine.helpers import Run, USER_MODELS, _alive, ddp_cfg  # noqa: F401  (shared)
@@ -204,7 +205,7 @@ def test_device_for_uses_the_listed_gpu_indices():
     """gpu_ids 6,7 must train on cuda:6 and cuda:7, never silently on 0,1."""
     cfg = cfgmod.from_dict({"strategy": "ddp", "accelerator": "cuda", "devices": "6,7"})
     assert [cfg.device_for(i) for i in (0, 1)] == ["cuda:6", "cuda:7"]
-    assert cfg.nproc_per_node == 2
+    assert nproc_per_node(cfg) == 2
 
 
 def test_unwritable_events_file_fails_clearly_and_starts_nothing(tmp_path):
