@@ -35,34 +35,50 @@ class ConfirmDialog(ModalScreen[bool]):
         self.dismiss(event.button.id == "yes")
 
 
-class SavePresetDialog(ModalScreen["str | None"]):
-    """Ask for a user preset name; returns it, or None when cancelled."""
+class SavePresetDialog(ModalScreen["tuple[str, str] | None"]):
+    """Ask for a user preset's name and description; returns (name, description), or None when
+    cancelled. The description follows the name (`describe(name)`: under a new name it says what
+    the preset came from and what changed) until the user edits it: a copy saved as "mine" must
+    not keep quickstart's words without anyone deciding so."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, suggested: str):
+    def __init__(self, suggested: str, describe=None):
         super().__init__(classes="dialog-screen")
         self.suggested = suggested
+        self.describe = describe or (lambda name: "")
+        self._offered = self.describe(suggested)  # the description this dialog wrote last
 
     def compose(self):
         with Vertical(classes="dialog"):
             yield Label("Save the form as a user preset named:")
             yield Input(self.suggested, id="preset-name", placeholder="letters, digits, . _ -")
             yield Static("", id="name-error", classes="field-msg -error")
-            yield Static("enter: save   escape: cancel", classes="field-hint")
+            yield Label("Description (shown in the preset list):")
+            yield Input(self._offered, id="preset-description", placeholder="what this preset is for")
+            yield Static("enter: save   tab: next field   escape: cancel", classes="field-hint")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id != "preset-name":
+            return
+        desc = self.query_one("#preset-description", Input)
+        if desc.value == self._offered:  # not edited by hand: follow the name
+            self._offered = self.describe(event.value.strip())
+            desc.value = self._offered
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         """A bad name is said here, and the dialog stays open to fix it."""
         from engine.config import ConfigError
         from engine.presets import check_name
 
-        name = event.value.strip()
+        name = self.query_one("#preset-name", Input).value.strip()
         try:
             check_name(name)
         except ConfigError as exc:
             self.query_one("#name-error", Static).update(exc.problems[0][1])
+            self.query_one("#preset-name", Input).focus()
             return
-        self.dismiss(name)
+        self.dismiss((name, self.query_one("#preset-description", Input).value.strip()))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -43,6 +43,21 @@ class FormSelect(Select):
             event.prevent_default()  # Select's own mount handler would query the removed label
 
 
+class FormInput(Input):
+    """An Input that says why it refused a key: a number field drops letters (Textual's `type`
+    restriction plays the terminal bell, which many terminals mute), and the form shows a note
+    on the field until its next edit."""
+
+    class Refused(Message):
+        def __init__(self, input: "FormInput") -> None:
+            super().__init__()
+            self.input = input
+
+    def restricted(self) -> None:
+        super().restricted()
+        self.post_message(self.Refused(self))
+
+
 class FieldMessage(Static):
     """A field's hint or problem, spanning both grid columns. Textual sizes an auto grid row by
     one column's width even for a widget spanning two, so a hint over ~29 characters at 80
@@ -89,6 +104,8 @@ class ConfigForm(VerticalScroll):
         self._mounted_paths: set[str] = set()  # fields with widgets (the rest read from self.data)
         self._later: list = []  # fields of the first group mounted right after the first frame
         self.problems: dict[str, str] = {}
+        self._warnings: dict[str, str] = {}
+        self.refused: dict[str, str] = {}  # field -> why the last key typed into it was dropped
         self._pending = False
         self._last_strategy: str | None = None
         self._w: dict = {}
@@ -188,7 +205,7 @@ class ConfigForm(VerticalScroll):
             out.append(Switch(bool(value), id=f.wid))
         elif f.kind == "devices":
             cpu = self.data.get("accelerator") == "cpu"
-            procs = Input(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs",
+            procs = FormInput(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs",
                           compact=True)
             row, below = ([], []) if cpu else self._cuda_widgets(format_value("devices", value))
             self._cuda_ready = not cpu
@@ -196,7 +213,7 @@ class ConfigForm(VerticalScroll):
             out.extend(below)
             out.append(FieldMessage("", id="gpu-note", classes="field-msg span2", markup=False))
         else:
-            out.append(Input(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
+            out.append(FormInput(format_value(f.kind, value), type=_INPUT_TYPE.get(f.kind, "text"),
                              id=f.wid, compact=True))
         if f.hint or f.path == "train.batch_size":
             # markup=False: a reason may hold brackets ("pip install 'torchdeck[deepspeed]'", [0, 1])
@@ -399,8 +416,12 @@ class ConfigForm(VerticalScroll):
             self._w["f-devices-gpu"].display = mode == "one"
             self._w["f-devices-gpus"].display = mode == "many"
         note = self._w["gpu-note"]
-        if "devices" in self.problems:
+        if "devices" in self.refused and mode == "procs":
+            text = self.refused["devices"]
+        elif "devices" in self.problems:
             text = self.problems["devices"]
+        elif "devices" in self._warnings:  # more CPU ranks than cores (engine.preflight.advice)
+            text = self._warnings["devices"]
         elif mode == "procs":
             from engine.strategies import get_strategy, names
 
@@ -412,6 +433,8 @@ class ConfigForm(VerticalScroll):
             text = "space: pick/unpick a GPU" if mode == "many" else ""
         note.update(text)
         note.set_class("devices" in self.problems, "-error")
+        note.set_class("devices" not in self.problems and text in (self.refused.get("devices"),
+                                                                   self._warnings.get("devices")), "-warning")
         note.display = bool(text)
 
     # ------------------------------------------------------------------ problems and visibility
@@ -440,7 +463,7 @@ class ConfigForm(VerticalScroll):
     def show_problems(self, problems: dict[str, str], warnings: dict[str, str] | None = None) -> None:
         """Mark fields with errors (they refuse Launch) and warnings (they only advise)."""
         self.problems = problems
-        warnings = warnings or {}
+        warnings = self._warnings = warnings or {}
         strategy = self.value_of("strategy")
         for f in FIELDS:
             if not self._mounted(f):
@@ -458,11 +481,12 @@ class ConfigForm(VerticalScroll):
             hint = f.hint
             if f.path == "train.batch_size":
                 hint = "batch size is the total across GPUs (dp splits each batch)" if strategy == "dp" else "per process"
-            if why is not None or warn is not None or hint:
+            note = self.refused.get(f.path)  # a key just refused: said until the next edit
+            if why is not None or warn is not None or hint or note:
                 msg = self._message_widget(f)
-                msg.update(why or warn or hint)
+                msg.update(note or why or warn or hint)
                 msg.set_class(why is not None, "-error")
-                msg.set_class(warn is not None, "-warning")
+                msg.set_class(why is None and (warn is not None or note is not None), "-warning")
                 msg.display = shown
             elif "msg-" + _slug(f.path) in self._w:  # a fixed error on a field without a hint
                 self._w["msg-" + _slug(f.path)].display = False
@@ -488,7 +512,28 @@ class ConfigForm(VerticalScroll):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
+        path = self._path_of(event.input)
+        if path in self.refused:
+            del self.refused[path]  # an edit that went in: the note on the refused key goes
         self._edited()
+
+    def on_form_input_refused(self, event: FormInput.Refused) -> None:
+        event.stop()
+        path = self._path_of(event.input)
+        if path is None:
+            return
+        f = BY_PATH[path]
+        if f.kind == "float":
+            self.refused[path] = f"{f.label} takes a number such as 0.01 or 1e-3"
+        else:
+            self.refused[path] = f"{f.label} takes a whole number such as {get_path(RunConfig().to_dict(), path)}"
+        self.show_problems(self.problems, self._warnings)
+
+    def _path_of(self, widget) -> str | None:
+        if widget.id == "f-devices-procs":
+            return "devices"
+        f = next((f for f in FIELDS if f.wid == widget.id), None)
+        return f.path if f is not None else None
 
     def on_switch_changed(self, event: Switch.Changed) -> None:
         event.stop()
@@ -501,17 +546,105 @@ class ConfigForm(VerticalScroll):
     def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()
         if event.select.id == "f-strategy" and event.value != self._last_strategy:
-            self._last_strategy = event.value
-            self._follow_strategy(event.value)
+            old, self._last_strategy = self._last_strategy, event.value
+            self._follow_strategy(event.value, old)
         self._edited()
 
-    def _follow_strategy(self, strategy) -> None:
-        """Strategies that only make sense on one accelerator switch it for the user."""
-        from engine.strategies import get_strategy
+    def _follow_strategy(self, strategy, old_strategy) -> None:
+        """A new strategy keeps what fits it and resets what it refuses, and says what changed in
+        one line: the accelerator it needs (cpu for a CPU strategy, or where this host has no GPU),
+        a CPU process count it takes, a backend it can use; a GPU choice carries over between the
+        one-GPU picker and the list."""
+        from engine.strategies import get_strategy, names
 
+        if strategy not in names():
+            return
+        strat = get_strategy(strategy)
         acc = self._w["f-accelerator"]
-        if get_strategy(strategy).needs_cuda and acc.value != "cuda":
-            acc.value = "cuda"
-        elif strategy == "cpu" and acc.value != "cpu":
-            acc.value = "cpu"
-            self._w["f-devices-procs"].value = "1"
+        old_acc = acc.value
+        old_mode = self._mode(old_acc, old_strategy)
+        old_devices = self.value_of("devices") if old_mode == "procs" else self._cuda_value(old_mode)
+        changes = []
+        new_acc = old_acc
+        if strat.needs_cuda and old_acc != "cuda":
+            new_acc, why = "cuda", f"{strategy} runs on GPUs"
+        elif strategy == "cpu" and old_acc != "cpu":
+            new_acc, why = "cpu", "cpu trains on the CPU"
+        elif old_acc == "cuda" and not strat.needs_cuda and self.gpus_known and not self.gpus:
+            new_acc, why = "cpu", "this host has no GPU"
+        if new_acc != old_acc:
+            acc.value = new_acc
+            changes.append(f"accelerator {old_acc} -> {new_acc} ({why})")
+        nodes = self.value_of("nodes.num_nodes")
+        nodes = nodes if isinstance(nodes, int) and nodes >= 1 else 1
+        if new_acc == "cpu":
+            have = old_devices if old_mode == "procs" and isinstance(old_devices, int) else None
+            fits = [k for k in ([have] if have else []) + [1, 2]
+                    if devices_problem(strategy, "cpu", k, nodes) is None]
+            if fits and fits[0] != have:
+                was = str(have) if have is not None else (format_value("devices", old_devices) or "none")
+                unit = "process" if fits[0] == 1 else ("processes" if strat.distributed else "stages")
+                why = f"{strategy} runs one process" if fits[0] == 1 else f"{strategy} needs {fits[0]} or more {unit}"
+                changes.append(f"devices {was} -> {fits[0]} ({why})")
+                self._w["f-devices-procs"].value = str(fits[0])
+        elif {old_mode, self._mode(new_acc, strategy)} == {"one", "many"} and isinstance(old_devices, list):
+            # the GPUs picked in one picker stay picked in the other, unless it holds them already
+            one = self._w["f-devices-gpu"]
+            if old_mode == "many" and old_devices and one.value not in old_devices:
+                one.value = old_devices[0]
+            elif old_mode == "one" and not set(old_devices) <= set(self._cuda_value("many")):
+                self._apply_cuda_devices(old_devices)
+            if old_mode == "many" and len(old_devices) > 1:
+                changes.append(f"devices {format_value('devices', old_devices)} -> {one.value} (gpu uses one GPU)")
+        backend = self.value_of("backend")
+        if backend != "auto" and strat.distributed and backend_problem(strategy, new_acc, backend):
+            self._w["f-backend"].value = "auto"
+            changes.append(f"backend {backend} -> auto ({backend_problem(strategy, new_acc, backend)})")
+        if changes:
+            self.notify(f"strategy {strategy}: " + "; ".join(changes), timeout=8)
+
+    def _mode(self, accelerator, strategy) -> str:
+        """devices_mode for an accelerator and strategy (the widgets may say others already)."""
+        if accelerator != "cuda":
+            return "procs"
+        if not self.gpus:
+            return "text"
+        return "one" if strategy == "gpu" else "many"
+
+
+def _probe(strategy: str, accelerator: str, devices, nodes: int = 1, backend: str = "auto"):
+    """A default config with these settings, for asking a strategy what it takes."""
+    cfg = RunConfig(strategy=strategy, accelerator=accelerator, devices=devices, backend=backend)
+    cfg.nodes.num_nodes = nodes
+    cfg.nodes.master_port = 29500  # several nodes need a fixed port; not what is asked here
+    return cfg
+
+
+def devices_problem(strategy: str, accelerator: str, devices, nodes: int = 1) -> str | None:
+    """What `strategy` says of these devices, or None when it takes them (its own words)."""
+    from engine.strategies import get_strategy
+
+    found = get_strategy(strategy).check(_probe(strategy, accelerator, devices, nodes), None)
+    return next((why for f, why in found if f == "devices"), None)
+
+
+def backend_problem(strategy: str, accelerator: str, backend: str) -> str | None:
+    """Why `backend` cannot serve `strategy` on `accelerator` (the schema's or the strategy's words)."""
+    from engine import config as cfgmod
+    from engine.strategies import get_strategy
+
+    if backend == "nccl" and accelerator != "cuda":
+        return "nccl needs CUDA GPUs"
+    if backend not in cfgmod.BACKENDS:
+        return None
+    devices = 2 if accelerator == "cpu" else [0, 1]
+    found = get_strategy(strategy).check(_probe(strategy, accelerator, devices, backend=backend), None)
+    return next((why.split(":")[0] for f, why in found if f == "backend"), None)
+
+
+def no_gpu_picked(strategy: str) -> str:
+    """devices under accelerator cuda with no GPU picked: what the strategy needs (dp two, not one)."""
+    from engine.strategies import names
+
+    one = devices_problem(strategy, "cuda", [0]) if strategy in names() else None
+    return f"no GPU picked: {one}" if one else "pick at least one GPU"

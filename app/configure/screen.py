@@ -259,11 +259,33 @@ class ConfigureScreen(Screen):
         else:
             suggested = self.preset_name if self.preset_source == "user" else f"my-{cfg.name}"
 
-        def named(name: str | None) -> None:
-            if name:
+        def named(answer: tuple[str, str] | None) -> None:
+            if answer:
+                name, description = answer
+                cfg.description = description
                 self.save_as(cfg, name)
 
-        self.app.push_screen(SavePresetDialog(suggested), named)
+        self.app.push_screen(SavePresetDialog(suggested, lambda name: self.describe_as(name, cfg)), named)
+
+    def describe_as(self, name: str, cfg: cfgmod.RunConfig) -> str:
+        """The description offered for saving the form as `name`: its own when saved over the preset
+        it came from, or one the user typed into the form; under a new name, where it came from and
+        what changed ("mine: from quickstart, with epochs 1, lr 0.02")."""
+        came_from = self.deleted_name if self.preset_source == "deleted" else self.preset_name
+        if name == came_from and self.preset_source in ("user", "deleted"):
+            return cfg.description
+        if cfg.description != self.base.get("description", ""):
+            return cfg.description  # written in the form: the user's words
+        changed = []
+        for item in summary.overrides(self.form.to_dict(), self.base):
+            key, _, value = item.partition("=")
+            if key not in ("name", "description"):
+                changed.append(f"{BY_PATH[key].label if key in BY_PATH else key} {value}")
+        origin = f"from {came_from}" if came_from else "from the defaults"
+        if not changed:
+            return f"{name}: a copy of {came_from}" if came_from else f"{name}: the defaults"
+        shown = changed if len(changed) <= 4 else changed[:3] + [f"{len(changed) - 3} more"]
+        return f"{name}: {origin}, with " + (", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0])
 
     def save_as(self, cfg: cfgmod.RunConfig, name: str, overwrite: bool = False) -> None:
         from engine.presets import PresetExists, save_user_preset
@@ -299,10 +321,13 @@ class ConfigureScreen(Screen):
         if "devices" in problems and data.get("accelerator") == "cuda" and data.get("devices") == []:
             from app.configure.form import no_gpu_picked
 
+            problems["devices"] = no_gpu_picked(data.get("strategy"))  # dp: two GPUs, not "at least one"
+        if self.cfg is not None:
+            # valid; can it start here? (saving and export still can)
             for field, why in preflight.check(self.cfg):
                 problems.setdefault(field, why)
         self.problems = problems
-        self.warnings = dict(cfgmod.advice(self.cfg)) if self.cfg is not None else {}
+        self.warnings = dict(preflight.advice(self.cfg)) if self.cfg is not None else {}
         self.form.show_problems(problems, self.warnings)
         warn = self.query_one("#warnings", Static)
         warn.update("\n".join(f"warning: {k}: {v}" for k, v in self.warnings.items()))

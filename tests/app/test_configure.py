@@ -274,7 +274,11 @@ async def test_fields_follow_the_strategy(tmp_path, presets_dir):
         assert screen.query_one("#f-devices-gpu", Select).display and not gpus.display
         await choose(pilot, "f-strategy", "fs")
         assert shown("fsdp.state_dict") and shown("backend")
-        assert "fsdp on GPUs needs nccl" in invalid(screen, "backend")  # the preset's gloo, kept from ddp on CPU
+        # the preset's gloo (ddp on CPU) cannot serve fsdp on GPUs: reset, and said (issue 27)
+        assert app.said("strategy fsdp: backend gloo -> auto (fsdp on GPUs needs nccl)")
+        assert screen.query_one("#f-backend", Select).value == "auto" and invalid(screen, "backend") is None
+        await choose(pilot, "f-backend", "g")
+        assert "fsdp on GPUs needs nccl" in invalid(screen, "backend")  # chosen by hand: marked, kept
         await choose(pilot, "f-backend", "nc")
         assert invalid(screen, "backend") is None
         assert screen.cfg is not None and world_size(screen.cfg) == 2
@@ -298,11 +302,16 @@ async def test_save_load_overwrite_delete_round_trip(tmp_path, presets_dir):
         await pilot.press("end", *["backspace"] * len(name_in.value), *"quickstart", "enter")
         await pilot.pause(0.2)
         assert "shipped preset" in str(app.screen.query_one("#name-error").render())  # the dialog stays
-        await pilot.press("end", *["backspace"] * len(name_in.value), *"mine", "enter")
+        await pilot.press("end", *["backspace"] * len(name_in.value), *"mine")
+        await pilot.pause(0.1)
+        # issue 27: the copy said quickstart's description; it now says where it came from
+        said = "mine: from quickstart, with epochs 1, lr 0.02 and scheduler cosine"
+        assert app.screen.query_one("#preset-description", Input).value == said
+        await pilot.press("enter")
         await pilot.pause(0.3)
         saved = presets_dir / "mine.yaml"
         assert saved.is_file()
-        want.name = "mine"
+        want.name, want.description = "mine", said
         assert cfgmod.load(saved).to_dict() == want.to_dict()
         assert screen.preset_name == "mine" and screen.preset_source == "user" and not screen.modified
 
@@ -1127,3 +1136,140 @@ def test_the_problem_count_names_each_problem_or_how_many_more():
     many = problems_line({f"f{i}": "bad" for i in range(7)})
     assert many == "7 problems: f0: bad\nalso f1, f2, f3 and 3 more"
     assert problems_line({"": "cannot load this preset"}) == "1 problem: preset: cannot load this preset"
+
+
+async def test_a_new_strategy_keeps_what_fits_resets_what_cannot_and_says_so(tmp_path, presets_dir):
+    """Issue 27: strategy cpu kept devices 2 (then an error), gpu -> ddp kept accelerator cuda on a
+    host with no GPU, and dp said "pick at least one GPU" where it needs two."""
+    app = make_app(tmp_path)  # no GPU on this host
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "cp")
+        assert screen.form.value_of("devices") == 1 and screen.cfg is not None, screen.problems
+        assert app.said("strategy cpu: devices 2 -> 1 (cpu runs one process)")
+        await choose(pilot, "f-strategy", "dd")
+        assert screen.form.value_of("devices") == 2 and screen.cfg is not None, screen.problems
+        assert app.said("strategy ddp: devices 1 -> 2 (ddp needs 2 or more processes)")
+        await choose(pilot, "f-strategy", "dp")
+        assert screen.form.value_of("accelerator") == "cuda"
+        assert app.said("strategy dp: accelerator cpu -> cuda (dp runs on GPUs)")
+        assert "2 or more GPUs" in invalid(screen, "devices")
+        await choose(pilot, "f-strategy", "gp")
+        await choose(pilot, "f-strategy", "dd")
+        assert screen.form.value_of("accelerator") == "cpu" and screen.form.value_of("devices") == 2
+        assert app.said("strategy ddp: accelerator cuda -> cpu (this host has no GPU)")
+        assert screen.cfg is not None, screen.problems
+
+
+async def test_a_gpu_choice_carries_over_between_gpu_and_dp(tmp_path, presets_dir):
+    """The GPU picked for strategy gpu carries into dp's list (dp then asks for a second, in words
+    that say two); two picked for dp: gpu keeps one of them and says so, and dp gets both back."""
+    app = make_app(tmp_path, gpus=two_fake_gpus())
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "gp")
+        assert screen.form.value_of("devices") == []
+        screen.query_one("#f-devices-gpu", Select).focus()
+        await pilot.press("enter")
+        await pilot.pause(0.05)
+        await pilot.press("down", "down", "enter")  # past the prompt and GPU 0
+        await pilot.pause(0.2)
+        assert screen.form.value_of("devices") == [1] and screen.cfg is not None, screen.problems
+        await choose(pilot, "f-strategy", "dp")
+        assert screen.form.value_of("devices") == [1]  # carried into the list
+        assert invalid(screen, "devices") == "dp splits each batch over 2 or more GPUs; with one GPU pick gpu"
+        gpus = screen.query_one("#f-devices-gpus", SelectionList)
+        gpus.focus()
+        await pilot.press("home", "space")
+        await pilot.pause(0.2)
+        assert screen.cfg is not None and screen.cfg.devices == [0, 1]
+        await choose(pilot, "f-strategy", "gp")
+        # the one picked before stays the one (it is among the two)
+        assert screen.form.value_of("devices") == [1] and screen.cfg is not None, screen.problems
+        assert app.said("strategy gpu: devices 0,1 -> 1 (gpu uses one GPU)")
+        await choose(pilot, "f-strategy", "dp")
+        assert screen.form.value_of("devices") == [0, 1] and screen.cfg is not None  # the list kept both
+
+
+async def test_saving_under_a_new_name_asks_for_a_description_of_its_own(tmp_path, presets_dir):
+    """Issue 27: a preset saved as "mine" kept quickstart's description. The save dialog offers one
+    that follows the name until it is edited; what is typed there is what the preset list shows."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-train-batch_size", "32")
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        desc = app.screen.query_one("#preset-description", Input)
+        assert desc.value == "my-quickstart: from quickstart, with batch size 32"
+        await pilot.press("end", "backspace")  # the name: my-quickstart -> my-quickstar
+        await pilot.pause(0.1)
+        assert desc.value == "my-quickstar: from quickstart, with batch size 32"  # follows the name
+        await pilot.press("tab")
+        await pilot.press("ctrl+u", *"half batch", "enter")  # typed: kept
+        await pilot.pause(0.3)
+        saved = cfgmod.load(presets_dir / "my-quickstar.yaml")
+        assert saved.description == "half batch" and saved.name == "my-quickstar"
+        assert screen.preset_name == "my-quickstar"
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        dialog = app.screen
+        idx = next(i for i, p in enumerate(dialog.presets) if p.name == "my-quickstar")
+        assert "half batch" in str(dialog.query_one("#preset-list").get_option_at_index(idx).prompt)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        await pilot.press("ctrl+s")  # saving over the same user preset keeps its description
+        await pilot.pause(0.2)
+        assert app.screen.query_one("#preset-description", Input).value == "half batch"
+
+
+async def test_a_refused_key_is_said_on_its_field(tmp_path, presets_dir):
+    """Issue 27: the lr field dropped letters without a word (only `e` got through). Textual's
+    number Input refuses them (and rings a bell many terminals mute); the field now says why,
+    until the next edit that goes in."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        lr = screen.query_one("#f-optimizer-lr", Input)
+        lr.focus()
+        await pilot.press("end", "x")
+        await pilot.pause(0.1)
+        assert lr.value == "0.05"
+        assert screen.form.message("optimizer.lr") == "lr takes a number such as 0.01 or 1e-3"
+        await pilot.press("backspace", "8")
+        await pilot.pause(0.2)
+        assert lr.value == "0.08" and screen.form.message("optimizer.lr") == ""
+        procs = screen.query_one("#f-devices-procs", Input)
+        procs.focus()
+        await pilot.press("end", "full_stop")
+        await pilot.pause(0.1)
+        assert procs.value == "2"
+        assert screen.form.message("devices") == "devices takes a whole number such as 1"
+        await pilot.press("backspace", "2")
+        await pilot.pause(0.2)
+        assert screen.form.message("devices") == "number of CPU processes (ranks)"
+
+
+async def test_more_cpu_ranks_than_cores_is_warned_with_the_numbers(tmp_path, presets_dir):
+    """Issue 27: `devices 99` on a 2-core host passed without a word (99 ranks x 120 MiB of data).
+    The form and `torchdeck validate` warn from one rule (engine.preflight.advice); the global
+    batch is written with a thousands separator."""
+    from engine.affinity import usable_cpus
+
+    cores, ranks = usable_cpus(), usable_cpus() + 1
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        await type_into(pilot, "f-devices-procs", str(cores))
+        assert "devices" not in screen.warnings and screen.cfg is not None
+        await type_into(pilot, "f-devices-procs", "99" if cores < 99 else str(ranks))
+        ranks = screen.form.value_of("devices")
+        why = screen.warnings["devices"]
+        assert why.startswith(f"{ranks} CPU ranks on {cores} usable core") and "of data" in why, why
+        assert screen.form.message("devices") == why and screen.cfg is not None  # a warning: Launch stays
+        assert f"warning: devices: {why}" in str(screen.query_one("#warnings").render())
+        assert f"global batch {64 * ranks:,}" in summary_text(screen)
+    preset = tmp_path / "many.yaml"
+    preset.write_text(f"strategy: ddp\ndevices: {ranks}\ntrain: {{batch_size: 64}}\n")
+    out = cli("validate", str(preset), cwd=tmp_path)
+    assert f"warning: devices: {why}" in out, out
