@@ -16,7 +16,7 @@ _GC_WAS_ON = gc.isenabled()
 gc.disable()
 
 from pathlib import Path  # noqa: E402
-from typing import Iterable  # noqa: E402
+from typing import Callable, Iterable  # noqa: E402
 
 from textual.app import App, SystemCommand  # noqa: E402
 from textual.binding import Binding  # noqa: E402
@@ -94,10 +94,46 @@ class TorchdeckApp(App):
             return
         self.exit()
 
+    def go_to(self, found: Callable[[Screen], bool], make: Callable[[], Screen]) -> Screen:
+        """The screen on the stack that `found` picks, brought back (the screens over it popped);
+        else a new one from make(), pushed. A screen is never stacked twice: the Runs list has one
+        id (a second one would crash the app), and esc should not walk back through copies."""
+        for screen in reversed(self.screen_stack):
+            if found(screen):
+                while self.screen is not screen:
+                    self.pop_screen()
+                return screen
+        screen = make()
+        self.push_screen(screen)
+        return screen
+
     def action_runs(self) -> None:
         from app.runs.screen import RunsScreen  # imported when first opened: not on the first frame
 
-        self.push_screen(RunsScreen())
+        self.go_to(lambda s: isinstance(s, RunsScreen), RunsScreen)
+
+    def open_monitor(self, path, replace: bool = False) -> None:
+        """The Monitor of the run at `path`: the one on the stack if there is one, else a new one,
+        pushed, or with `replace` in place of the screen on top (a resumed run's Monitor takes
+        the place of the Monitor it was resumed from)."""
+        from app.monitor.screen import MonitorScreen
+
+        path = Path(path).resolve()
+        if not replace:
+            self.go_to(lambda s: isinstance(s, MonitorScreen) and s.run_dir.path.resolve() == path,
+                       lambda: MonitorScreen(path))
+            return
+        self.switch_screen(MonitorScreen(path))
+
+    def open_compare(self, comparison=None, runs=None) -> None:
+        """The Compare screen of a comparison directory or of runs picked by hand. There is one at
+        most (it has an id): one already on the stack is brought back, showing these."""
+        from app.compare.screen import CompareScreen
+
+        screen = self.go_to(lambda s: isinstance(s, CompareScreen),
+                            lambda: CompareScreen(comparison=comparison, runs=runs))
+        if not screen.shows(comparison, runs):
+            screen.show_runs(comparison, runs)
 
     def resume_run(self, path) -> None:
         """Start a run that continues `path` from its newest checkpoint and watch it (the Monitor's
@@ -115,7 +151,9 @@ class TorchdeckApp(App):
         self.notify(f"Resuming {Path(path).name} from {ckpt.name} (step {step}) as {run.name}")
         from app.monitor.screen import MonitorScreen
 
-        self.push_screen(MonitorScreen(run.path))
+        # From a Monitor, the new run's Monitor takes its place: esc does not walk back through
+        # one Monitor per resume.
+        self.open_monitor(run.path, replace=isinstance(self.screen, MonitorScreen))
 
     def _on_configure(self, action: str):
         """A palette command that acts on the Configure screen, returning to it first."""
@@ -151,9 +189,15 @@ if _GC_WAS_ON:
     gc.enable()
 
 
-def run(preset_path: str | None = None) -> None:
-    TorchdeckApp(preset=preset_path).run()
+def run(preset_path: str | None = None) -> int:
+    """Run the app; its exit status: 0, or non-zero when an error it did not handle stopped it
+    (Textual prints the traceback and sets return_code, while run() itself returns normally)."""
+    app = TorchdeckApp(preset=preset_path)
+    app.run()
+    return app.return_code or 0
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    sys.exit(run())

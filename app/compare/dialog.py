@@ -12,15 +12,29 @@ from engine.runs.compare import ALL_STRATEGIES
 DEFAULT = ("cpu", "ddp", "fsdp", "zero")
 
 
+class Tick(Checkbox):
+    """A checkbox that says its state in text, not by colour alone (colours are often lost over
+    SSH): a tick when on, blank when off."""
+
+    @property
+    def _button(self):
+        self.BUTTON_INNER = "✓" if self.value else " "
+        return super()._button
+
+
 class CompareDialog(ModalScreen["dict | None"]):
     """Returns {"strategies": [...], "steps": int, "target": float | None}, or None when cancelled."""
 
+    # One line per checkbox, no border (a focused one is highlighted instead), in columns as wide
+    # as their names: 'model-parallel' whole in a 64-column dialog at 80 columns.
     DEFAULT_CSS = """
-    CompareDialog #cmp-pick { grid-size: 4; grid-gutter: 0 1; height: auto; }
-    CompareDialog #cmp-pick Checkbox { width: 1fr; }
+    CompareDialog #cmp-pick { grid-size: 4; grid-columns: auto; grid-gutter: 0 2; height: auto;
+                              margin: 1 0; }
+    CompareDialog #cmp-pick Tick { border: none; padding: 0; height: 1; width: auto; }
+    CompareDialog #cmp-pick Tick:focus { border: none; background: $boost; }
     CompareDialog .cmp-line { height: auto; }
     CompareDialog .cmp-line Label { padding: 1 1 0 0; }
-    CompareDialog .cmp-line Input { width: 12; }
+    CompareDialog .cmp-line Input { width: 14; }
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
@@ -33,7 +47,7 @@ class CompareDialog(ModalScreen["dict | None"]):
             yield Label(f"Run {self.job_name} under each strategy, one after another:")
             with Grid(id="cmp-pick"):
                 for s in ALL_STRATEGIES:
-                    yield Checkbox(s, s in DEFAULT, id=f"cmp-{s}")
+                    yield Tick(s, s in DEFAULT, id=f"cmp-{s}")
             with Horizontal(classes="cmp-line"):
                 yield Label("steps each")
                 yield Input("50", id="cmp-steps", type="integer")

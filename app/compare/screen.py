@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from app.monitor.panes import step_ticks
+from app.runs.screen import fitted
 from engine.runs import compare
 
 REFRESH_S = 2.0
@@ -35,6 +36,7 @@ class CompareScreen(Screen):
     DEFAULT_CSS = """
     CompareScreen #cmp-header { height: auto; max-height: 3; background: $panel; padding: 0 1; }
     CompareScreen #cmp-table { height: auto; max-height: 10; }
+    CompareScreen #cmp-left-out { height: auto; padding: 0 1; color: $text-muted; }
     CompareScreen #cmp-why { height: auto; max-height: 3; padding: 0 1; color: $text-muted; }
     CompareScreen #cmp-legend { height: 1; padding: 0 1; }
     CompareScreen #cmp-plots { height: 1fr; min-height: 6; }
@@ -59,11 +61,29 @@ class CompareScreen(Screen):
         self.loaded = False
         self._timer = None
 
+    def shows(self, comparison=None, runs=None) -> bool:
+        """Whether this screen shows that comparison directory, or these runs picked by hand."""
+        if comparison is not None:
+            return self.comparison is not None and self.comparison.resolve() == Path(comparison).resolve()
+        return self.comparison is None and [p.resolve() for p in self.run_paths] == [Path(p).resolve()
+                                                                                   for p in runs or []]
+
+    def show_runs(self, comparison=None, runs=None) -> None:
+        """Show another comparison (or other runs) here: the app keeps one Compare screen."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self.comparison = Path(comparison) if comparison else None
+        self.run_paths = [Path(p) for p in runs or []]
+        self.rows, self.curves, self.header, self.target, self.loaded = [], [], [], None, False
+        self.on_mount()
+
     def compose(self):
         from textual_plotext import PlotextPlot
 
         yield Static("", id="cmp-header")
         yield DataTable(id="cmp-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="cmp-left-out")
         yield Static("", id="cmp-why")
         yield Static("", id="cmp-legend")
         with Horizontal(id="cmp-plots"):
@@ -81,6 +101,7 @@ class CompareScreen(Screen):
     # ------------------------------------------------------------------ reading
     @work(thread=True, group="compare-read", exclusive=True)
     def _read(self) -> None:
+        what = (self.comparison, list(self.run_paths))  # a read of what this screen showed before is dropped
         try:
             if self.comparison is not None:
                 c = compare.load(self.comparison)
@@ -88,17 +109,17 @@ class CompareScreen(Screen):
             else:
                 rows, target = compare.of_runs(self.run_paths), None
                 header = ["runs picked in the Runs list; rates leave out warm-up (each rank's first logged window)"]
-            curves = [compare.curves(r.run, r.strategy) for r in rows if r.run]
+            curves = [compare.curves(r.run, r.name) for r in rows if r.run]
             result = (rows, header, target, curves)
         except Exception as exc:  # an unreadable directory must not leave the screen blank
             result = exc
         try:
-            self.app.call_from_thread(self._arrived, result)
+            self.app.call_from_thread(self._arrived, result, what)
         except RuntimeError:
             pass  # the app is gone
 
-    def _arrived(self, result) -> None:
-        if not self.is_attached:
+    def _arrived(self, result, what=None) -> None:
+        if not self.is_attached or (what is not None and what != (self.comparison, self.run_paths)):
             return
         if isinstance(result, Exception):
             self.notify(f"cannot read the comparison: {result}", severity="error", timeout=8)
@@ -120,27 +141,44 @@ class CompareScreen(Screen):
         if now:
             todo = [r for r in self.rows if r.status != compare.SKIPPED]
             r = self.rows[now[0]]
-            head.append(f" · running {r.strategy} ({todo.index(r) + 1} of {len(todo)})", style="bold green")
+            head.append(f" · running {r.name} ({todo.index(r) + 1} of {len(todo)})", style="bold green")
         for line in self.header[1:] if self.comparison else self.header:
             head.append("\n" + line, style="dim")
         self.query_one("#cmp-header", Static).update(head)
-        table = self.query_one(DataTable)
-        cursor = table.cursor_row
-        table.clear(columns=True)
-        cols = compare.columns(self.target)
-        for key, label in cols:
-            table.add_column(label, key=key)
-        for r in self.rows:
-            c = r.cells(self.target)
-            table.add_row(*(Text(c[k], style=STATUS_STYLE.get(c[k], "") if k == "status" else "",
-                                 justify="left" if k in ("strategy", "status", "mem") else "right")
-                            for k, _ in cols))
-        if self.rows:
-            table.move_cursor(row=min(max(cursor, 0), len(self.rows) - 1))
-        why = [f"{r.strategy}: {r.status}: {r.reason}" for r in self.rows if r.reason]
+        self._table()
+        why = [f"{r.name}: {r.status}: {r.reason}" for r in self.rows if r.reason]
         self.query_one("#cmp-why", Static).update(Text("\n".join(why)))
         self.query_one("#cmp-why").display = bool(why)
         self._plot()
+
+    def _table(self) -> None:
+        """The rows, with the columns that fit the screen (the rule and the order of
+        `torchdeck compare`'s printed table); a line under it names those left out."""
+        table = self.query_one(DataTable)
+        cursor = table.cursor_row
+        table.clear(columns=True)
+        cells = []
+        for r in self.rows:
+            c = r.cells(self.target)
+            cells.append({k: Text(v, style=STATUS_STYLE.get(v, "") if k == "status" else "",
+                                  justify="left" if k in ("strategy", "status", "mem") else "right")
+                          for k, v in c.items()})
+        cols, widths, note = fitted(compare.columns(self.target), cells, self.app.size.width, compare.NARROW_DROP)
+        more = note[:-1] + f"; all in {compare.TABLE_FILE})" if note and self.comparison else note
+        note = more if len(more) <= self.app.size.width - 2 else note
+        for (key, label), w in zip(cols, widths):
+            table.add_column(label, key=key, width=w)
+        for c in cells:
+            table.add_row(*(c[k] for k, _ in cols))
+        left_out = self.query_one("#cmp-left-out", Static)
+        left_out.update(note)
+        left_out.display = bool(note)
+        if self.rows:
+            table.move_cursor(row=min(max(cursor, 0), len(self.rows) - 1))
+
+    def on_resize(self) -> None:
+        if self.loaded:
+            self._table()
 
     def _plot(self) -> None:
         from textual_plotext import PlotextPlot

@@ -16,7 +16,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from engine.runs.catalog import RunSummary, collect, deletable
+from engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable
+from engine.runs.fmt import fit_columns
 from engine.runs.layout import runs_root
 
 REFRESH_S = 2.0
@@ -40,6 +41,22 @@ def row_cells(r: RunSummary, marked: bool = False) -> dict[str, Text]:
     return out
 
 
+def fitted(cols, cells: list[dict[str, Text]], width: int, drop=()) -> tuple[list, list[int], str]:
+    """What a DataTable of `cells` shows in `width` columns: (the columns kept, their widths, a
+    line naming those left out, or ""). The rule is `torchdeck runs`' (engine.runs.fmt.fit_columns:
+    the keys in `drop` go in that order until a row fits); a DataTable pads each cell by one on
+    both sides. The widths are set, not left to the table to find later: every column as wide as
+    its widest cell, whenever the rows are shown."""
+    plain = [{k: t.plain for k, t in c.items()} for c in cells]
+    kept, left_out = fit_columns(list(cols), plain, width - 2, drop)
+    widths = [max([len(label)] + [len(c[k]) for c in plain]) for k, label in kept]
+    note = ""
+    if left_out:
+        n = len(left_out)
+        note = f"{n} column{'s' if n > 1 else ''} left out: {', '.join(left_out)} (widen the terminal)"
+    return kept, widths, note
+
+
 # ------------------------------------------------------------------------------- the screen
 
 class RunsScreen(Screen):
@@ -49,6 +66,7 @@ class RunsScreen(Screen):
     DEFAULT_CSS = """
     RunsScreen #runs-header { height: 1; background: $panel; padding: 0 1; }
     RunsScreen #runs-table { height: 1fr; }
+    RunsScreen #runs-left-out { height: auto; padding: 0 1; color: $text-muted; }
     RunsScreen #run-detail { height: auto; max-height: 4; padding: 0 1; background: $panel;
                              color: $text-muted; }
     RunsScreen #run-detail.-failed { color: $error; }
@@ -75,6 +93,8 @@ class RunsScreen(Screen):
         self._timer = None
         self._suspended = False
         self.marked: set[str] = set()  # keys of the runs marked for comparing
+        self.shown: tuple = ()  # (column keys, widths) the table has now
+        self._cells: dict[str, dict[str, Text]] = {}  # what it shows of each run
 
     @property
     def root(self) -> Path:
@@ -85,10 +105,8 @@ class RunsScreen(Screen):
 
     def compose(self):
         yield Static("", id="runs-header")
-        table = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
-        yield table
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)  # columns: _show
+        yield Static("", id="runs-left-out")
         yield Static("", id="run-detail")
         yield Footer()
 
@@ -165,23 +183,42 @@ class RunsScreen(Screen):
         selected = self.selected
         old_keys = [r.key for r in self.rows]
         new_keys = [r.key for r in rows]
-        if old_keys == new_keys and table.row_count == len(rows):
-            before = {r.key: row_cells(r, r.key in self.marked) for r in self.rows}
-            for r in rows:
-                for col, cell in row_cells(r, r.key in self.marked).items():
-                    if before[r.key][col] != cell:
-                        table.update_cell(r.key, col, cell, update_width=True)
+        self.marked &= set(new_keys)
+        cells = [row_cells(r, r.key in self.marked) for r in rows]
+        width = self.app.size.width
+        if len(rows) + 1 > table.size.height > 0:  # a vertical scrollbar takes its share
+            width -= table.styles.scrollbar_size_vertical
+        # as `torchdeck runs`: no column that no run fills (--set, most often), then the fit
+        cols = [(k, label) for k, label in COLUMNS if not cells or any(c[k].plain for c in cells)]
+        cols, widths, note = fitted(cols, cells, width, NARROW_DROP)
+        shown = (tuple(k for k, _ in cols), tuple(widths))
+        if shown == self.shown and old_keys == new_keys and table.row_count == len(rows):
+            for r, c in zip(rows, cells):
+                before = self._cells.get(r.key, {})
+                for col in shown[0]:
+                    if before.get(col) != c[col]:
+                        table.update_cell(r.key, col, c[col])
         else:
-            table.clear()
-            for r in rows:
-                c = row_cells(r, r.key in self.marked)
-                table.add_row(*(c[k] for k, _ in COLUMNS), key=r.key)
+            table.clear(columns=shown != self.shown)
+            if shown != self.shown:
+                for (key, label), w in zip(cols, widths):
+                    table.add_column(label, key=key, width=w)
+                self.shown = shown
+            for r, c in zip(rows, cells):
+                table.add_row(*(c[k] for k in shown[0]), key=r.key)
             if selected is not None and selected.key in new_keys:
                 table.move_cursor(row=new_keys.index(selected.key))
-        self.marked &= set(new_keys)
+        self._cells = {r.key: c for r, c in zip(rows, cells)}
+        left_out = self.query_one("#runs-left-out", Static)
+        left_out.update(note)
+        left_out.display = bool(note)
         self.rows = rows
         self._header(rows)
         self._detail()
+
+    def on_resize(self) -> None:
+        if self.loaded:
+            self._show(self.rows)
 
     @property
     def selected(self) -> RunSummary | None:
@@ -229,36 +266,33 @@ class RunsScreen(Screen):
             self.notify("no run selected", severity="warning")
             return
         try:
-            from app.monitor.screen import MonitorScreen
+            from app.monitor.screen import MonitorScreen  # noqa: F401
         except ImportError as exc:
             self.notify(f"cannot open {r.key}: the Monitor screen is not available ({exc})",
                         severity="error", timeout=8)
             return
-        self.app.push_screen(MonitorScreen(r.path))
+        self.app.open_monitor(r.path)  # its Monitor already on the stack, if it is there
 
     def action_mark(self) -> None:
         r = self.selected
         if r is None:
             return
         self.marked ^= {r.key}
-        self.query_one(DataTable).update_cell(r.key, "run", row_cells(r, r.key in self.marked)["run"],
-                                              update_width=True)
-        self._header(self.rows)
+        self._show(self.rows)  # the mark widens the name: the columns are fitted again
 
     def action_compare(self) -> None:
         """The marked runs side by side; with none marked, the comparison the run under the cursor
         was part of (`torchdeck compare`)."""
-        from app.compare.screen import CompareScreen
         from engine.runs.layout import RunDir, comparison_of
 
         picked = [r.path for r in self.rows if r.key in self.marked]
         if len(picked) >= 2:
-            self.app.push_screen(CompareScreen(runs=picked))
+            self.app.open_compare(runs=picked)
             return
         r = self.selected
         where = comparison_of(RunDir(r.path)) if r is not None else None
         if where is not None and not picked:
-            self.app.push_screen(CompareScreen(comparison=where))
+            self.app.open_compare(comparison=where)
             return
         self.notify("mark two or more runs with space, then press c (or put the cursor on a run of a "
                     "`torchdeck compare` comparison)", severity="warning", timeout=6)

@@ -57,6 +57,11 @@ class Row:
     steps: int = 0
     warmup_steps: int = 0
     reason: str | None = None  # why it was skipped, or the root cause of a failure
+    label: str = ""  # how the table and the legend name it, when the strategy alone does not (tell_apart)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.strategy
 
     def cells(self, target: float | None = None) -> dict[str, str]:
         """The row as words, the same in the CLI, compare.md and the app."""
@@ -68,7 +73,7 @@ class Row:
         else:
             mem_s = f"max {max(mem):.0f} MiB {self.mem_kind} ({len(mem)} ranks)"
         return {
-            "strategy": self.strategy,
+            "strategy": self.name,
             "status": self.status,
             "world": "-" if self.world is None else str(self.world),
             "batch": "-" if self.global_batch is None else str(self.global_batch),
@@ -263,18 +268,38 @@ def load(path) -> Comparison:
                             global_batch=e.get("global_batch")))
         else:
             rows.append(Row(strategy, "waiting", world=e.get("world"), global_batch=e.get("global_batch")))
-    return Comparison(path, plan, with_ratios(rows))
+    return Comparison(path, plan, tell_apart(with_ratios(rows)))
 
 
 def of_runs(paths, target: float | None = None) -> list[Row]:
     """Rows for runs picked by hand (the Runs list's marks), in the order given; runs of the same
-    strategy are told apart by their names."""
-    rows = [measure(p, None, target) for p in paths]
-    seen = [r.strategy for r in rows]
-    for r in rows:
-        if seen.count(r.strategy) > 1:
-            r.strategy = f"{r.strategy} {RunDir(Path(r.run)).short_name}"
-    return with_ratios(rows)
+    strategy are told apart (tell_apart)."""
+    return tell_apart(with_ratios([measure(p, None, target) for p in paths]))
+
+
+def tell_apart(rows: list[Row]) -> list[Row]:
+    """Labels for rows that the strategy alone does not tell apart, the same in the app's table
+    and legend and in `torchdeck compare`: a strategy that repeats adds the run's name, and a
+    strategy and name that still repeat add the run's start time (its directory's stamp:
+    hh:mm:ss, with the date when they started on different days), or else the directory's name."""
+    def repeats(key) -> list[list[Row]]:
+        groups: dict = {}
+        for r in rows:
+            if r.run:
+                groups.setdefault(key(r), []).append(r)
+        return [g for g in groups.values() if len(g) > 1]
+
+    for group in repeats(lambda r: r.strategy):
+        for r in group:
+            r.label = f"{r.strategy} {RunDir(Path(r.run)).short_name}"
+    for group in repeats(lambda r: r.name):
+        stamps = [RunDir(Path(r.run)).stamp_time for r in group]
+        days = {time.strftime("%Y%m%d", time.localtime(t)) for t in stamps if t is not None}
+        for r, t in zip(group, stamps):
+            when = (RunDir(Path(r.run)).name if t is None
+                    else time.strftime("%H:%M:%S" if len(days) == 1 else "%m-%d %H:%M", time.localtime(t)))
+            r.label = f"{r.name} {when}"
+    return rows
 
 
 def header_lines(plan: dict) -> list[str]:
@@ -290,14 +315,14 @@ def header_lines(plan: dict) -> list[str]:
 
 # Columns left out first when the table is wider than the terminal (compare.md keeps them all):
 # the global batch is held equal (the header says so), then the columns read least.
-_NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
+NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
 
 
 def table_lines(rows: list[Row], target: float | None = None, width: int | None = None) -> list[str]:
     """The table as aligned text, then one line per skipped or failed row saying why. With a
     width (a terminal's), columns are left out until a row fits on one line."""
-    out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, _NARROW_DROP, TABLE_FILE)
-    out += [f"{r.strategy}: {r.status}: {r.reason}" for r in rows if r.reason]
+    out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, NARROW_DROP, TABLE_FILE)
+    out += [f"{r.name}: {r.status}: {r.reason}" for r in rows if r.reason]
     return out
 
 
@@ -309,10 +334,10 @@ def markdown(comparison: Comparison) -> str:
     for r in comparison.rows:
         c = r.cells(comparison.target)
         lines.append("| " + " | ".join(c[k] for k, _ in cols) + " |")
-    why = [f"- {r.strategy} ({r.status}): {r.reason}" for r in comparison.rows if r.reason]
+    why = [f"- {r.name} ({r.status}): {r.reason}" for r in comparison.rows if r.reason]
     if why:
         lines += [""] + why
-    runs = [f"- {r.strategy}: `{r.run}`" for r in comparison.rows if r.run]
+    runs = [f"- {r.name}: `{r.run}`" for r in comparison.rows if r.run]
     if runs:
         lines += ["", "Runs:"] + runs
     return "\n".join(lines) + "\n"

@@ -46,6 +46,26 @@ def epoch_at(epochs_done: int, batches_done: int) -> str:
     return f"epoch {epochs_done + 1}"
 
 
+def fit_columns(cols: list[tuple[str, str]], cells: list[dict], width: int | None,
+                drop: tuple[str, ...] = ()) -> tuple[list[tuple[str, str]], list[str]]:
+    """The columns of a table (key, label) that fit `width` with two spaces between columns, and
+    the labels left out: the keys in `drop` go in that order until a row fits on one line. One
+    rule for every table of runs, printed (`fit_table`) or in the app (whose cells are padded by
+    one on each side: it passes its width less two)."""
+    def need(cols) -> int:
+        if not cols:
+            return 0
+        return sum(max([len(label)] + [len(str(c[k])) for c in cells]) for k, label in cols) + 2 * (len(cols) - 1)
+
+    cols, left_out = list(cols), []
+    for key in drop:
+        if width is None or need(cols) <= width:
+            break
+        left_out += [label for k, label in cols if k == key]
+        cols = [c for c in cols if c[0] != key]
+    return cols, left_out
+
+
 def rank_groups(devices: list[tuple[int, str]]) -> str:
     """Ranks and what each uses, consecutive ranks with the same value said once:
     [(0, 'cpu'), (1, 'cpu'), (2, 'cuda:1')] -> 'ranks 0-1: cpu; rank 2: cuda:1' (25 ranks on the
@@ -70,14 +90,8 @@ def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None 
         widths = [max(len(g[i]) for g in grid) for i in range(len(cols))]
         return ["  ".join(v.ljust(w) for v, w in zip(g, widths)).rstrip() for g in grid]
 
-    cols, left_out = list(cols), []
+    cols, left_out = fit_columns(cols, cells, width, drop)
     lines = render(cols)
-    for key in drop:
-        if width is None or max(map(len, lines)) <= width:
-            break
-        left_out += [label for k, label in cols if k == key]
-        cols = [c for c in cols if c[0] != key]
-        lines = render(cols)
     if width is not None:
         lines = [ln if len(ln) <= width else ln[:max(1, width - 1)] + "…" for ln in lines]
     if left_out:

@@ -24,7 +24,7 @@ from engine import events
 from engine.runs import compare
 from engine.runs.catalog import deletable
 from engine.runs.layout import RunDir
-from tests.app.screen_helpers import until
+from tests.app.screen_helpers import screen_text, until
 
 T0 = 1_761_998_400.0
 # strategy, world, seconds per step, data wait share, peak RSS per rank, val acc at the end of each epoch
@@ -228,3 +228,88 @@ async def test_s_stops_a_comparison_started_from_the_app(tmp_path, monkeypatch):
         await pilot.press("s")
         assert (where / compare.STOP_FILE).exists()
         await pilot.press("escape")
+
+
+# ------------------------------------------------------------------------------ issue 27
+
+
+async def test_at_80_columns_the_table_leaves_columns_out_and_says_which(app):
+    """The table cut mid-word at 80 columns ('DATA WAI', '3.7' without '%') with no sign that it
+    scrolled: columns are left out in `torchdeck compare`'s order until a row fits, and a line
+    says which."""
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_comparison(pilot)
+        table = screen.query_one(DataTable)
+        assert table.virtual_size.width <= table.size.width, (table.virtual_size, table.size)
+        shown = [c.key.value for c in table.ordered_columns]
+        left = [k for k in compare.NARROW_DROP if k not in shown]
+        assert left == list(compare.NARROW_DROP[:len(left)]) and "wait" in shown
+        text = screen_text(app)
+        assert "DATA WAIT" in text and "5.0%" in text
+        assert f"{len(left)} columns left out: GLOBAL BATCH" in str(screen.query_one("#cmp-left-out").render())
+
+
+async def test_the_compare_dialog_reads_whole_at_80_columns_and_says_on_or_off(tmp_path, monkeypatch):
+    """F7 at 80x24: the checkboxes read 'deeps…' and 'model…', the target's placeholder 'e.g.',
+    and every checkbox showed the same ▐X▌, on or off, told apart by colour alone (lost over SSH)."""
+    from textual.widgets import Checkbox
+
+    from app.compare.dialog import CompareDialog
+
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    app = TorchdeckApp(gpu_source=FakeGPUSource([]), runs_root=tmp_path / "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await until(pilot, lambda: getattr(app.screen, "cfg", None) is not None)
+        await pilot.press("f7")
+        assert await until(pilot, lambda: isinstance(app.screen, CompareDialog))
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        for s in compare.ALL_STRATEGIES:
+            on = app.screen.query_one(f"#cmp-{s}", Checkbox).value
+            assert f"▐{'✓' if on else ' '}▌ {s}" in text, (s, text)
+        assert "e.g. 0.6" in text
+        app.screen.query_one("#cmp-model-parallel", Checkbox).focus()
+        await pilot.press("space")
+        assert "▐✓▌ model-parallel" in screen_text(app)
+
+
+def _same_name_runs(root: Path) -> list[Path]:
+    """Two ddp runs both named 'mine', started a minute apart, and one named 'other'."""
+    out = []
+    for stamp, name in (("20251101-120000", "mine"), ("20251101-120100", "mine"), ("20251101-120200", "other")):
+        rd = RunDir(root / f"{stamp}-{name}")
+        rd.path.mkdir(parents=True)
+        cfgmod.save(cfgmod.from_dict({"name": name, "strategy": "ddp", "devices": 2, "backend": "gloo"}),
+                    rd.config_path)
+        rd.events_path.write_text("".join(events.dumps(e) + "\n" for e in _events(*PLAN[1])))
+        rd.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0, 0], "root_cause": None,
+                                              "elapsed_s": 10.0}))
+        out.append(rd.path)
+    return out
+
+
+async def test_runs_with_the_same_name_are_told_apart(tmp_path, monkeypatch):
+    """Two compared runs named the same read 'ddp mine' twice, in the rows and the legend: the
+    start time tells them apart (engine.runs.compare.tell_apart, as in `torchdeck compare`)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        paths = _same_name_runs(tmp_path / "runs")
+        app = TorchdeckApp(runs_root=tmp_path / "runs", gpu_source=FakeGPUSource([]))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("f2")
+            assert await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
+            await pilot.press("space", "down", "space", "down", "space")
+            await pilot.press("c")
+            assert await until(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.loaded)
+            screen = app.screen
+            names = ["ddp other", "ddp mine 12:01:00", "ddp mine 12:00:00"]  # the list is newest first
+            assert [c.label for c in screen.curves] == names
+            table = screen.query_one(DataTable)
+            assert [str(table.get_row_at(i)[0]) for i in range(3)] == names
+            legend = str(screen.query_one("#cmp-legend").render())
+            assert all(n in legend for n in names)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert {str(p) for p in paths} == {r.run for r in screen.rows}

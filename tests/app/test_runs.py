@@ -24,7 +24,7 @@ from engine import config as cfgmod
 from engine import events
 from engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
 from engine.runs.layout import RunDir
-from tests.app.screen_helpers import until
+from tests.app.screen_helpers import screen_text, until
 
 SIZE = (80, 24)  # the smallest terminal we promise to be usable in
 TINY = """\
@@ -457,3 +457,167 @@ async def test_resume_from_the_runs_list_starts_a_run_that_continues_it(tmp_path
         assert await until(pilot, lambda: app.screen.run_state.final, timeout=120)
         assert app.screen.run_state.status == "finished"
         assert [x for x, _ in app.screen.run_state.steps.points] == [1, 2, 3, 4, 5, 6]  # the old curve, then the new
+
+
+# ------------------------------------------------------------------------------ navigation (issue 27)
+
+
+async def test_r_from_a_monitor_goes_back_to_the_runs_list_it_came_from(tmp_path, sleeper):
+    """F2, enter on a run, r: the app pushed a second Runs list, whose id the first one holds, and
+    died (DuplicateIds). r now goes back to the list on the stack; enter on a run whose Monitor is
+    on the stack goes back to that Monitor."""
+    from app.monitor.screen import MonitorScreen
+
+    root = tmp_path / "runs"
+    made = make_runs(root, sleeper.pid)
+    app = make_app(root)
+    async with app.run_test(size=SIZE) as pilot:
+        runs = await open_runs(pilot)
+        select(runs, made["stopped"])
+        await pilot.press("enter")
+        assert await until(pilot, lambda: isinstance(app.screen, MonitorScreen))
+        await pilot.press("r")
+        assert await until(pilot, lambda: app.screen is runs)
+        assert [type(s).__name__ for s in app.screen_stack] == ["ConfigureScreen", "RunsScreen"]
+        await pilot.press("escape")
+        assert await until(pilot, lambda: app.screen is app.configure_screen)
+
+        # a Monitor opened from Configure (as Launch opens it), then r, then enter on its run
+        monitor = MonitorScreen(made["stopped"])
+        await app.push_screen(monitor)
+        await pilot.press("r")
+        assert await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
+        select(app.screen, made["stopped"])
+        await pilot.press("enter")
+        assert await until(pilot, lambda: app.screen is monitor)
+        assert [type(s).__name__ for s in app.screen_stack] == ["ConfigureScreen", "MonitorScreen"]
+
+
+def _in_a_terminal(argv: list[str], env: dict, timeout: float = 60) -> tuple[int | None, str]:
+    """(exit status, what it printed) of a command in a real 80x24 terminal (a pty); None when it
+    was still running at the timeout (it is then closed)."""
+    from bench.ptyterm import PtyProcess, visible
+
+    p = PtyProcess(argv, env, cols=80, rows=24, cwd=str(Path(__file__).parents[2]))
+    out = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and p.proc.poll() is None:
+            got = p.read(0.5)
+            if got is not None:
+                out.append(visible(got[1]))
+        while (got := p.read(0.2)) is not None:
+            out.append(visible(got[1]))
+        rc = p.proc.poll()
+    finally:
+        p.close()
+    return rc, "".join(out)
+
+
+def _env(tmp_path) -> dict:
+    return dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"),
+                TORCHDECK_CACHE_DIR=str(tmp_path / "cache"))
+
+
+def test_torchdeck_app_with_a_broken_preset_says_so_and_opens_nothing(tmp_path):
+    """`torchdeck app nosuch` exited 2 with one line, while `torchdeck app broken.yaml` opened the
+    form on the defaults with a toast: both now say what is wrong the way `torchdeck run` does,
+    one line, exit 2, and nothing opens."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\ntrain: {batch_size: 0}\n")
+    run = subprocess.run([str(Path(sys.executable).with_name("torchdeck")), "run", str(broken)],
+                         capture_output=True, text=True, env=_env(tmp_path), timeout=60)
+    said = run.stderr.strip()
+    assert run.returncode == 2 and said == f"{broken}: train.batch_size: must be at least 1, got 0"
+    rc, text = _in_a_terminal([str(Path(sys.executable).with_name("torchdeck")), "app", str(broken)],
+                              _env(tmp_path), timeout=20)
+    assert rc == 2, (rc, text[-1500:])
+    assert said in text and "Configure" not in text
+    rc, text = _in_a_terminal([str(Path(sys.executable).with_name("torchdeck")), "app", "nosuch"],
+                              _env(tmp_path), timeout=20)
+    assert rc == 2 and "nosuch: no preset of that name" in text and "Configure" not in text
+
+
+@pytest.mark.slow
+def test_an_app_that_stops_on_an_error_exits_non_zero(tmp_path):
+    """The crash above left the shell with exit status 0: `torchdeck app`'s status is the app's
+    own (Textual prints the traceback and sets return_code; run() returns normally). A real
+    terminal (a pty); the error is planted in the app's mount."""
+    code = ("import sys, app.main as m\n"
+            "def boom(self):\n    raise RuntimeError('planted for the test')\n"
+            "m.TorchdeckApp.on_mount = boom\n"
+            "from cli.main import main\nsys.exit(main(['app', 'quickstart']))\n")
+    rc, text = _in_a_terminal([sys.executable, "-c", code], _env(tmp_path))
+    assert "planted for the test" in text, text[-2000:]
+    assert rc == 1, (rc, text[-2000:])
+    assert "the app stopped on an error" in text
+
+
+@pytest.mark.slow
+async def test_resume_from_a_monitor_takes_the_monitors_place(tmp_path, real_run):
+    """Each R on a Monitor pushed one more Monitor, so esc walked back through all of them: the
+    resumed run's Monitor now takes the place of the one it was resumed from."""
+    import shutil
+
+    from app.monitor.screen import MonitorScreen
+
+    _, real_path = real_run
+    root = tmp_path / "runs"
+    more = Path(shutil.copytree(real_path, root / (real_path.name + "-more")))
+    (more / "config.yaml").write_text((more / "config.yaml").read_text().replace("max_steps: 4", "max_steps: 6"))
+    app = make_app(root)
+    async with app.run_test(size=SIZE) as pilot:
+        runs = await open_runs(pilot)
+        select(runs, more)
+        await pilot.press("enter")
+        assert await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.run_state.final)
+        await pilot.press("R")
+        assert await until(pilot, lambda: app.last_run is not None and isinstance(app.screen, MonitorScreen)
+                           and app.screen.run_dir.path == Path(app.last_run), timeout=20), notes(app)
+        assert [type(s).__name__ for s in app.screen_stack] == ["ConfigureScreen", "RunsScreen", "MonitorScreen"]
+        assert await until(pilot, lambda: app.screen.run_state.final, timeout=120)  # nothing left running
+        await pilot.press("escape")
+        assert await until(pilot, lambda: app.screen is runs)
+
+
+async def test_the_runs_list_at_80_columns_leaves_columns_out_and_says_which(tmp_path):
+    """Opened with r from a Monitor at 80x24, the list squeezed every column ('finish  min ...
+    1500/150  99.1% ('), and later opens pushed progress, val acc and --set off screen. Columns
+    are left out in the order `torchdeck runs` leaves them out, a line says which, and what is
+    shown is whole; at 140 columns more of them come back."""
+    from app.monitor.screen import MonitorScreen
+    from engine.runs.catalog import NARROW_DROP
+
+    root = tmp_path / "runs"
+    t0 = time.time() - 3600
+    for name in ("mine", "baseline-with-a-long-name"):
+        rd = RunDir.create(tiny_cfg(name), root)
+        best = events.make("epoch_end", rank=0, epoch=0, step=750, train_loss=1.0, train_acc=0.4, val_loss=1.1,
+                           val_acc=0.991)
+        last = events.make("epoch_end", rank=0, epoch=1, step=1500, train_loss=1.0, train_acc=0.4, val_loss=1.1,
+                           val_acc=0.95)
+        write_events(rd, [started_event(t0), step_event(t0 + 20, 1500, 1500), best, last])
+        rd.origin_path.write_text(json.dumps({"preset": "quickstart", "overrides": [
+            "train.batch_size=128", "optimizer.lr=0.1", "train.epochs=5"]}))
+        rd.write_final("finished", None, [0, 0], 30.0)
+    app = make_app(root)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.push_screen(MonitorScreen(rd.path))  # as Launch opens it
+        await pilot.press("r")
+        assert await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
+        screen = app.screen
+        await pilot.pause(0.2)
+        table = screen.query_one(DataTable)
+        shown = [c.key.value for c in table.ordered_columns]
+        assert table.virtual_size.width <= table.size.width, (table.virtual_size, table.size)  # nothing off screen
+        assert {"status", "run", "progress", "val"} <= set(shown)
+        left = [k for k in NARROW_DROP if k not in shown]
+        assert left and left == list(NARROW_DROP[:len(left)])  # the CLI's order
+        text = screen_text(app)
+        assert "1500/1500" in text and "95.0% (best 99.1%)" in text and "baseline-with-a-long-name" in text
+        note = str(screen.query_one("#runs-left-out").render())
+        assert note.startswith(f"{len(left)} columns left out: --set") and note.endswith("(widen the terminal)")
+
+        await pilot.resize_terminal(140, 45)
+        assert await until(pilot, lambda: len(table.ordered_columns) > len(shown))
+        assert table.virtual_size.width <= table.size.width

@@ -125,7 +125,32 @@ def test_measure_leaves_warm_up_out_and_reads_memory_and_target(tmp_path):
     rows = compare.with_ratios([row, slow])
     assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(0.5)
     picked = compare.of_runs([tmp_path / "20260101-000000-r", tmp_path / "20260101-000000-s"])
-    assert [r.strategy for r in picked] == ["ddp r", "ddp s"]  # the same strategy twice: told apart
+    assert [r.name for r in picked] == ["ddp r", "ddp s"]  # the same strategy twice: told apart
+    assert [r.strategy for r in picked] == ["ddp", "ddp"]
+
+
+def test_a_strategy_listed_twice_reads_twice_told_apart_by_start_time(tmp_path, monkeypatch):
+    """`--strategies ddp,ddp` (or two picked runs of one name) printed 'ddp' twice, in the table
+    and under it: the run's name where the names differ, and its start time where they do not
+    (tell_apart, the app's Compare screen's rule too); each row keeps its strategy."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        where = tmp_path / "compare-20260101-000000-tiny"
+        where.mkdir()
+        evs = [started(total=30, world=2), step(0, 10, 1.0), step(0, 30, 3.0, wait=0.0, comp=2.0)]
+        runs = [_run(where, evs, f"20260101-00000{i}-tiny-ddp") for i in (1, 9)]
+        entries = [{"strategy": "ddp", "run": r.name, "skipped": None} for r in runs]
+        (where / compare.PLAN_FILE).write_text(json.dumps({"preset": "tiny", "entries": entries}))
+        c = compare.load(where)
+        assert [r.name for r in c.rows] == ["ddp tiny-ddp 00:00:01", "ddp tiny-ddp 00:00:09"]
+        assert [r.strategy for r in c.rows] == ["ddp", "ddp"]
+        lines = compare.table_lines(c.rows, width=80)
+        assert lines[1].startswith("ddp tiny-ddp 00:00:01 ") and lines[2].startswith("ddp tiny-ddp 00:00:09 ")
+        assert "- ddp tiny-ddp 00:00:09: `" in compare.markdown(c)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def _cuda_gpus() -> int:
