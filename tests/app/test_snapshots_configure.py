@@ -101,3 +101,16 @@ def test_load_preset_dialog_end_80x24(snap_compare, app, tmp_path):
     for name in ("alpha", "beta", "zeta"):
         (presets / f"{name}.yaml").write_text(f"name: {name}\ndescription: user preset {name}\n")
     assert snap_compare(app, terminal_size=(80, 24), run_before=preset_list_end)
+
+
+async def two_problems(pilot):
+    """Batch size 0 and an emptied lr (issue 27): both fields marked, the summary counts and names both."""
+    await bad_batch(pilot)
+    screen = pilot.app.screen
+    screen.query_one("#f-optimizer-lr").focus()
+    await pilot.press("end", *["backspace"] * 4)
+    await settle(pilot)
+
+
+def test_configure_two_problems_80x24(snap_compare, app):
+    assert snap_compare(app, terminal_size=(80, 24), run_before=two_problems)
