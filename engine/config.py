@@ -36,20 +36,57 @@ _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+class Combination(tuple):
+    """A (field, reason) problem that several values cause together (strategy dp with accelerator
+    cpu); `values` holds each of them (field path -> value), so an error can say where each one
+    came from when they came from different places (a preset, a --set, the default)."""
+
+    values: dict
+
+    def __new__(cls, field: str, why: str, values: dict):
+        self = super().__new__(cls, (field, why))
+        self.values = dict(values)
+        return self
+
+
+def combination(cfg, field: str, why: str, *paths: str) -> Combination:
+    """The problem `why` filed under `field`, caused by the values of `paths` together."""
+    def value(path: str):
+        node = cfg
+        for part in path.split("."):
+            node = getattr(node, part)
+        return node
+
+    return Combination(field, why, {p: value(p) for p in paths})
+
+
 class ConfigError(TorchdeckError, ValueError):
     """All problems found in one config; each is (field path, reason)."""
 
     def __init__(self, problems: list[tuple[str, str]], source: str | None = None,
-                 field_sources: dict[str, str] | None = None):
+                 field_sources: dict[str, str] | None = None, value_sources: dict[str, str] | None = None):
         self.problems = problems
         self.source = source
         self.field_sources = field_sources or {}  # field -> where its value came from, if not `source`
+        self.value_sources = value_sources or {}  # a Combination's other fields -> where each came from
         lines = []
-        for f, why in problems:
+        for problem in problems:
+            f, why = problem
+            mixed = self._sources(problem)
+            if mixed:  # from different places: each value with its own
+                lines.append(f"{f}: {why} (" + ", ".join(f"{p} {_plain(v)} from {where}" for p, v, where in mixed) + ")")
+                continue
             where = self.field_sources.get(f, source)
             where = f"{where}: " if where else ""
             lines.append(f"{where}{f}: {why}" if f else f"{where}{why}")
         super().__init__("\n".join(lines))
+
+    def _sources(self, problem) -> list[tuple[str, Any, str]]:
+        """[(field, value, where it came from)] of a combination whose values came from more than one
+        place, else []."""
+        values = getattr(problem, "values", None) or {}
+        said = [(p, v, self.value_sources.get(p) or self.field_sources.get(p) or self.source) for p, v in values.items()]
+        return said if len({where for _, _, where in said}) > 1 and all(where for _, _, where in said) else []
 
     def by_field(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -255,6 +292,15 @@ def free_gpus_asked(devices) -> int | None:
 def _type_name(tp) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             list: "a list", dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _plain(value) -> str:
+    """A value inside a sentence: strings bare (dp), lists as [0, 1], booleans as YAML says them."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_plain, value)) + "]"
+    return _said(value) if isinstance(value, bool) else str(value)
 
 
 def _said(value) -> str:
@@ -470,7 +516,8 @@ def _train_rules(cfg: RunConfig, p: _Problems) -> None:
     p.at_least("train.epochs", t.epochs, 0)
     p.at_least("train.max_steps", t.max_steps, 0)
     if t.epochs == 0 and t.max_steps == 0:
-        p.append(("train.epochs", "epochs and max_steps are both 0: nothing to train; set one of them"))
+        p.append(combination(cfg, "train.epochs", "epochs and max_steps are both 0: nothing to train; set one of them",
+                             "train.epochs", "train.max_steps"))
     p.at_least("train.grad_accum", t.grad_accum, 1)
     if t.grad_clip < 0:
         p.append(("train.grad_clip", f"must be 0 (off) or positive, got {t.grad_clip}"))
@@ -488,7 +535,8 @@ def _optimizer_rules(cfg: RunConfig, p: _Problems) -> None:
     if not 0 <= o.momentum < 1:
         p.append(("optimizer.momentum", f"must be in [0, 1), got {o.momentum}"))
     if o.nesterov and (o.name != "sgd" or o.momentum == 0):
-        p.append(("optimizer.nesterov", "nesterov needs optimizer sgd with momentum > 0"))
+        p.append(combination(cfg, "optimizer.nesterov", "nesterov needs optimizer sgd with momentum > 0",
+                             "optimizer.nesterov", "optimizer.name", "optimizer.momentum"))
     if o.weight_decay < 0:
         p.append(("optimizer.weight_decay", f"must be 0 or positive, got {o.weight_decay}"))
     if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
@@ -499,7 +547,8 @@ def _optimizer_rules(cfg: RunConfig, p: _Problems) -> None:
         p.append(("scheduler.gamma", f"must be in (0, 1], got {s.gamma}"))
     p.at_least("scheduler.warmup_steps", s.warmup_steps, 0)
     if s.name == "warmup" and s.warmup_steps == 0:
-        p.append(("scheduler.warmup_steps", "scheduler warmup needs warmup_steps > 0"))
+        p.append(combination(cfg, "scheduler.warmup_steps", "scheduler warmup needs warmup_steps > 0",
+                             "scheduler.name", "scheduler.warmup_steps"))
 
 
 def _data_rules(cfg: RunConfig, p: _Problems) -> None:
@@ -535,7 +584,8 @@ def _node_rules(cfg: RunConfig, p: _Problems) -> None:
     if not 0 <= n.master_port <= 65535:
         p.append(("nodes.master_port", f"must be a port number 1-65535 (0: pick a free one), got {n.master_port}"))
     if n.master_port == 0 and n.num_nodes > 1:
-        p.append(("nodes.master_port", "multi-node runs need a fixed master_port that every node uses"))
+        p.append(combination(cfg, "nodes.master_port", "multi-node runs need a fixed master_port that every node uses",
+                             "nodes.num_nodes", "nodes.master_port"))
     p.at_least("nodes.timeout_s", n.timeout_s, 1)
     bad_addr = host_problem(n.master_addr)
     if bad_addr:
@@ -568,16 +618,19 @@ def _device_rules(cfg: RunConfig, hw, p: _Problems) -> None:
 def _combination_rules(cfg: RunConfig, hw, p: _Problems) -> None:
     """Settings each fine alone that do not go together (or not on this host)."""
     if cfg.backend == "nccl" and cfg.accelerator != "cuda":
-        p.append(("backend", "nccl needs CUDA GPUs; use gloo for CPU processes"))
+        p.append(combination(cfg, "backend", "nccl needs CUDA GPUs; use gloo for CPU processes", "backend", "accelerator"))
     if cfg.backend == "mpi" and hw is not None and hw.mpi_available is False:
         p.append(("backend", "this PyTorch build has no MPI support (`torchdeck env` says mpi False); use gloo "
                              "for CPU processes or nccl for GPUs, or a PyTorch built from source with MPI"))
     if cfg.train.precision == "16-mixed" and cfg.accelerator == "cpu":
-        p.append(("train.precision", "fp16 mixed precision needs CUDA; on CPU use bf16-mixed or 32-true"))
+        p.append(combination(cfg, "train.precision", "fp16 mixed precision needs CUDA; on CPU use bf16-mixed or 32-true",
+                             "train.precision", "accelerator"))
     if cfg.data.on_device and cfg.accelerator != "cuda":
-        p.append(("data.on_device", "keeping data on the device needs accelerator cuda"))
+        p.append(combination(cfg, "data.on_device", "keeping data on the device needs accelerator cuda",
+                             "data.on_device", "accelerator"))
     if cfg.data.pin_memory and cfg.accelerator != "cuda":
-        p.append(("data.pin_memory", "pinned memory only helps copies to a GPU; turn it off for CPU runs"))
+        p.append(combination(cfg, "data.pin_memory", "pinned memory only helps copies to a GPU; turn it off for CPU runs",
+                             "data.pin_memory", "accelerator"))
 
 
 # ----------------------------------------------------------------------------- YAML

@@ -39,9 +39,10 @@ def _per_node_rules(cfg, hw) -> list[Problem]:
     need = local * (t.threads_per_rank or 1)
     if need <= hw.cpu_count:
         return []
-    return [("train.cpu_affinity", f"exclusive needs {local} rank(s) x {t.threads_per_rank or 1} "
-                                   f"thread(s) = {need} cores of their own; this host has {hw.cpu_count}: lower "
-                                   "train.threads_per_rank or the ranks per node, or use auto")]
+    why = (f"exclusive needs {local} rank(s) x {t.threads_per_rank or 1} thread(s) = {need} cores of their own; "
+           f"this host has {hw.cpu_count}: lower train.threads_per_rank or the ranks per node, or use auto")
+    return [cfgmod.combination(cfg, "train.cpu_affinity", why, "train.cpu_affinity", "strategy", "devices",
+                               "train.threads_per_rank")]
 
 
 def from_dict(data, source: str | None = None, hw=None):
@@ -145,7 +146,7 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
     if not isinstance(data, dict):
         raise cfgmod.ConfigError([("", f"a preset must be a mapping of settings, got {type(data).__name__}")],
                                  source)
-    keys = []
+    keys, written = [], _flat(data)
     if overrides:
         try:
             cfgmod.apply_overrides(data, overrides)
@@ -159,10 +160,13 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
     try:
         return from_dict(data, source=source, hw=hw), path
     except cfgmod.ConfigError as exc:
-        def from_set(field: str) -> bool:
-            return any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in keys if field)
-        blame = {f: "--set" for f, _ in exc.problems if from_set(f)}
-        raise cfgmod.ConfigError(exc.problems, source, blame) from None
+        def within(field: str, names) -> bool:
+            return any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in names if field)
+        blame = {f: "--set" for f, _ in exc.problems if within(f, keys)}
+        # a combination names each of its values with where it came from: --set, the preset, the default
+        involved = {f for p in exc.problems for f in getattr(p, "values", ())}
+        came = {f: "--set" if within(f, keys) else source if within(f, written) else "the default" for f in involved}
+        raise cfgmod.ConfigError(exc.problems, source, blame, came) from None
 
 
 # ----------------------------------------------------------------------------- checks

@@ -1,4 +1,5 @@
 """What the process-group strategies (ddp, fsdp, zero) share: config rules and data sharding."""
+from engine.config import combination
 from engine.strategies.base import Strategy
 
 
@@ -16,8 +17,9 @@ class ProcessGroupStrategy(Strategy):
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
         if cfg.devices != "all" and self.nprocs(cfg) * cfg.nodes.num_nodes < self.min_world:  # "all": count unknown yet
-            p.append(("devices", f"{self.name} with one process in all is plain training: pick 2 or more "
-                                 f"devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}"))
+            p.append(combination(cfg, "devices", f"{self.name} with one process in all is plain training: pick 2 or "
+                                 f"more devices (or nodes), or strategy {'gpu' if cfg.accelerator == 'cuda' else 'cpu'}",
+                                 "strategy", "devices", "nodes.num_nodes"))
         return p
 
     def sampler(self, dataset, ctx, shuffle: bool, seed: int):

@@ -10,6 +10,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config import combination
+
 
 @dataclass
 class RankContext:
@@ -40,9 +42,11 @@ class Strategy:
         """Problems with `cfg` for this strategy, as (field, reason)."""
         problems = []
         if self.needs_cuda and cfg.accelerator != "cuda":
-            problems.append(("accelerator", f"strategy {self.name} needs accelerator cuda (GPUs)"))
+            problems.append(combination(cfg, "accelerator", f"strategy {self.name} needs accelerator cuda (GPUs)",
+                                        "strategy", "accelerator"))
         if not self.distributed and cfg.nodes.num_nodes > 1:
-            problems.append(("nodes.num_nodes", f"strategy {self.name} runs in one process; use ddp, fsdp or zero for several nodes"))
+            problems.append(combination(cfg, "nodes.num_nodes", f"strategy {self.name} runs in one process; use ddp, "
+                                        "fsdp or zero for several nodes", "strategy", "nodes.num_nodes"))
         return problems
 
     def cpu_devices_hint(self) -> str:

@@ -1,4 +1,5 @@
 """One process on the CPU: the quick-start baseline every other strategy is compared with."""
+from engine.config import combination
 from engine.strategies.base import Strategy
 
 
@@ -9,9 +10,11 @@ class CPUStrategy(Strategy):
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
         if cfg.accelerator != "cpu":
-            p.append(("accelerator", "strategy cpu trains on the CPU; pick gpu, dp or ddp for GPUs"))
+            p.append(combination(cfg, "accelerator", "strategy cpu trains on the CPU; pick gpu, dp or ddp for GPUs",
+                                  "strategy", "accelerator"))
         elif cfg.devices != 1:
-            p.append(("devices", f"strategy cpu runs one process; for {cfg.devices} processes pick ddp"))
+            p.append(combination(cfg, "devices", f"strategy cpu runs one process; for {cfg.devices} processes pick ddp",
+                                  "strategy", "devices"))
         return p
 
 

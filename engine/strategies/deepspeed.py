@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from engine.config import combination
 from engine.errors import TorchdeckError
 from engine.strategies import world_size as world_size_of
 from engine.strategies._data_parallel import ProcessGroupStrategy
@@ -329,11 +330,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if d.stage not in (0, 1, 2, 3):
             p.append(("deepspeed.stage", f"ZeRO stage must be 0, 1, 2 or 3, got {d.stage}"))
         if d.offload_param == "cpu" and d.stage != 3:
-            p.append(("deepspeed.offload_param", "offloading parameters needs ZeRO stage 3"))
+            p.append(combination(cfg, "deepspeed.offload_param", "offloading parameters needs ZeRO stage 3",
+                                 "deepspeed.offload_param", "deepspeed.stage"))
         if d.offload_optimizer == "cpu" and d.stage == 0:
-            p.append(("deepspeed.offload_optimizer", "offloading the optimizer needs ZeRO stage 1, 2 or 3"))
+            p.append(combination(cfg, "deepspeed.offload_optimizer", "offloading the optimizer needs ZeRO stage 1, 2 or 3",
+                                 "deepspeed.offload_optimizer", "deepspeed.stage"))
         if cfg.train.compile:
-            p.append(("train.compile", "deepspeed runs the model through its own engine; turn train.compile off"))
+            p.append(combination(cfg, "train.compile", "deepspeed runs the model through its own engine; turn train.compile off",
+                                 "strategy", "train.compile"))
         return p
 
     def preflight(self, cfg) -> list[tuple[str, str]]:

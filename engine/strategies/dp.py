@@ -1,4 +1,5 @@
 """nn.DataParallel: one process scatters each batch over its GPUs; GPU 0 gathers (and is heavier)."""
+from engine.config import combination
 from engine.strategies.base import Strategy
 
 
@@ -11,7 +12,8 @@ class DPStrategy(Strategy):
         p = super().check(cfg, hw)
         if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
             if len(cfg.devices) < 2:
-                p.append(("devices", "dp splits each batch over 2 or more GPUs; with one GPU pick gpu"))
+                p.append(combination(cfg, "devices", "dp splits each batch over 2 or more GPUs; with one GPU pick gpu",
+                                      "strategy", "devices"))
             elif cfg.train.batch_size < len(cfg.devices):
                 p.append(("train.batch_size", f"dp's batch size is the total across devices: at least {len(cfg.devices)} for {len(cfg.devices)} GPUs"))
         return p

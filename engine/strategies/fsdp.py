@@ -1,6 +1,7 @@
 """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks."""
 import contextlib
 
+from engine.config import combination
 from engine.strategies._data_parallel import ProcessGroupStrategy
 
 
@@ -20,8 +21,9 @@ class FSDPStrategy(ProcessGroupStrategy):
                                          "use full (gathered on rank 0, loads without FSDP)"))
         if cfg.accelerator == "cuda" and cfg.resolved_backend == "gloo":
             # seen on an H100 (torch 2.11): the rank died of SIGSEGV at its first checkpoint
-            p.append(("backend", "fsdp on GPUs needs nccl: over gloo PyTorch crashes (SIGSEGV) gathering the "
-                                 "sharded weights of CUDA ranks (pytorch/pytorch#132471); use backend nccl or auto"))
+            p.append(combination(cfg, "backend", "fsdp on GPUs needs nccl: over gloo PyTorch crashes (SIGSEGV) "
+                                 "gathering the sharded weights of CUDA ranks (pytorch/pytorch#132471); use backend "
+                                 "nccl or auto", "strategy", "accelerator", "backend"))
         return p
 
     def wrap(self, model, ctx):

@@ -1,4 +1,5 @@
 """One process on one CUDA device."""
+from engine.config import combination
 from engine.strategies.base import Strategy
 
 
@@ -10,7 +11,8 @@ class GPUStrategy(Strategy):
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
         if cfg.accelerator == "cuda" and isinstance(cfg.devices, list) and len(cfg.devices) != 1:
-            p.append(("devices", f"strategy gpu uses exactly one GPU, got {cfg.devices}; pick dp or ddp for several"))
+            p.append(combination(cfg, "devices", f"strategy gpu uses exactly one GPU, got {cfg.devices}; pick dp or ddp "
+                                  "for several", "strategy", "devices"))
         return p
 
 

@@ -323,3 +323,31 @@ def test_a_preset_json_cannot_hold_is_not_copied_and_a_broken_one_still_errors(t
     ok = tmp_path / "ok.yaml"
     ok.write_text("strategy: cpu\n")
     assert c.load(ok, cache=True).strategy == "cpu"
+
+
+def test_a_combination_error_names_each_value_with_where_it_came_from(tmp_path):
+    """Issue 27 bug 8: `torchdeck run quickstart --set strategy=dp` said `presets/quickstart.yaml:
+    accelerator: strategy dp needs accelerator cuda`, blaming the preset for the --set. Each value
+    the rule involves is now named with its own source; a value nobody wrote is the default."""
+    import subprocess
+
+    from tests.engine.helpers import cli_cmd, env_for
+
+    def run(*args):
+        r = subprocess.run(cli_cmd() + list(args), capture_output=True, text=True, timeout=120,
+                           env=env_for(tmp_path), cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        return r.stderr
+
+    quickstart = str(c.Path(preflight.__file__).parents[1] / "presets" / "quickstart.yaml")
+    err = run("run", "quickstart", "--set", "strategy=dp")
+    assert (f"accelerator: strategy dp needs accelerator cuda (GPUs) (strategy dp from --set, accelerator cpu "
+            f"from {quickstart})") in err, err
+    assert f"{quickstart}: accelerator:" not in err  # the preset is not blamed for the --set
+    err = run("validate", "quickstart", "--set", "train.precision=16-mixed", "--set", "accelerator=cpu")
+    assert "train.precision: fp16 mixed precision needs CUDA" in err and err.startswith("--set: "), err  # one source
+    preset = tmp_path / "p.yaml"
+    preset.write_text("strategy: ddp\ndevices: 2\n")  # accelerator: the default
+    err = run("validate", str(preset), "--set", "strategy=fsdp", "--set", "backend=nccl")
+    assert "backend: nccl needs CUDA GPUs; use gloo for CPU processes (backend nccl from --set, accelerator cpu " \
+           "from the default)" in err, err
