@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from engine.errors import TorchdeckError
+from engine.procs import pid_alive
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
@@ -84,23 +85,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(directory: str | Path) -> list[Path]:
     """Remove temp files left by a writer killed mid-save (its pid is gone from this host).
     Another host's temp files (a shared file system) are left alone: its pids mean nothing here."""
     directory, host, gone = Path(directory), socket.gethostname(), []
     for p in directory.iterdir() if directory.is_dir() else []:
         m = _TMP.match(p.name)
-        if m and m["host"] == host and not _pid_alive(int(m["pid"])):
+        if m and m["host"] == host and not pid_alive(int(m["pid"])):
             p.unlink(missing_ok=True)
             gone.append(p)
     return gone

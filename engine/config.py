@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from engine.errors import TorchdeckError
+from engine.files import write_atomic
 from engine.network import host_problem
 
 SCHEMA_VERSION = 1
@@ -713,9 +714,7 @@ def _parse_cached(path: Path, text: str) -> Any:
         blob = json.dumps({"path": where, "text": text, "data": data})
         if json.loads(blob)["data"] == data:
             copy.parent.mkdir(parents=True, exist_ok=True)
-            tmp = copy.with_name(f".{copy.name}.tmp-{os.getpid()}")
-            tmp.write_text(blob)
-            os.replace(tmp, copy)
+            write_atomic(copy, blob)
     except (OSError, TypeError, ValueError):
         pass
     return data
@@ -769,12 +768,7 @@ def save(cfg: RunConfig, path: str | os.PathLike, changes_only: bool = False) ->
     """Write atomically: a crash mid-write never leaves a half preset behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(dumps(cfg, changes_only))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, dumps(cfg, changes_only), durable=True)
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

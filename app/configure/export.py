@@ -7,7 +7,6 @@ the first frame.
 """
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +73,14 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
 def write(exp: Export, cfg) -> list[Path]:
     """Write the scripts (and the config when the form is not a preset file); returns the paths."""
     from engine import config as cfgmod
+    from engine.files import write_atomic
 
     written = []
     if exp.write_config:
         cfgmod.save(cfg, exp.config_path)
         written.append(exp.config_path)
     for path, text in exp.files.items():
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
         written.append(path)
     return written
 

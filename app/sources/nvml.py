@@ -14,10 +14,11 @@ pynvml is imported lazily (it dlopens the driver library); torch is never import
 """
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
+
+from engine.procs import pid_alive
 
 _MiB = 2**20
 
@@ -195,22 +196,12 @@ def pid_namespace_warning(samples: list[GPUSample]) -> str | None:
     pids = {p for s in samples for p in s.pids}
     if not pids:
         return None
-    missing = [p for p in sorted(pids) if not _pid_exists(p)]
+    missing = [p for p in sorted(pids) if not pid_alive(p)]
     if len(missing) < len(pids):
         return None
     return (f"NVML reports {len(pids)} GPU process(es) whose PIDs do not exist here: this looks like a "
             f"container without the host PID namespace, so per-process GPU lists are unreliable "
             f"(run with --pid=host to fix)")
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 class FakeGPUSource:

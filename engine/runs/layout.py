@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import events
+from engine.files import write_atomic  # noqa: F401  (readers never see half a file; importers take it from here)
+from engine.procs import pid_alive
 from engine.runs.status import Status, decide
 
 _STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
@@ -60,27 +62,6 @@ def new_group_dir(kind: str, name: str, root: Path | None = None) -> Path:
         except FileExistsError:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Readers (attach, the app, `torchdeck runs`) never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    except OSError:
-        return False
-    return True
 
 
 def _read_pid(path: Path) -> int | None:

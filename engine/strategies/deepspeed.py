@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 from engine.config import combination
 from engine.errors import TorchdeckError
+from engine.files import write_atomic
 from engine.strategies import world_size as world_size_of
 from engine.strategies._data_parallel import ProcessGroupStrategy
 
@@ -303,9 +303,7 @@ def apply(cfg, resolved: Resolved) -> None:
 def write_generated(ds_config: dict, run_dir) -> Path:
     """ds_config.json in the run directory, atomically: the user can read and reuse it."""
     path = Path(run_dir) / GENERATED_NAME
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(ds_config, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(ds_config, indent=2) + "\n")
     return path
 
 
