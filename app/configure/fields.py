@@ -89,10 +89,6 @@ def _custom_model(v) -> bool:
     return v("model.name") not in C.BUILTIN_MODELS
 
 
-def _custom_data(v) -> bool:
-    return v("data.dataset") not in C.BUILTIN_DATASETS
-
-
 # path -> predicate over a value getter; a field with an error shows whatever this says
 _SHOWN_WHEN: dict[str, Callable] = {
     "backend": lambda v: v("strategy") in DISTRIBUTED,

@@ -236,10 +236,6 @@ class Comparison:
         return header_lines(self.plan)
 
 
-def is_comparison(path) -> bool:
-    return (Path(path) / PLAN_FILE).is_file()
-
-
 def read_plan(path) -> dict:
     try:
         data = json.loads((Path(path) / PLAN_FILE).read_text())
@@ -484,13 +480,6 @@ def record_run(path: Path, strategy_index: int, run: RunDir) -> None:
     data = read_plan(path)
     data["entries"][strategy_index]["run"] = run.path.name
     write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
-
-
-def runs_in(path) -> list[RunDir]:
-    """The run directories of a comparison, in its order."""
-    path = Path(path)
-    return [RunDir(path / e["run"]) for e in read_plan(path).get("entries") or []
-            if isinstance(e, dict) and e.get("run") and (path / e["run"] / "config.yaml").is_file()]
 
 
 def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=lambda: False) -> Comparison:

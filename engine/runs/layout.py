@@ -176,9 +176,6 @@ class RunDir:
         """Where a rank (None: the supervisor) dumps its stacks when asked (engine/runs/stacks.py)."""
         return self.path / ("supervisor.stacks" if rank is None else f"rank{rank}.stacks")
 
-    def is_run(self) -> bool:
-        return self.config_path.is_file()
-
     # ---------------------------------------------------------------- reading
     def config(self):
         from engine import config as cfgmod

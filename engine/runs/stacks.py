@@ -126,13 +126,6 @@ class ProcStack:
         return list(t.frames) if t else []
 
 
-def _write_ok(path: Path, since_size: int = 0) -> bool:
-    try:
-        return path.stat().st_size > since_size
-    except OSError:
-        return False
-
-
 def collect(targets: list[tuple[str, int | None, int, Path]], wait_s: float = WAIT_S) -> list[ProcStack]:
     """targets: (who, rank, pid, file). Empty each file, signal each pid, and read the dumps back
     once every file stopped growing (or after wait_s). Only pass pids known to have installed

@@ -43,14 +43,6 @@ class Trial:
     seconds: float = 0.0
 
 
-class TuneFailed(Exception):
-    """A trial failed for a reason other than memory: the search cannot go on."""
-
-    def __init__(self, trial: Trial):
-        super().__init__(trial.reason or "a trial failed")
-        self.trial = trial
-
-
 def next_batch(trials: list[Trial], start: int, max_batch: int, multiple: int = 8) -> int | None:
     """The batch to try after `trials` (None: the search is over). Doubling up from `start`
     while it fits, halving down while it does not; then bisecting between the largest fit and

@@ -99,9 +99,6 @@ class Pipeline(nn.Module):
             start += size
         self._stages = stages  # a plain list: the same layers must not be registered twice
 
-    def stage_params(self) -> list[int]:
-        return [sum(p.numel() for layer in g for p in layer.parameters()) for g in self._stages]
-
     def _run_stage(self, i: int, x):
         x = x.to(self.devices[i], non_blocking=True)
         for layer in self._stages[i]:
