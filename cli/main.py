@@ -440,12 +440,10 @@ def cmd_validate(args) -> int:
     print(f"{args.preset}: valid")
     for line in preflight.describe(cfg) + args.host_notes:
         _item(line)
-    from engine.config import advice  # valid, but probably not meant
-
     warnings = [f"{f}: {why} (a launch on this host would be refused)" for f, why in preflight.host_problems(cfg)]
     if cfg.accelerator == "cuda" and visible_devices_warning():
         warnings.append(visible_devices_warning())
-    warnings += [f"{field}: {why}" for field, why in advice(cfg)]
+    warnings += [f"{field}: {why}" for field, why in preflight.advice(cfg)]  # valid, but probably not meant
     for w in warnings:
         _item("warning: " + w)
     if args.memory:
@@ -513,9 +511,9 @@ def cmd_env(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from engine.hardware import Hardware
     from engine import config as cfgmod
     from engine import export
+    from engine.hardware import Hardware
     from engine.presets import resolve
 
     # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
