@@ -52,7 +52,7 @@ _NO_STAND_IN = ("strategy", "accelerator", "devices")
 def find_problems(data: dict, hw: Hardware, baseline: dict) -> tuple:
     """(the config, {}) when `data` is valid, else (None, every problem found, one per field).
 
-    engine.config stops at the first stage that finds anything (a field that is not a number
+    preflight.from_dict stops at the first stage that finds anything (a field that is not a number
     hides every range rule; a field out of range hides the strategy's rules), so an emptied lr
     hid a batch size of 0 until lr was fixed. Here each field with a problem is given a stand-in
     (the loaded preset's value, else the default) and the form checked again, until no new

@@ -47,6 +47,10 @@ async def pick_dp(pilot):
     screen.query_one("#f-devices-gpus").focus()
     await pilot.press("space", "down", "space")
     await settle(pilot)
+    # the strategy's note (accelerator cpu -> cuda) is a toast that goes after 8 s: not pictured,
+    # so a slow machine takes the same picture
+    pilot.app.clear_notifications()
+    await pilot.pause(0.1)
 
 
 async def bad_batch(pilot):
