@@ -93,8 +93,8 @@ def _memory(s: dict, quick: bool) -> dict:
                 train={"batch_size": 32, "max_steps": s["mem_steps"], "log_every_n_steps": 1})
     jobs = [("ddp", {"strategy": "ddp"}), ("zero (ZeroRedundancyOptimizer)", {"strategy": "zero"})]
     jobs += [(f"deepspeed ZeRO-{st}", {"strategy": "deepspeed", "deepspeed": {"stage": st}}) for st in (1, 2, 3)]
-    if quick:
-        jobs = [jobs[0], jobs[-1]]
+    if quick:  # the suite's smoke run: the one DeepSpeed stage whose memory the table is for, without ddp's pair
+        jobs = [jobs[-1]]
     params = sum(p.numel() for p in _mlp(HIDDEN).parameters())
     rows, out = [], {}
     for label, over in jobs:
@@ -104,7 +104,7 @@ def _memory(s: dict, quick: bool) -> dict:
         grown = [round(b - t, 1) if b and t else None for b, t in zip(big, small)]
         out[label] = {"model_mb": grown, "peak_rss_mb": big, "tiny_model_peak_rss_mb": small}
         rows.append([label, *grown, max(big) if all(big) else None])
-    ddp = out["ddp"]["model_mb"]
+    ddp = out["ddp"]["model_mb"] if "ddp" in out else [None]
     for row in rows:
         row.append(max(row[1:1 + RANKS]) / max(ddp) if all(row[1:1 + RANKS]) and all(ddp) else None)
     text = C.table(f"memory per rank that grows with the model (peak RSS MiB with the model minus with a tiny "
