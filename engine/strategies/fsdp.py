@@ -2,7 +2,7 @@
 import contextlib
 
 from engine.config import combination
-from engine.strategies._data_parallel import ProcessGroupStrategy
+from engine.strategies.process_group import ProcessGroupStrategy
 
 
 class FSDPStrategy(ProcessGroupStrategy):

@@ -1,4 +1,5 @@
-"""What the process-group strategies (ddp, fsdp, zero) share: config rules and data sharding."""
+"""ProcessGroupStrategy: what the strategies with one process per device and a process group
+(ddp, zero, fsdp, deepspeed) share: how many processes, their config rule, data sharding."""
 from engine.config import combination
 from engine.strategies.base import Strategy
 
