@@ -8,7 +8,9 @@ Kinds and their fields (beyond v, kind, t):
 
     run_started    run, strategy, world_size, nproc_per_node, node_rank, num_nodes,
                    global_batch, devices (list of device strings per local rank),
-                   master_addr, master_port, pid (supervisor), host, total_steps
+                   master_addr, master_port, pid (supervisor), host, total_steps, epochs,
+                   end_epoch (1-based epoch the last step is in), ends_by (train.epochs |
+                   train.max_steps | null), steps_per_epoch (null: not known before the data is built)
     phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume |
                    batch | steps), until its first step event; the run's start-up is read from these.
                    "batch" also carries step and epoch: the position it trains from (a checkpoint's)

@@ -120,6 +120,85 @@ def cpu_ranks_advice(cfg, cores: int | None = None) -> str | None:
             f"cores{held}; {cores} or fewer train faster")
 
 
+# ----------------------------------------------------------------------------- how long a run is
+
+def train_samples(cfg) -> int | None:
+    """Training samples in the data set, where known without building it (None: a user's callable)."""
+    if cfg.data.dataset == "synthetic":
+        return cfg.data.train_size
+    from engine.cache import decoded_size
+
+    size = decoded_size(cfg)  # torchvision's array sets, an image folder (counted)
+    return size[0] if size else None
+
+
+def steps_per_epoch(cfg, shards: int | None = None, samples: int | None = None) -> int | None:
+    """Optimizer steps in one epoch, as a rank counts them: its share of the samples (the sampler
+    drops the rest: samples // shards), whole micro-batches, grad_accum of them a step. `shards`:
+    how many ranks split the data (default: the world size for a strategy that shards it, else 1)."""
+    samples = train_samples(cfg) if samples is None else samples
+    if samples is None:
+        return None
+    if shards is None:
+        shards = strategies.world_size(cfg) if strategies.get_strategy(cfg.strategy).distributed else 1
+    return samples // max(1, shards) // cfg.train.batch_size // cfg.train.grad_accum
+
+
+class Length:
+    """How long a run is, and which limit ends it: train.epochs x the steps in an epoch, or
+    train.max_steps, whichever is reached first (the rule the trainer follows). The one place
+    validate, run_started (the Monitor's epoch total) and rank 0's start-up line take it from."""
+
+    def __init__(self, cfg, steps_per_epoch: int | None):
+        self.epochs, self.max_steps = cfg.train.epochs, cfg.train.max_steps  # 0: no limit
+        self.steps_per_epoch = steps_per_epoch  # None: not known before the data is built
+        spe = self.steps_per_epoch
+        by_epochs = self.epochs * spe if spe is not None and self.epochs else None
+        if spe is None:
+            self.total_steps = self.max_steps or None
+            self.ends_by = "train.max_steps" if not self.epochs else ("train.epochs" if not self.max_steps else None)
+        elif self.max_steps and (by_epochs is None or self.max_steps < by_epochs):
+            self.total_steps, self.ends_by = self.max_steps, "train.max_steps"
+        else:
+            self.total_steps, self.ends_by = by_epochs, "train.epochs"
+        # the 1-based epoch its last step is in: what "epoch 3/N" counts to
+        self.end_epoch = -(-self.total_steps // spe) if spe and self.total_steps else (self.epochs or None)
+
+    def fields(self) -> dict:
+        """What run_started carries of it."""
+        return {"total_steps": self.total_steps, "epochs": self.epochs, "end_epoch": self.end_epoch,
+                "ends_by": self.ends_by, "steps_per_epoch": self.steps_per_epoch}
+
+    def said(self) -> str:
+        from engine.runs.fmt import num
+
+        e, m, spe = self.epochs, self.max_steps, self.steps_per_epoch
+        n = lambda v: num(v, ",")  # noqa: E731
+        if spe == 0:
+            return ("no whole step in an epoch: a rank's share of the data is less than train.batch_size x "
+                    "grad_accum, so the run would stop at once; lower the batch size or use more data")
+        epochs = f"{e} epoch{'s' if e != 1 else ''}"
+        if spe is None:
+            if e and m:
+                return (f"ends after {epochs} or at step {n(m)} (train.max_steps), whichever comes first "
+                        "(steps per epoch are known once the data set is built)")
+            return f"ends at step {n(m)} (train.max_steps)" if m else f"ends after {epochs} (train.epochs)"
+        per = f"{epochs} x {n(spe)} step{'s' if spe != 1 else ''}"
+        if self.ends_by == "train.max_steps":
+            return f"ends at step {n(m)} (train.max_steps), in epoch {self.end_epoch}" + (f" of {e}" if e else "")
+        if m and m > self.total_steps:
+            return (f"train.max_steps={m} is more than {per} = {n(self.total_steps)}: "
+                    f"train.epochs ends the run at step {n(self.total_steps)}")
+        return f"ends at step {n(self.total_steps)}: {per} (train.epochs" + (
+            "; train.max_steps is the same)" if m else ")")
+
+
+def length(cfg, shards: int | None = None, steps: int | None = None) -> Length:
+    """The run's length for `cfg`; `steps`: the steps per epoch when already known (a rank that
+    built its data), else computed from the data set's size (steps_per_epoch)."""
+    return Length(cfg, steps if steps is not None else steps_per_epoch(cfg, shards))
+
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -358,6 +437,7 @@ def describe(cfg) -> list[str]:
     lines.append(f"model {cfg.model.name}, data {cfg.data.dataset}, optimizer {cfg.optimizer.name} "
                  f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
+    lines.append("length: " + length(cfg).said())  # which of train.epochs / train.max_steps ends it
     from engine.cache import plan
 
     lines.append(plan(cfg, n).line)  # decoded once within the node's budget, or streamed

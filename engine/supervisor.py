@@ -29,7 +29,7 @@ from engine.errors import TorchdeckError
 from engine.runs import stacks
 from engine.runs.layout import RunDir
 from engine.runs.view import RunView
-from engine.preflight import load
+from engine.preflight import length, load
 from engine.strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
@@ -482,18 +482,14 @@ class Supervisor:
     def _announce(self, cfg, plan: "_Plan", writer: EventWriter) -> None:
         """run_started and the supervisor's notes, written before any rank exists."""
         strategy = get_strategy(cfg.strategy)
-        total = None
-        if cfg.data.dataset == "synthetic":
-            per_rank = cfg.data.train_size // (strategies.world_size(cfg) if strategy.distributed else 1)
-            spe = per_rank // cfg.train.batch_size // cfg.train.grad_accum
-            total = min(cfg.train.max_steps or 10 ** 18, (cfg.train.epochs or 10 ** 18) * spe)
         writer.write(events.make(
             "run_started", run=self.rd.name, strategy=cfg.strategy, world_size=strategies.world_size(cfg),
             nproc_per_node=strategies.nproc_per_node(cfg), node_rank=cfg.nodes.node_rank, num_nodes=cfg.nodes.num_nodes,
             global_batch=strategies.global_batch(cfg),
             devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(strategies.nproc_per_node(cfg))],
             master_addr=cfg.nodes.master_addr, master_port=plan.port, pid=os.getpid(),
-            host=socket.gethostname(), total_steps=total, threads_per_rank=plan.threads, epochs=cfg.train.epochs))
+            host=socket.gethostname(), threads_per_rank=plan.threads,
+            **length(cfg).fields()))  # total_steps, epochs, end_epoch (the one max_steps ends in), ends_by
         if plan.port_msg:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in plan.port_msg else "info",
                                      message=plan.port_msg))

@@ -19,7 +19,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from engine import affinity, events
+from engine import affinity, events, preflight
 from engine.affinity import threads_for
 from engine.config import from_dict
 from engine.strategies import nproc_per_node, world_size
@@ -298,7 +298,8 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         if rank == 0:
             emit("log", level="info",
                  message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples ({trainer.data_note()}), "
-                         f"{trainer.steps_per_epoch} steps/epoch, {trainer.total_steps} steps in all")
+                         f"{trainer.steps_per_epoch} steps/epoch; "
+                         + preflight.length(cfg, steps=trainer.steps_per_epoch).said())
         if trainer.forks_workers:
             # data.worker_start fork: Python 3.11's fork hangs the child when another thread is
             # starting or ending its thread state at that moment (the child waits for the
@@ -384,8 +385,9 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
          global_batch=cfg.train.batch_size * world * cfg.train.grad_accum,
          devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(local_world)],
          master_addr=os.environ.get("MASTER_ADDR"), master_port=int(os.environ.get("MASTER_PORT", 0) or 0),
-         pid=os.getppid(), host=socket.gethostname(), total_steps=None,
-         threads_per_rank=threads_for(cfg, local_world), launcher=launcher)
+         pid=os.getppid(), host=socket.gethostname(),
+         threads_per_rank=threads_for(cfg, local_world), launcher=launcher,
+         **preflight.length(cfg, shards=world if strategy.distributed else 1).fields())
 
 
 def _close_torchrun_run(rd, emit, status: str, started: float) -> None:

@@ -268,8 +268,9 @@ class RunView:
         pid = ev.get("pid")
         self.supervisor_pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         self.total_steps = _i(ev.get("total_steps"))
-        epochs = _i(ev.get("epochs"), 0)
-        self.total_epochs = epochs or None
+        # the epoch the run ends in: train.epochs, or the earlier one train.max_steps ends it in
+        # (end_epoch, engine.preflight.Length; older run directories carry only epochs)
+        self.total_epochs = _i(ev.get("end_epoch"), 0) or _i(ev.get("epochs"), 0) or None
         self.started_t = t
         for st in self.ranks.values():
             st.total_steps = st.total_steps or self.total_steps

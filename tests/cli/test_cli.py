@@ -667,3 +667,24 @@ def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed
     from importlib.metadata import version
     want = version("deepspeed") if importlib.util.find_spec("deepspeed") else "not installed"
     assert f"- deepspeed: {want}\n" in r.stdout, r.stdout
+
+
+def test_the_run_says_which_limit_ends_it(tmp_path, tiny):
+    """Issue 27: the Monitor's header said 'epoch 1/40' for a run train.max_steps ends in epoch 24,
+    and --set train.max_steps=1200 was silently capped by epochs=3. One rule (preflight.Length)
+    says it in validate, in run_started (the views' epoch total) and in rank 0's start-up line.
+    tiny: 256 samples / batch 32 = 8 steps an epoch."""
+    r = torchdeck("validate", str(tiny), "--set", "train.epochs=40", "--set", "train.max_steps=20", cwd=tmp_path)
+    assert "length: ends at step 20 (train.max_steps), in epoch 3 of 40" in r.stdout, r.stdout + r.stderr
+    r = torchdeck("validate", str(tiny), "--set", "train.epochs=3", "--set", "train.max_steps=1200", cwd=tmp_path)
+    assert ("length: train.max_steps=1200 is more than 3 epochs x 8 steps = 24: train.epochs ends the run "
+            "at step 24") in r.stdout, r.stdout + r.stderr
+    r = torchdeck("run", str(tiny), "--set", "train.epochs=40", "--set", "train.max_steps=12", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "8 steps/epoch; ends at step 12 (train.max_steps), in epoch 2 of 40" in r.stdout, r.stdout
+    assert "ep 2/2 " in r.stdout and "/40" not in r.stdout, r.stdout  # the epoch it ends in, not 40
+    (run,) = run_dirs(tmp_path / "runs")
+    evs = read_all(run / "events.jsonl")
+    (started,) = [e for e in evs if e["kind"] == "run_started"]
+    assert (started["total_steps"], started["end_epoch"], started["ends_by"]) == (12, 2, "train.max_steps")
+    assert {e["total_steps"] for e in evs if e["kind"] == "step"} == {12}  # the trainer's rule agrees
