@@ -16,6 +16,7 @@ from pathlib import Path
 from engine.errors import TorchdeckError, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 128 + 13  # the reader of our output left (`| head`): what a shell reports for cat, git, ls
 
 
 def _err(line: str) -> None:
@@ -705,7 +706,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(func, args) -> int:
     try:
-        return func(args)
+        rc = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as 'Exception ignored' at exit
+        return rc
+    except BrokenPipeError:
+        _stdout_to_devnull()  # nothing more to say, and nothing left to flush at exit
+        return EXIT_PIPE
     except TorchdeckError as exc:  # a problem the user can fix: one line each, exit 2
         for line in exc.lines:
             _err(line)
@@ -722,6 +728,15 @@ def _dispatch(func, args) -> int:
             raise
         _err(f"torchdeck {args.command or 'app'}: {type(exc).__name__}: {exc} (--debug shows the traceback)")
         return EXIT_FAILED
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        pass
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def test_set_override_is_validated_too(tmp_path, tiny, capsys, monkeypatch):
                      "--set", "train.grad_accum=2"]) == 0
     out = capsys.readouterr().out
     assert "world size 3" in out and "32 per process x 3 x accumulation 2 = 192" in out
-    assert "rank 2: cpu" in out
+    assert "devices per rank: ranks 0-2: cpu" in out  # identical ranks said once (fmt.rank_groups)
     assert not (tmp_path / "runs").exists()
 
 
@@ -688,3 +688,18 @@ def test_the_run_says_which_limit_ends_it(tmp_path, tiny):
     (started,) = [e for e in evs if e["kind"] == "run_started"]
     assert (started["total_steps"], started["end_epoch"], started["ends_by"]) == (12, 2, "train.max_steps")
     assert {e["total_steps"] for e in evs if e["kind"] == "step"} == {12}  # the trainer's rule agrees
+
+
+@pytest.mark.parametrize("command", ["env", "presets"])
+def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path, command):
+    """Issue 27: `torchdeck env | head -1` ended with 'BrokenPipeError: [Errno 32] Broken pipe',
+    exit 1. The reader is gone before anything is written (its end closed at once, as head's is
+    once it has its line): no words on stderr, and 141, the status a shell reports for cat or git
+    cut short the same way."""
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    p = subprocess.Popen(cmd + [command], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, env=dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs")))
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert err == "", err
