@@ -17,12 +17,10 @@ import torch
 
 from engine.errors import TorchdeckError
 from engine.procs import pid_alive
+from engine.runs.layout import CHECKPOINT_META as META_NAME, RunDir, checkpoint_name, checkpoint_step, checkpoints_in
 
 FORMAT = 1
-_NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
-_DIR_NAME = re.compile(r"^ckpt-(\d{8,})$")  # a checkpoint directory (deepspeed: every rank writes a part)
-META_NAME = "torchdeck.pt"  # in a checkpoint directory: epoch, step, RNG, config; written last, so it marks it complete
-_TMP = re.compile(r"^\.ckpt-\d{8,}\.pt\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
+_TMP = re.compile(r"^\.(?P<name>.+?)\.tmp-(?P<host>.+)-(?P<pid>\d+)$")  # save()'s temp file: .<final name>.tmp-<host>-<pid>
 
 
 class CheckpointWriteError(TorchdeckError, OSError):
@@ -30,17 +28,15 @@ class CheckpointWriteError(TorchdeckError, OSError):
 
 
 def file_name(step: int) -> str:
-    return f"ckpt-{step:08d}.pt"
+    return checkpoint_name(step)
 
 
 def dir_name(step: int) -> str:
-    return f"ckpt-{step:08d}"
+    return checkpoint_name(step, folder=True)
 
 
 def checkpoint_dir(cfg, run_dir) -> Path:
-    from engine.runs.layout import RunDir
-
-    return Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else RunDir(run_dir).checkpoint_dir
+    return RunDir(run_dir).checkpoints_at(cfg)
 
 
 # ----------------------------------------------------------------------------- RNG
@@ -91,7 +87,7 @@ def sweep_stale(directory: str | Path) -> list[Path]:
     directory, host, gone = Path(directory), socket.gethostname(), []
     for p in directory.iterdir() if directory.is_dir() else []:
         m = _TMP.match(p.name)
-        if m and m["host"] == host and not pid_alive(int(m["pid"])):
+        if m and checkpoint_step(m["name"]) and m["host"] == host and not pid_alive(int(m["pid"])):
             p.unlink(missing_ok=True)
             gone.append(p)
     return gone
@@ -170,16 +166,7 @@ def _write_error(exc: OSError, final: Path) -> CheckpointWriteError:
 
 def listing(directory: str | Path, dirs: bool = False) -> list[tuple[int, Path]]:
     """Finished checkpoints, oldest first: files, or (dirs) directories holding their META_NAME."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    out = []
-    for p in directory.iterdir():
-        m = (_DIR_NAME if dirs else _NAME).match(p.name)
-        if m and ((p / META_NAME).is_file() if dirs else p.is_file()):
-            out.append((int(m.group(1)), p))
-    out.sort()
-    return out
+    return checkpoints_in(directory, dirs)
 
 
 def prune(directory: str | Path, keep_last: int, dirs: bool = False) -> None:
@@ -252,16 +239,16 @@ def latest_of_earlier_runs(cfg, run_dir, dirs: bool = False) -> tuple[Path, dict
 
     here = Path(run_dir).resolve()
     candidates = []
-    for other in here.parent.iterdir() if here.parent.is_dir() else []:
-        if other == here or not (other / "checkpoints").is_dir():
+    for other in map(RunDir, here.parent.iterdir() if here.parent.is_dir() else []):
+        if other.path == here or not other.checkpoint_dir.is_dir():
             continue
         try:
-            name = (yaml.safe_load((other / "config.yaml").read_text()) or {}).get("name")
+            name = (yaml.safe_load(other.config_path.read_text()) or {}).get("name")
         except (OSError, yaml.YAMLError, AttributeError):
             continue
         if name != cfg.name:
             continue
-        for _, p in listing(other / "checkpoints", dirs):
+        for _, p in listing(other.checkpoint_dir, dirs):
             candidates.append((p.stat().st_mtime, p))
     for _, p in sorted(candidates, reverse=True):
         try:

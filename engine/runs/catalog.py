@@ -218,7 +218,7 @@ def find_run(ref: str, root: Path | None = None) -> RunDir:
         return runs[0]
     p = Path(ref).expanduser()
     for cand in (p, root / ref):
-        if (cand / "config.yaml").is_file():
+        if RunDir(cand).config_path.is_file():
             return RunDir(cand.resolve())
     for rd in list_runs(root):  # a run of a comparison, by its name
         if rd.name == ref:
@@ -232,7 +232,7 @@ def deletable(path: Path, root: Path) -> str | None:
     path, root = Path(path), Path(root)
     parent = path.resolve().parent
     in_comparison = parent.parent == root.resolve() and comparison_of(RunDir(path)) is not None
-    if (parent != root.resolve() and not in_comparison) or not (path / "config.yaml").is_file():
+    if (parent != root.resolve() and not in_comparison) or not RunDir(path).config_path.is_file():
         return f"{path} is not a run directory under {root}; not deleting it"
     rd = RunDir(path)
     if not rd.status().live:

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from engine.runs.layout import RunDir, pid_alive
+from engine.runs.layout import RunDir, checkpoint_step, pid_alive
 from engine.runs.view import RunView
 
 STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives
@@ -145,20 +145,16 @@ def iter_events(path: Path):
         return
 
 
-_CKPT_STEP = re.compile(r"ckpt-(\d+)(\.pt)?/?$")
-
-
 def resumed_chain(run: RunDir, depth: int = 20) -> list[tuple[RunDir, int]]:
     """(earlier run, step it was resumed at) for each run this one continues, oldest first."""
     out, here = [], run
     for _ in range(depth):
         origin = here.origin()
-        old, ckpt = origin.get("resumed_from"), str(origin.get("checkpoint") or "")
-        m = _CKPT_STEP.search(ckpt)
-        if not old or not m:
+        old, found = origin.get("resumed_from"), checkpoint_step(str(origin.get("checkpoint") or ""))
+        if not old or not found:
             break
         here = RunDir(Path(old))
-        out.append((here, int(m.group(1))))
+        out.append((here, found[0]))
     return out[::-1]
 
 

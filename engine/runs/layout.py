@@ -36,7 +36,40 @@ from engine.procs import pid_alive
 from engine.runs.status import Status, decide
 
 _STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
-_CKPT = re.compile(r"ckpt-(\d+)(\.pt)?")  # engine.checkpoint's names: files, or folders (deepspeed)
+
+# ----------------------------------------------------------------------------- checkpoint names
+# The one rule for what a checkpoint is called. engine.checkpoint writes them (it imports torch,
+# this module must not); everything that looks for one reads the names here.
+CHECKPOINT_META = "torchdeck.pt"  # in a checkpoint folder: epoch, step, RNG, config; written last, so it marks it complete
+_CKPT = re.compile(r"ckpt-(\d{8,})(\.pt)?")  # a file, or a folder (deepspeed: every rank writes a part)
+
+
+def checkpoint_name(step: int, folder: bool = False) -> str:
+    """ckpt-<step>.pt, or ckpt-<step> for a checkpoint folder."""
+    return f"ckpt-{step:08d}" + ("" if folder else ".pt")
+
+
+def checkpoint_step(name: str) -> tuple[int, bool] | None:
+    """(step, is a folder) from a checkpoint's name (a path's last part is used); None for
+    anything else."""
+    m = _CKPT.fullmatch(Path(name).name)
+    return (int(m.group(1)), not m.group(2)) if m else None
+
+
+def checkpoints_in(folder: str | Path, dirs: bool | None = None) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints in a folder, oldest first: files, folders holding
+    their CHECKPOINT_META (dirs=True), or both (None)."""
+    out = []
+    try:
+        for p in Path(folder).iterdir():
+            found = checkpoint_step(p.name)
+            if found is None or (dirs is not None and found[1] != dirs):
+                continue
+            if (p / CHECKPOINT_META).is_file() if found[1] else p.is_file():
+                out.append((found[0], p))
+    except OSError:
+        return []
+    return sorted(out)
 
 
 def runs_root() -> Path:
@@ -135,21 +168,15 @@ class RunDir:
     checkpoint_dir = property(lambda self: self.path / "checkpoints")
     reserve_path = property(lambda self: self.path / ".reserve")
 
-    def checkpoints(self, cfg=None) -> list[tuple[int, Path]]:
-        """(step, path) of its complete checkpoints, oldest first (checkpoint.dir when the config
-        sets one, else checkpoints/ here). Torch-free: read from the names the engine writes."""
-        folder = self.checkpoint_dir
+    def checkpoints_at(self, cfg=None) -> Path:
+        """Where its checkpoints go: checkpoint.dir when the config sets one, else checkpoints/ here."""
         if cfg is not None and getattr(cfg.checkpoint, "dir", ""):
-            folder = Path(cfg.checkpoint.dir).expanduser()
-        out = []
-        try:
-            for p in folder.iterdir():
-                m = _CKPT.fullmatch(p.name)
-                if m and (p.is_file() if m.group(2) else p.is_dir()):
-                    out.append((int(m.group(1)), p))
-        except OSError:
-            return []
-        return sorted(out)
+            return Path(cfg.checkpoint.dir).expanduser()
+        return self.checkpoint_dir
+
+    def checkpoints(self, cfg=None) -> list[tuple[int, Path]]:
+        """(step, path) of its complete checkpoints, files or folders, oldest first."""
+        return checkpoints_in(self.checkpoints_at(cfg))
 
     def newest_checkpoint(self) -> tuple[int, Path] | None:
         """(step, path) of the checkpoint a resume or `torchdeck eval RUN` would use; None if none."""
@@ -287,10 +314,10 @@ def list_runs(root: Path | None = None) -> list[RunDir]:
     dirs = []
     try:
         for p in root.iterdir():
-            if (p / "config.yaml").is_file():
+            if RunDir(p).config_path.is_file():
                 dirs.append(RunDir(p))
             elif (p / COMPARISON_FILE).is_file():
-                dirs += [RunDir(q) for q in p.iterdir() if (q / "config.yaml").is_file()]
+                dirs += [RunDir(q) for q in p.iterdir() if RunDir(q).config_path.is_file()]
     except OSError:
         return dirs
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from engine.config import combination
 from engine.errors import TorchdeckError
 from engine.files import write_atomic
+from engine.runs.layout import CHECKPOINT_META  # torch-free: the one rule for checkpoint names
 from engine.strategies import world_size as world_size_of
 from engine.strategies.process_group import ProcessGroupStrategy
 
 INSTALL_HINT = "not installed: pip install 'torchdeck[deepspeed]'"
 GENERATED_NAME = "ds_config.json"  # what the run used, in its run directory
-CHECKPOINT_META = "torchdeck.pt"  # engine.checkpoint.META_NAME (that module imports torch; this one must not)
 
 # ds_config key -> the torchdeck setting it stands for (named in conflict reports)
 _SETTING = {

@@ -81,6 +81,22 @@ def test_latest_skips_damaged_and_partial_files(tmp_path):
     assert [s for s, _ in ckpt.listing(d)] == [7, 8]
 
 
+def test_run_dir_and_resume_agree_on_the_newest_complete_checkpoint(tmp_path):
+    """`torchdeck resume/eval RUN` (RunDir.newest_checkpoint, torch-free) and the resuming rank
+    (checkpoint.latest) read one naming rule: a deepspeed folder without its meta file is not
+    complete yet, and a name the engine never writes is no checkpoint."""
+    from engine.runs.layout import RunDir
+
+    run = RunDir(tmp_path / "20250101-000000-r")
+    d = run.checkpoint_dir
+    for step in (4, 8):
+        (d / ckpt.dir_name(step)).mkdir(parents=True)
+    (d / ckpt.dir_name(4) / ckpt.META_NAME).write_bytes(b"meta")  # ckpt 8: its ranks' parts, no meta yet
+    (d / "ckpt-9.pt").write_bytes(b"")
+    assert [s for s, _ in ckpt.listing(d, dirs=True)] == [4]
+    assert run.newest_checkpoint() == (4, d / ckpt.dir_name(4))
+
+
 def test_checkpoint_loads_weights_only_and_restores_rng(tmp_path):
     import random
 
