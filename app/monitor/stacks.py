@@ -2,7 +2,9 @@
 
 Opened from the Monitor (t). It shows the newest stacks the run recorded (the supervisor's
 watchdog takes them when a rank goes silent); t asks the live ranks of this host again, in a
-thread worker (a dump takes up to a few seconds).
+thread worker (a dump takes up to a few seconds). For a run that is over it shows what
+`torchdeck stacks` prints: engine.runs.stacks.last_recorded, the newer of the watchdog's event and
+the files an earlier asking left (rank<N>.stacks, supervisor.stacks).
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 
-def stacks_text(groups: list, heading: str) -> Text:
+def stacks_text(groups: list, heading: str, live: bool = True) -> Text:
     from engine.runs.stacks import render
 
     t = Text(heading + "\n", style="bold")
     if not groups:
-        t.append("no stacks yet: t asks the ranks of this host now", style="dim")
+        if live:
+            t.append("no stacks yet: t asks the ranks of this host now", style="dim")
         return t
     for line in render(groups, depth=10):
         if line.startswith("    "):
@@ -31,6 +34,13 @@ def stacks_text(groups: list, heading: str) -> Text:
             t.append(who + ": ", style="bold yellow")
             t.append(where + "\n")
     return t
+
+
+def recorded_heading(rec: dict) -> str:
+    """When stacks were recorded, why, and in which files (as `torchdeck stacks` says them)."""
+    when = time.strftime("%H:%M:%S", time.localtime(rec.get("t") or 0))
+    files = f"; {', '.join(rec['files'])}" if rec.get("files") else ""
+    return f"taken at {when} ({rec.get('reason')}{files})"
 
 
 class StacksScreen(ModalScreen):
@@ -49,16 +59,16 @@ class StacksScreen(ModalScreen):
     def on_mount(self) -> None:
         self.query_one("#stacks-dialog").border_title = f"stacks of {self.run_dir.name}"
         rec = self.recorded
-        if rec:
-            when = time.strftime("%H:%M:%S", time.localtime(rec.get("t") or 0))
-            self._show(rec.get("groups") or [], f"taken at {when} ({rec.get('reason')})")
-        elif self.run_dir.is_live():
-            self.action_take()
+        if not self.run_dir.is_live():
+            self._show([], "reading the stacks the run recorded...")
+            self._last_recorded()  # its events file may be long: not on the event loop
+        elif rec:
+            self._show(rec.get("groups") or [], recorded_heading(rec))
         else:
-            self._show([], "the run is over and recorded no stacks")
+            self.action_take()
 
     def _show(self, groups, heading: str) -> None:
-        self.query_one("#stacks-body", Static).update(stacks_text(groups, heading))
+        self.query_one("#stacks-body", Static).update(stacks_text(groups, heading, self.run_dir.is_live()))
 
     def action_take(self) -> None:
         if not self.run_dir.is_live():
@@ -66,6 +76,20 @@ class StacksScreen(ModalScreen):
             return
         self._show([], "asking the ranks of this host for their stacks...")
         self._take()
+
+    @work(thread=True, exclusive=True, group="stacks")
+    def _last_recorded(self) -> None:
+        from engine.runs.stacks import last_recorded
+
+        try:
+            last = last_recorded(self.run_dir)
+        except Exception as exc:  # shown, never raised
+            self.app.call_from_thread(self._show, [], f"could not read the recorded stacks: {exc}")
+            return
+        if last is None:
+            self.app.call_from_thread(self._show, [], "the run is over and recorded no stacks")
+        else:
+            self.app.call_from_thread(self._show, last["groups"], recorded_heading(last))
 
     @work(thread=True, exclusive=True, group="stacks")
     def _take(self) -> None:

@@ -408,3 +408,44 @@ def test_curve_ticks_are_whole_steps():
         assert ticks and all(isinstance(t, int) and lo <= t <= hi for t in ticks) and len(ticks) <= 5
         gaps = {b - a for a, b in zip(ticks, ticks[1:])}
         assert len(gaps) <= 1 and all(str(g).strip("0") in ("1", "2", "25", "5") for g in gaps), (lo, hi, ticks)
+
+
+async def test_stacks_of_a_run_that_is_over_are_what_torchdeck_stacks_prints(tmp_path, capsys):
+    """Issue 27: `t` on a run that is over showed only the watchdog's stacks event, while
+    `torchdeck stacks` prints the newer of that event and the files an earlier `t` left
+    (engine.runs.stacks.last_recorded). One question, one answer: both read this run directory."""
+    from app.monitor.screen import MonitorScreen
+    from app.monitor.stacks import StacksScreen
+    from cli import main as cli
+    from tests.engine.test_stacks import DUMP
+
+    cfg = from_dict({"name": "over", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"})
+    run = RunDir.create(cfg, tmp_path / "runs")
+    watchdog = ev("stacks", 45, rank=None, reason="rank 1 silent for 12 s", summary="rank 1: sleep (x.py:1)",
+                  groups=[{"who": "rank 1", "ranks": [1], "where": "sleep (x.py:1)", "frames": []}],
+                  files=["rank1.stacks"])
+    done = ev("run_finished", 50, status="stopped", exit_codes=[0, 0], root_cause=None, elapsed_s=50.0)
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in [started(world=2), watchdog, done]))
+    run.status_path.write_text(json.dumps({"status": "stopped", "exit_codes": [0, 0], "elapsed_s": 50.0}))
+    for name in ("rank0.stacks", "rank1.stacks"):  # `t` asked after the watchdog: newer
+        (run.path / name).write_text(DUMP)
+        os.utime(run.path / name, (T0 + 48, T0 + 48))
+
+    assert cli.main(["stacks", str(run.path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "(asked; rank0.stacks, rank1.stacks)" in printed[0], printed
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await form_mounted(pilot, app)
+        screen = MonitorScreen(run.path)
+        await app.push_screen(screen)
+        await until(pilot, lambda: screen.run_state.final, 10, "final")
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                    and "taken at" in str(app.screen.query_one("#stacks-body").content), 10, "stacks shown")
+        shown = str(app.screen.query_one("#stacks-body").content).splitlines()
+    assert shown[0].endswith("(asked; rank0.stacks, rank1.stacks)"), shown
+    assert printed[0].split(" recorded at ")[1].rstrip(":") == shown[0].split("taken at ")[1]  # same time, why
+    assert [ln for ln in shown[1:] if not ln.startswith("    ")] == \
+        [ln for ln in printed[1:] if not ln.startswith("    ")] == [
+            "ranks 0,1: all_reduce (distributed/distributed_c10d.py:2950) <- _should_stop (engine/train.py:341)"]
