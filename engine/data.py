@@ -1,4 +1,5 @@
-"""Data sets for a run: a built-in synthetic set, torchvision sets, ImageFolder or a user callable.
+"""Data sets for a run: a built-in synthetic set, torchvision sets, ImageFolder or a user callable;
+and the loader that feeds a rank's training loop from them (TrainData).
 
 Imported only by workers, so torch and torchvision are imported at the top. Every failure a user
 can cause (missing files, no network, a bad import path) becomes one DataError with a message
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from engine import cache
+from engine import affinity, cache
 from engine.cache import NodeShare
 from engine.errors import TorchdeckError
 
@@ -491,3 +493,122 @@ def build_datasets(cfg, share: NodeShare | None = None) -> tuple[Dataset, Datase
         return _user_set(name, cfg)
     raise DataError(f"data.dataset: unknown data set {name!r}; use synthetic, cifar10, mnist, "
                     "fashionmnist, imagefolder or package.module:callable")
+
+
+# ----------------------------------------------------------------------------- the training loader
+
+
+class SkipSampler(torch.utils.data.Sampler):
+    """Wraps an epoch sampler and drops its first `skip` indices: resume mid-epoch without loading them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.inner), self.skip, None)
+
+    def __len__(self):
+        return max(0, len(self.inner) - self.skip)
+
+
+class BatchTensors(Dataset):
+    """An in-memory TensorDataset fetched a whole batch at a time: one gather per tensor instead of
+    batch_size single-item lookups and a stack (measured ~355 -> ~150 us for 64 32x32 images, about
+    4 % of a CPU step of the tutorial CNN; same rows, same order). With data.on_device the tensors
+    are copied to the GPU once, so a batch is one gather there and no host-to-device copy."""
+
+    def __init__(self, dataset, device=None):
+        self.tensors = [t.to(device) if device is not None else t for t in dataset.tensors]
+
+    def __len__(self):
+        return self.tensors[0].shape[0]
+
+    def __getitem__(self, i):
+        return tuple(t[i] for t in self.tensors)
+
+    def __getitems__(self, indices):  # DataLoader fetches a whole batch with this when present
+        ix = torch.as_tensor(indices, device=self.tensors[0].device)
+        return [t[ix] for t in self.tensors]
+
+
+def keep_batch(batch):
+    """collate_fn for BatchTensors: the batch is already stacked."""
+    return batch
+
+
+def default_sampler(dataset, seed: int):
+    """One process: exactly the order DistributedSampler gives one replica, so 1 x 2B == 2 ranks x B."""
+    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
+
+
+class TrainData:
+    """A rank's data sets and the loader that feeds its training loop. Made in two steps, the
+    model built in between: the loader workers' fork server imports torch meanwhile, and the
+    sampler (whose share of the set the loader reads) is the strategy's."""
+
+    def __init__(self, cfg, ctx, share: NodeShare | None):
+        d = cfg.data
+        self.cfg, self.ctx = cfg, ctx
+        self.train_ds, self.val_ds, self.info = build_datasets(cfg, share)
+        self.in_memory = isinstance(self.train_ds, TensorDataset)
+        self.on_device = d.on_device and self.in_memory  # already on the GPU: no workers, no pinning
+        self.workers = 0 if self.on_device else cache.loader_workers(d.num_workers, self.in_memory,
+                                                                     ctx.local_world_size)
+        self._start = cache.worker_start(d.worker_start, self.workers)
+        self.worker_start = self._start.get("multiprocessing_context")  # None: the platform's default
+        self.forks_workers = self.worker_start == "fork"  # (worker_start is None without workers)
+        cache.start_worker_server(self._start)  # it imports torch while this rank builds its model
+
+    def open_loader(self, inner, emit) -> None:
+        """The loader over the strategy's sampler `inner` (None: one process's order), wrapped so a
+        resumed epoch skips what was trained; and the preparation of each fetched batch."""
+        cfg, ctx, t, d = self.cfg, self.ctx, self.cfg.train, self.cfg.data
+        device = ctx.device
+        self.inner = inner if inner is not None else default_sampler(self.train_ds, t.seed)
+        self.sampler = SkipSampler(self.inner)
+        if d.on_device and not self.in_memory and ctx.rank == 0:
+            emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
+                                                 "tensor data set; loading batches as usual")
+        workers = self.workers
+        self.loader = DataLoader(
+            BatchTensors(self.train_ds, device if self.on_device else None) if self.in_memory else self.train_ds,
+            batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
+            collate_fn=keep_batch if self.in_memory else None, num_workers=workers,
+            pin_memory=d.pin_memory and device.type == "cuda" and not self.on_device,
+            persistent_workers=d.persistent_workers and workers > 0,
+            prefetch_factor=d.prefetch_factor if workers > 0 else None,
+            **self._start,  # not spawn, as the rank was: no torch import in each worker
+            **affinity.loader_kwargs())  # workers off their rank's bound cores
+        # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
+        self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, device)
+        self.val_prep = BatchPrep(self.val_ds, device=device) if self.val_ds is not None else None
+
+    def note(self) -> str:
+        """How the batches come, for the run's log."""
+        ds = self.train_ds
+        if isinstance(ds, ImageTensors):
+            mb = sum(t.numel() * t.element_size() for t in ds.tensors) / 2 ** 20
+            who = f"one copy for the node's {ds.shared_by} ranks" if ds.shared_by > 1 else "in this process"
+            return f"decoded once: {mb:.0f} MiB of uint8 in memory, {who}"
+        if self.in_memory:
+            return "in memory"
+        if not self.workers:
+            return "read in the training process"
+        return f"read by {self.workers} loader worker(s) per rank, {cache.start_said(self.worker_start)}"
+
+    def bottleneck_knob(self) -> str:
+        """What to turn when the ranks wait for batches."""
+        d = self.cfg.data
+        if self.in_memory:
+            return ("batches come from memory, so the CPU is short: lower train.threads_per_rank or run fewer "
+                    "ranks per host")
+        knob = f"raise data.num_workers (now {self.workers})"
+        if d.dataset == "imagefolder":
+            knob += (" or decode the set once: data.cache: auto" if d.cache == "none" else
+                     " or let the set be decoded once in RAM: raise data.cache_budget_mb (or data.cache: ram)")
+        return knob

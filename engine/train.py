@@ -6,7 +6,6 @@ losses and accuracy are summed on the device and read once per step event.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -15,12 +14,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Subset
 
 from engine import affinity
 from engine import checkpoint as ckpt
-from engine.cache import NodeShare, loader_workers, start_said, start_worker_server, worker_start
-from engine.data import BatchPrep
+from engine.cache import NodeShare
+from engine.data import BatchPrep, BatchTensors, TrainData, keep_batch
 from engine.errors import TorchdeckError
 from engine.events import EVENT_VERSION
 from engine.optim import Precision, set_speed_flags
@@ -28,6 +27,7 @@ from engine.optim import Precision, set_speed_flags
 
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
 MAX_STOP_INTERVAL = 50  # steps
+_SYNCS = contextlib.nullcontext()  # the last micro-batch of a step: its backward syncs the gradients
 # One row per rank in the gathered report; flag and per_step double as the stop agreement.
 REPORT_ROW = ("flag", "per_step", "epoch", "step", "samples_per_s", "data_wait", "device_mem_mb", "t", "peak_mem_mb",
               "comm_wait")
@@ -66,60 +66,12 @@ class TrainError(TorchdeckError):
     """A config that cannot train on this data (e.g. batch larger than the data set)."""
 
 
-class SkipSampler(torch.utils.data.Sampler):
-    """Wraps an epoch sampler and drops its first `skip` indices: resume mid-epoch without loading them."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.inner, "set_epoch"):
-            self.inner.set_epoch(epoch)
-
-    def __iter__(self):
-        return itertools.islice(iter(self.inner), self.skip, None)
-
-    def __len__(self):
-        return max(0, len(self.inner) - self.skip)
-
-
-class BatchTensors(torch.utils.data.Dataset):
-    """An in-memory TensorDataset fetched a whole batch at a time: one gather per tensor instead of
-    batch_size single-item lookups and a stack (measured ~355 -> ~150 us for 64 32x32 images, about
-    4 % of a CPU step of the tutorial CNN; same rows, same order). With data.on_device the tensors
-    are copied to the GPU once, so a batch is one gather there and no host-to-device copy."""
-
-    def __init__(self, dataset, device=None):
-        self.tensors = [t.to(device) if device is not None else t for t in dataset.tensors]
-
-    def __len__(self):
-        return self.tensors[0].shape[0]
-
-    def __getitem__(self, i):
-        return tuple(t[i] for t in self.tensors)
-
-    def __getitems__(self, indices):  # DataLoader fetches a whole batch with this when present
-        ix = torch.as_tensor(indices, device=self.tensors[0].device)
-        return [t[ix] for t in self.tensors]
-
-
 def plain_layout(model) -> None:
     """Give every weight a plain (row-major) layout. Tests the last stride too: a 1x1 conv's
     channels_last weight passes is_contiguous() with a last stride of C."""
     for p in model.parameters():
         if p.dim() and (p.stride(-1) != 1 or not p.is_contiguous()):
             p.data = p.data.clone(memory_format=torch.contiguous_format)
-
-
-def keep_batch(batch):
-    """collate_fn for BatchTensors: the batch is already stacked."""
-    return batch
-
-
-def default_sampler(dataset, seed: int):
-    """One process: exactly the order DistributedSampler gives one replica, so 1 x 2B == 2 ranks x B."""
-    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
 
 
 def eval_shard(dataset, rank: int, world: int) -> tuple[Subset, int]:
@@ -247,9 +199,6 @@ class _Window:
 class Trainer:
     def __init__(self, cfg, strategy, ctx, run_dir, emit, stop_requested=lambda: False):
         """emit(kind, **fields) reports an event; stop_requested() is this rank's local stop flag."""
-        from engine.data import build_datasets
-        from engine.models import build_model
-
         self.cfg, self.strategy, self.ctx, self.run_dir = cfg, strategy, ctx, run_dir
         self.emit, self.stop_requested = emit, stop_requested
         t = cfg.train
@@ -257,62 +206,17 @@ class Trainer:
         set_speed_flags(cfg, self.device)
 
         emit("phase", phase="data")
-        self.train_ds, self.val_ds, self.info = build_datasets(cfg, self._node_share())
-        d = cfg.data
-        in_memory = isinstance(self.train_ds, torch.utils.data.TensorDataset)
-        on_device = d.on_device and in_memory  # already on the GPU: no workers, no pinning
-        workers = 0 if on_device else loader_workers(d.num_workers, in_memory, ctx.local_world_size)
-        start = worker_start(d.worker_start, workers)
-        self.worker_start = start.get("multiprocessing_context")  # None: the platform's default
-        start_worker_server(start)  # it imports torch while this rank builds its model
+        self.data = data = TrainData(cfg, ctx, self._node_share())
+        self.train_ds, self.val_ds, self.info = data.train_ds, data.val_ds, data.info
         emit("phase", phase="model")
-        model = build_model(cfg, self.info)
-        if strategy.channels_last_weights:
-            if t.channels_last:
-                model = model.to(memory_format=torch.channels_last)
-        else:
-            plain_layout(model)  # a user's model may come channels-last itself
-            if t.channels_last and ctx.rank == 0:
-                emit("log", level="info", message=(
-                    f"train.channels_last: {strategy.name} keeps the weights in plain layout (it shards or "
-                    "byte-views them); the batches go channels-last, so convolutions still run NHWC"))
-
-        inner = strategy.sampler(self.train_ds, ctx, shuffle=True, seed=t.seed)
-        if inner is None:
-            inner = default_sampler(self.train_ds, t.seed)
-        self.sampler = SkipSampler(inner)
-        if d.on_device and not in_memory and ctx.rank == 0:
-            emit("log", level="warning", message=f"data.on_device: {self.info.name} is not an in-memory "
-                                                 "tensor data set; loading batches as usual")
-        self.loader = DataLoader(
-            BatchTensors(self.train_ds, self.device if on_device else None) if in_memory else self.train_ds,
-            batch_size=t.batch_size, sampler=self.sampler, drop_last=True,
-            collate_fn=keep_batch if in_memory else None, num_workers=workers,
-            pin_memory=d.pin_memory and self.device.type == "cuda" and not on_device,
-            persistent_workers=d.persistent_workers and workers > 0,
-            prefetch_factor=d.prefetch_factor if workers > 0 else None,
-            **start,  # not spawn, as the rank was: no torch import in each worker
-            **affinity.loader_kwargs())  # workers off their rank's bound cores
-        self.workers = workers
-        self.forks_workers = self.worker_start == "fork"  # (worker_start is None without workers)
-        # Decoded bytes become normalized floats (and augmented) a whole batch at a time, on the device.
-        self.prep = BatchPrep(self.train_ds, d.augment, t.seed, ctx.rank, self.device)
-        self.val_prep = BatchPrep(self.val_ds, device=self.device) if self.val_ds is not None else None
-        self.micro_per_epoch = len(inner) // t.batch_size
-        self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
-        if self.steps_per_epoch == 0:
-            raise TrainError(
-                f"train.batch_size {t.batch_size} x grad_accum {t.grad_accum} needs more samples per rank "
-                f"than the {len(inner)} this rank gets from {self.info.name} ({len(self.train_ds)} in all); "
-                "lower the batch size or use more data")
-        by_epochs = t.epochs * self.steps_per_epoch if t.epochs else math.inf
-        self.total_steps = int(min(t.max_steps or math.inf, by_epochs))
+        model = self._build_model()
+        data.open_loader(strategy.sampler(self.train_ds, ctx, shuffle=True, seed=t.seed), emit)
+        self.sampler, self.loader, self.prep, self.val_prep = data.sampler, data.loader, data.prep, data.val_prep
+        self.workers, self.worker_start, self.forks_workers = data.workers, data.worker_start, data.forks_workers
+        self._count_steps(len(data.inner))
         self.model, self.optimizer, self.scheduler, self.precision = strategy.setup(
             model, ctx, self.total_steps, self.steps_per_epoch)
-        self.comm = None  # where the time goes: waiting for the other ranks (CPU DDP for now)
-        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) and self.device.type == "cpu":
-            self.comm = CommClock()
-            self.model.register_comm_hook(None, self.comm.hook)
+        self.comm = self._comm_clock()
         # Strategy calls get the wrapped module; only the forward goes through the compiled one.
         self.forward_model = torch.compile(self.model) if t.compile else self.model
         self.pos = Position()
@@ -324,6 +228,42 @@ class Trainer:
         self._next_report = 1  # first report at the first agreement: every rank is seen early
         self._proc = None  # psutil.Process, for the rank's RSS on CPU
 
+    def _build_model(self):
+        """The model in the weight layout the strategy can hold (sharding and byte views need plain)."""
+        from engine.models import build_model
+
+        t, strategy = self.cfg.train, self.strategy
+        model = build_model(self.cfg, self.info)
+        if strategy.channels_last_weights:
+            return model.to(memory_format=torch.channels_last) if t.channels_last else model
+        plain_layout(model)  # a user's model may come channels-last itself
+        if t.channels_last and self.ctx.rank == 0:
+            self.emit("log", level="info", message=(
+                f"train.channels_last: {strategy.name} keeps the weights in plain layout (it shards or "
+                "byte-views them); the batches go channels-last, so convolutions still run NHWC"))
+        return model
+
+    def _count_steps(self, per_rank: int) -> None:
+        """Steps per epoch and in all, from the samples this rank's sampler hands it."""
+        t = self.cfg.train
+        self.micro_per_epoch = per_rank // t.batch_size
+        self.steps_per_epoch = self.micro_per_epoch // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise TrainError(
+                f"train.batch_size {t.batch_size} x grad_accum {t.grad_accum} needs more samples per rank "
+                f"than the {per_rank} this rank gets from {self.info.name} ({len(self.train_ds)} in all); "
+                "lower the batch size or use more data")
+        by_epochs = t.epochs * self.steps_per_epoch if t.epochs else math.inf
+        self.total_steps = int(min(t.max_steps or math.inf, by_epochs))
+
+    def _comm_clock(self) -> CommClock | None:
+        """Where the time goes: waiting for the other ranks (CPU DDP for now)."""
+        if not (isinstance(self.model, torch.nn.parallel.DistributedDataParallel) and self.device.type == "cpu"):
+            return None
+        comm = CommClock()
+        self.model.register_comm_hook(None, comm.hook)
+        return comm
+
     DATA_WAIT_WARN = 0.25
 
     def _data_bottleneck(self, epoch: int, share: float) -> None:
@@ -332,32 +272,13 @@ class Trainer:
         if share < self.DATA_WAIT_WARN or self.ctx.rank != 0 or getattr(self, "_warned_data", False):
             return
         self._warned_data = True
-        d = self.cfg.data
-        if isinstance(self.train_ds, torch.utils.data.TensorDataset):
-            knob = ("batches come from memory, so the CPU is short: lower train.threads_per_rank or run fewer "
-                    "ranks per host")
-        else:
-            knob = f"raise data.num_workers (now {self.workers})"
-            if self.cfg.data.dataset == "imagefolder":
-                knob += (" or decode the set once: data.cache: auto" if d.cache == "none" else
-                         " or let the set be decoded once in RAM: raise data.cache_budget_mb (or data.cache: ram)")
+        knob = self.data.bottleneck_knob()
         self.emit("log", level="warning", message=f"data is the bottleneck: the ranks waited for batches "
                                                   f"{share:.0%} of epoch {epoch + 1}; {knob}")
 
     def data_note(self) -> str:
         """How the batches come, for the run's log."""
-        from engine.data import ImageTensors
-
-        ds = self.train_ds
-        if isinstance(ds, ImageTensors):
-            mb = sum(t.numel() * t.element_size() for t in ds.tensors) / 2 ** 20
-            who = f"one copy for the node's {ds.shared_by} ranks" if ds.shared_by > 1 else "in this process"
-            return f"decoded once: {mb:.0f} MiB of uint8 in memory, {who}"
-        if isinstance(ds, torch.utils.data.TensorDataset):
-            return "in memory"
-        if not self.workers:
-            return "read in the training process"
-        return f"read by {self.workers} loader worker(s) per rank, {start_said(self.worker_start)}"
+        return self.data.note()
 
     def _node_share(self) -> NodeShare | None:
         """How this rank shares decoded data with the other ranks of its node (engine/cache.py)."""
@@ -514,89 +435,116 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> Position:
-        cfg, t = self.cfg, self.cfg.train
-        model, opt, sched, prec = self.forward_model, self.optimizer, self.scheduler, self.precision
-        k = t.grad_accum
+        """Train to the end (max_steps, epochs) or an agreed stop; a final checkpoint where it ends."""
+        self._start_fit()
+        max_epochs = self.cfg.train.epochs or 10 ** 9
+        while self.pos.step < self.total_steps and self.pos.epoch < max_epochs and not self.stopped:
+            self._run_epoch(self.pos.epoch)
+        if self.last_saved_step != self.pos.step:
+            self.save_checkpoint()
+        return self.pos
+
+    def _start_fit(self) -> None:
+        """The stop agreement's and the reports' clocks start here, not at construction (resume, the
+        worker's log and a fork-safe wait come between)."""
+        t = self.cfg.train
         self._check_t, self._check_step, self.stop_interval = time.perf_counter(), self.pos.step, 1
         self._next_check = self.pos.step + 1
         if self.report_every_s > 0:
             self._start_reports()
         self._wait_total, self._samples_total = 0.0, 0  # for the rank reports
-        every_n = cfg.checkpoint.every_n_steps
-        has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
-        model.train()
+        self._has_eval = t.eval_every_epoch and self.val_ds is not None and len(self.val_ds) > 0
+        self.forward_model.train()
         # Start-up's last two phases: the first batch (loader workers start: each imports torch)
         # and the steps up to the first step event (log_every_n_steps of them), told apart.
         self._first_batch = True
         self.emit("phase", phase="batch", step=self.pos.step, epoch=self.pos.epoch)  # where it trains from
-        max_epochs = t.epochs if t.epochs else 10 ** 9
-        elsewhere = None  # model-parallel: the logits come out on the last stage's device
-        no_sync_needed = contextlib.nullcontext()
+        self._elsewhere = None  # model-parallel: the logits come out on the last stage's device
 
-        while self.pos.step < self.total_steps and self.pos.epoch < max_epochs and not self.stopped:
-            epoch = self.pos.epoch
-            start_micro = self.pos.batches_done
-            self.sampler.set_epoch(epoch)
-            self.sampler.skip = start_micro * t.batch_size
-            it = iter(self.loader)
-            window = _Window(self.device, self.comm)
-            ep_wait0, ep_t0 = self._wait_total, time.perf_counter()
-            micro = start_micro
-            while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
-                for j in range(k):
-                    x, y = self._batch(it, epoch, micro + j, window)
-                    sync = self.strategy.no_sync(self.model) if j < k - 1 else no_sync_needed
-                    with sync:
-                        with prec.autocast():
-                            out = model(x)
-                            if elsewhere is None:
-                                elsewhere = out.device != y.device
-                            if elsewhere:
-                                y = y.to(out.device, non_blocking=True)
-                            loss = F.cross_entropy(out, y)
-                        prec.backward(loss / k if k > 1 else loss)
-                    window.add(loss, out, y)
-                    self._samples_total += y.shape[0]
-                if self.comm is not None:
-                    self.comm.settle()
-                prec.step(opt, self.model)
-                opt.zero_grad(set_to_none=True)
-                sched.step()
-                micro += k
-                self.pos.step += 1
-                self.pos.batches_done = micro
-                step = self.pos.step
-                epoch_done = micro + k > self.steps_per_epoch * k
-                last = step >= self.total_steps or epoch_done
-                logged = step % t.log_every_n_steps == 0 or last
-                if logged:
-                    # a periodic save after this event or within the next window
-                    n = t.log_every_n_steps
-                    saves = bool(every_n and (step + n - 1) // every_n > (step - 1) // every_n
-                                 and step < self.total_steps)
-                    self._emit_step(epoch, step, window, pause=last or saves)
-                if self._stop_now(step, last):
-                    if not logged:  # the final position, not the last window's: every view shows it
-                        self._emit_step(epoch, step, window, pause=True)
-                    break
-                if (every_n and step % every_n == 0 and step < self.total_steps
-                        and not (epoch_done and cfg.checkpoint.every_epoch)):
-                    self.save_checkpoint()
-            window.fold()
-            window.epoch_sums += window.sums
-            if self.stopped:
+    def _run_epoch(self, epoch: int) -> None:
+        """One epoch, or the rest of it after a resume, up to max_steps or an agreed stop."""
+        k = self.cfg.train.grad_accum
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip = self.pos.batches_done * self.cfg.train.batch_size
+        it = iter(self.loader)
+        window = _Window(self.device, self.comm)
+        ep_wait0, ep_t0 = self._wait_total, time.perf_counter()
+        micro = self.pos.batches_done
+        while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
+            self._accumulate(it, epoch, micro, window)
+            self._optimizer_step()
+            micro += k
+            if self._after_step(epoch, micro, window):
                 break
-            waited = (self._wait_total - ep_wait0, time.perf_counter() - ep_t0)
-            if micro + k > self.steps_per_epoch * k:  # the epoch is complete
-                self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, has_eval, waited)
-                self.pos = Position(epoch + 1, self.pos.step, 0)
-                if cfg.checkpoint.every_epoch and self.pos.step < self.total_steps:
-                    self.save_checkpoint()
-            elif has_eval:  # max_steps ended it mid-epoch: still report where the model stands
-                self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, has_eval, waited, partial=True)
-        if self.last_saved_step != self.pos.step:
+        window.fold()
+        window.epoch_sums += window.sums
+        if self.stopped:
+            return
+        waited = (self._wait_total - ep_wait0, time.perf_counter() - ep_t0)
+        if micro + k > self.steps_per_epoch * k:  # the epoch is complete
+            self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, self._has_eval, waited)
+            self.pos = Position(epoch + 1, self.pos.step, 0)
+            if self.cfg.checkpoint.every_epoch and self.pos.step < self.total_steps:
+                self.save_checkpoint()
+        elif self._has_eval:  # max_steps ended it mid-epoch: still report where the model stands
+            self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, self._has_eval, waited, partial=True)
+
+    def _accumulate(self, it, epoch: int, micro: int, window: "_Window") -> None:
+        """Forward and backward over one optimizer step's grad_accum micro-batches; only the last
+        one's backward syncs the gradients."""
+        k = self.cfg.train.grad_accum
+        for j in range(k):
+            x, y = self._batch(it, epoch, micro + j, window)
+            with self.strategy.no_sync(self.model) if j < k - 1 else _SYNCS:
+                out, y, loss = self._forward(x, y)
+                self.precision.backward(loss / k if k > 1 else loss)
+            window.add(loss, out, y)
+            self._samples_total += y.shape[0]
+
+    def _forward(self, x, y):
+        """Logits, labels and loss under autocast; model-parallel logits come out on the last stage's
+        device, so the labels go there (asked once: the layout does not change)."""
+        with self.precision.autocast():
+            out = self.forward_model(x)
+            if self._elsewhere is None:
+                self._elsewhere = out.device != y.device
+            if self._elsewhere:
+                y = y.to(out.device, non_blocking=True)
+            return out, y, F.cross_entropy(out, y)
+
+    def _optimizer_step(self) -> None:
+        if self.comm is not None:
+            self.comm.settle()
+        self.precision.step(self.optimizer, self.model)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def _after_step(self, epoch: int, micro: int, window: "_Window") -> bool:
+        """The step's bookkeeping: position, step event, stop agreement, periodic checkpoint.
+        True: the ranks agreed to stop here."""
+        t, k, every_n = self.cfg.train, self.cfg.train.grad_accum, self.cfg.checkpoint.every_n_steps
+        self.pos.step += 1
+        self.pos.batches_done = micro
+        step = self.pos.step
+        epoch_done = micro + k > self.steps_per_epoch * k
+        last = step >= self.total_steps or epoch_done
+        logged = step % t.log_every_n_steps == 0 or last
+        if logged:
+            self._emit_step(epoch, step, window, pause=last or self._saves_soon(step))
+        if self._stop_now(step, last):
+            if not logged:  # the final position, not the last window's: every view shows it
+                self._emit_step(epoch, step, window, pause=True)
+            return True
+        if (every_n and step % every_n == 0 and step < self.total_steps
+                and not (epoch_done and self.cfg.checkpoint.every_epoch)):
             self.save_checkpoint()
-        return self.pos
+        return False
+
+    def _saves_soon(self, step: int) -> bool:
+        """A periodic save after this step event or within the next log window: the watchdog must
+        not time it as a step."""
+        every_n, n = self.cfg.checkpoint.every_n_steps, self.cfg.train.log_every_n_steps
+        return bool(every_n and (step + n - 1) // every_n > (step - 1) // every_n and step < self.total_steps)
 
     def _batch(self, it, epoch: int, index: int, window: "_Window"):
         """The next batch where the model wants it (device, augmentation, memory format). Data wait

@@ -47,7 +47,7 @@ def test_single_process_sampler_is_distributed_sampler_order():
     """cpu/gpu read perm[0:2B] in the order two DDP ranks read perm[r::2] -- the basis of equivalence."""
     from torch.utils.data import DistributedSampler
 
-    from engine.train import default_sampler
+    from engine.data import default_sampler
 
     data = list(range(101))
     for epoch in (0, 3):
@@ -175,7 +175,7 @@ def test_batch_fetch_gives_the_same_batches():
     with data.on_device on the device): the batches equal the item-by-item default loader's."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from engine.train import BatchTensors, keep_batch
+    from engine.data import BatchTensors, keep_batch
 
     ds = TensorDataset(torch.randn(50, 3, 4, 4), torch.arange(50))
     sampler = list(torch.randperm(50, generator=torch.Generator().manual_seed(0)))
