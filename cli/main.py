@@ -96,7 +96,7 @@ def follow(run, display, on_interrupt=None, interval: float = 0.2):
                     return None
     view = follower.view
     display.finish(view)
-    if view.status.final and view.status != "finished" and not view.errors and view.status not in ("stopped", "preempted"):
+    if view.status.went_wrong and not view.errors:
         _print_log_tail(run.supervisor_log)
     if follower.skipped:
         print(f"({follower.skipped} line(s) of {run.events_path.name} could not be read and were skipped)")
@@ -115,7 +115,7 @@ def _print_log_tail(path: Path, n: int = 10) -> None:
 
 
 def _exit_for(view) -> int:
-    return EXIT_OK if view is not None and view.status in ("finished", "stopped", "preempted") else EXIT_FAILED
+    return EXIT_OK if view is not None and view.status.ended_well else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------- commands
@@ -228,7 +228,7 @@ def cmd_runs(args) -> int:
     cols = [(k, label) for k, label in COLUMNS if any(c[k] for c in cells)]  # no empty columns
     print("\n".join(fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)))
     for r in rows:
-        if r.root_cause and r.status in ("failed", "lost", "stopped", "preempted"):
+        if r.root_cause and r.status.ended_early:
             print(f"{r.key}: {r.root_cause}")
     print(f"({root})")
     return EXIT_OK
@@ -297,8 +297,10 @@ def cmd_compare(args) -> int:
             saved = save_user_preset(entry.preset_cfg, args.save_best)
             print(f"saved the fastest, {best.strategy}, as user preset {args.save_best} ({saved}); "
                   f"launch it with: torchdeck run user:{args.save_best}")
+    from engine.runs.status import Status
+
     ran = [r for r in comparison.rows if r.status != compare.SKIPPED]
-    return EXIT_OK if ran and all(r.status in ("finished", "stopped") for r in ran) else EXIT_FAILED
+    return EXIT_OK if ran and all(Status.of_final(r.status).ended_well for r in ran) else EXIT_FAILED
 
 
 def cmd_tune(args) -> int:
@@ -370,7 +372,9 @@ def cmd_stop(args) -> int:
             print(f"still running after {args.wait:g} s")
             return EXIT_FAILED
         print(f"run {final.get('status')}")
-        return EXIT_OK if final.get("status") in ("finished", "stopped", "preempted") else EXIT_FAILED
+        from engine.runs.status import Status
+
+        return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
     return EXIT_OK
 
 

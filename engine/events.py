@@ -75,9 +75,6 @@ KINDS = (
     "run_finished",
 )
 
-FINAL_STATUSES = ("finished", "failed", "stopped", "preempted")
-
-
 def epoch_number(index, default: int | None = None) -> int | None:
     """The 1-based epoch people read, from an event's 0-based `epoch` index; `default` when the
     value is not a whole number >= 0 (an events file is input)."""

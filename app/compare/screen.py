@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 from app.monitor.panes import step_ticks
 from app.runs.screen import fitted
 from engine.runs import compare
+from engine.runs.status import LIVE as RUN_LIVE
 
 REFRESH_S = 2.0
 # (plotext colour, the same colour for rich): the legend must match the lines
@@ -27,7 +28,7 @@ COLOURS = (("cyan", "cyan"), ("red", "red"), ("green", "green"), ("yellow", "yel
            ("blue", "blue"), ("orange", "dark_orange"), ("white", "white"))
 STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
                 "stopped": "yellow", "preempted": "yellow", "lost": "red", "skipped": "dim", "waiting": "dim"}
-LIVE = ("starting", "running", "waiting")
+LIVE = RUN_LIVE | {"waiting"}  # a row still to come: its run lives, or waits its turn
 
 
 class CompareScreen(Screen):
@@ -137,7 +138,7 @@ class CompareScreen(Screen):
     def _show(self) -> None:
         what = self.comparison.name if self.comparison else f"{len(self.run_paths)} runs"
         head = Text.assemble(("torchdeck", "bold"), f" · Compare · {what}")
-        now = [i for i, r in enumerate(self.rows) if r.status in ("starting", "running")]
+        now = [i for i, r in enumerate(self.rows) if r.status in RUN_LIVE]
         if now:
             todo = [r for r in self.rows if r.status != compare.SKIPPED]
             r = self.rows[now[0]]

@@ -131,9 +131,9 @@ def header_text(state: RunView, now: float, run_name: str) -> Text:
         t.append(fmt.pct(val), style="bold")
         if state.best_val_acc is not None and state.best_val_acc > val + 1e-9:
             t.append(f" (best {fmt.pct(state.best_val_acc)})")
-    if state.root_cause and st in ("failed", "stopped", "lost"):
+    if state.root_cause and st.ended_early:
         t.append("\n")
-        t.append(f" root cause: {state.root_cause}", style="red" if st != "stopped" else "yellow")
+        t.append(f" root cause: {state.root_cause}", style="red" if st.went_wrong else "yellow")
     return t
 
 

@@ -241,8 +241,8 @@ class RunsScreen(Screen):
             return
         lines = [str(r.path)]
         if r.root_cause:
-            lines.append(f"root cause: {r.root_cause}" if r.status != "stopped" else f"why: {r.root_cause}")
-            w.set_class(r.status in ("failed", "lost"), "-failed")
+            lines.append(f"why: {r.root_cause}" if r.status.ended_well else f"root cause: {r.root_cause}")
+            w.set_class(r.status.went_wrong, "-failed")
         w.update(Text("\n".join(lines)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -32,11 +32,28 @@ class Status(str, Enum):
 
     @property
     def final(self) -> bool:
+        """Over: nothing of it trains any more."""
         return self in FINAL
 
     @property
     def live(self) -> bool:
-        return self in (Status.STARTING, Status.RUNNING)
+        return self in LIVE
+
+    @property
+    def ended_well(self) -> bool:
+        """Over without anything going wrong: finished, or stopped on request or by preemption after a
+        checkpoint (exit status 0 of torchdeck run/attach/stop/compare and of the supervisor)."""
+        return self in ENDED_WELL
+
+    @property
+    def went_wrong(self) -> bool:
+        """Over because something failed: a rank or the supervisor (failed), or it vanished (lost)."""
+        return self.final and not self.ended_well
+
+    @property
+    def ended_early(self) -> bool:
+        """Over before its end: its root cause, when one was recorded, is worth saying."""
+        return self.final and self is not Status.FINISHED
 
     @classmethod
     def of_final(cls, value) -> "Status":
@@ -45,10 +62,21 @@ class Status(str, Enum):
             st = cls(str(value))
         except ValueError:
             return cls.FAILED
-        return st if st in (cls.FINISHED, cls.FAILED, cls.STOPPED, cls.PREEMPTED) else cls.FAILED
+        return st if st in RECORDED else cls.FAILED
+
+    @classmethod
+    def of(cls, value) -> "Status | None":
+        """The Status a string names; None for anything else (a comparison's 'skipped', 'waiting')."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return None
 
 
-FINAL = frozenset({Status.FINISHED, Status.FAILED, Status.STOPPED, Status.PREEMPTED, Status.LOST})
+LIVE = frozenset({Status.STARTING, Status.RUNNING})
+ENDED_WELL = frozenset({Status.FINISHED, Status.STOPPED, Status.PREEMPTED})
+RECORDED = ENDED_WELL | {Status.FAILED}  # what a run writes itself (status.json, run_finished)
+FINAL = RECORDED | {Status.LOST}
 
 
 def decide(final: str | None, alive: bool, has_pid: bool, stepped: bool, quiet_s: float | None) -> Status:

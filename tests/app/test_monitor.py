@@ -400,6 +400,25 @@ def test_a_lost_runs_ranks_are_marked_gone_and_a_stale_rank_stops_the_header():
         assert line.rstrip().endswith("gone") and "s" not in line.split()[-1].replace("gone", "")
 
 
+def test_each_final_status_says_one_thing_in_the_header_the_exit_code_and_the_runs_list():
+    """Issue 28: three lists of statuses disagreed: the Monitor's header left out a preempted run's
+    cause (which `torchdeck runs` prints, and `torchdeck stop --wait` exits 0 on). One rule now,
+    engine.runs.status.Status: the cause of a run that ended early is said, red when it went wrong."""
+    from app.monitor.panes import header_text
+    from cli.main import _exit_for
+    from engine.runs.view import RunView
+
+    for status, style, code in (("failed", "red", 1), ("stopped", "yellow", 0), ("preempted", "yellow", 0),
+                                ("finished", None, 0)):
+        st = RunView()
+        st.feed_all([started(), step(0, 5, 10), ev("run_finished", 20, status=status, exit_codes=[],
+                                                   root_cause=f"why it {status}", elapsed_s=20.0)])
+        head = header_text(st, T0 + 30, "r")
+        said = [span.style for span in head.spans if f"why it {status}" in head.plain[span.start:span.end]]
+        assert (said[0] if said else None) == style, (status, head.plain)
+        assert _exit_for(st) == code, status
+
+
 def test_curve_ticks_are_whole_steps():
     from app.monitor.panes import step_ticks
 
