@@ -25,14 +25,15 @@ IMG, BATCH, HIDDEN = 8, 4, 8
 def engine_step_s(steps: int, warm: int) -> float:
     from engine import config as cfgmod
     from engine import events
-    from engine.worker import train_rank
+    from engine.worker import RankJob, train_rank
 
     out: list[dict] = []
     cfg = C.engine_config(model={"name": "mlp", "hidden": HIDDEN},
                           data={"train_size": 4096, "val_size": 16, "image_size": IMG},
                           train={"batch_size": BATCH, "max_steps": steps, "threads_per_rank": 1})
     with tempfile.TemporaryDirectory() as d:
-        train_rank(cfgmod.from_dict(cfg), Path(d), 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
+        train_rank(RankJob(cfgmod.from_dict(cfg), Path(d), 0, 0, 1),
+                   lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
     marks = [m for m in C.step_marks(out) if m[0] >= warm]
     return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
 

@@ -16,8 +16,10 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from engine import affinity, events, preflight
 from engine.affinity import threads_for
@@ -233,40 +235,73 @@ def _prewarm() -> None:
         pass
 
 
-def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, emit,
-               stop_requested=lambda: False, local_world_size: int | None = None,
-               node_rank: int | None = None, listener=None) -> bool:
-    """Everything a rank does once its environment (MASTER_ADDR etc.) is set. True: stopped on request.
-    `listener`: (socket, address) of the rendezvous store this rank serves (see serve_store)."""
+@dataclass
+class RankJob:
+    """What a rank is handed, by the supervisor's spawn or by torchrun's environment: the run,
+    where the rank stands among the others, and (local rank 0 of node 0 under the supervisor) the
+    socket it serves the rendezvous store on."""
+
+    cfg: object
+    run_dir: Path
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int | None = None  # None: the strategy's processes per node
+    node_rank: int | None = None  # None: nodes.node_rank
+    listener: tuple | None = None  # (socket, address), see serve_store
+
+    def __post_init__(self):
+        self.local_world_size = self.local_world_size or nproc_per_node(self.cfg)
+        if self.node_rank is None:
+            self.node_rank = self.cfg.nodes.node_rank
+
+    def context(self, device):
+        from engine.strategies.base import RankContext
+
+        return RankContext(rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
+                           local_world_size=self.local_world_size, node_rank=self.node_rank, device=device,
+                           cfg=self.cfg)
+
+
+class Placement(NamedTuple):
+    """Where a rank runs: its device and thread count, and the node's core plan (cores per local
+    rank, or None and why not)."""
+
+    device: object
+    threads: int
+    cores: list | None
+    why: str
+
+
+def _take_place(job: RankJob) -> Placement:
+    """Cores, threads and device, before the data, the model or another thread exist: the thread
+    pools and gloo's threads inherit the binding, and the allocator setting must come first."""
     import torch
-    import torch.distributed as dist
 
-    prewarm = threading.Thread(target=_prewarm, name="prewarm", daemon=True)
-    prewarm.start()
-
-    from engine.strategies import get_strategy
-    from engine.strategies.base import RankContext
-    from engine.train import Trainer
-
-    strategy = get_strategy(cfg.strategy)
-    local_world_size = local_world_size or nproc_per_node(cfg)
-    threads = threads_for(cfg, local_world_size)
-    cores, why = affinity.plan(cfg.train.cpu_affinity, cfg.accelerator, local_world_size, threads,
+    cfg = job.cfg
+    threads = threads_for(cfg, job.local_world_size)
+    cores, why = affinity.plan(cfg.train.cpu_affinity, cfg.accelerator, job.local_world_size, threads,
                                affinity.core_order(affinity.allowed_cpus()))
     if cores:
-        affinity.bind(cores[local_rank])  # before the thread pools and gloo's threads: they inherit it
-    keep_freed_buffers()  # before the data and the model allocate anything
+        affinity.bind(cores[job.local_rank])
+    keep_freed_buffers()
     torch.set_num_threads(threads)
-    device = torch.device(cfg.device_for(local_rank))
+    device = torch.device(cfg.device_for(job.local_rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # the index the user listed: "6,7" trains on cuda:6 and cuda:7
-    if cfg.nodes.ifname:  # gloo and NCCL read these when the group is created; the user's env wins
+    return Placement(device, threads, cores, why)
+
+
+def _socket_interface(job: RankJob, strategy) -> None:
+    """gloo and NCCL read their interface when the group is created; the user's env wins."""
+    cfg = job.cfg
+    if cfg.nodes.ifname:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             os.environ.setdefault(var, cfg.nodes.ifname)
         if (strategy.distributed and cfg.resolved_backend == "gloo"
                 and os.environ["GLOO_SOCKET_IFNAME"] == cfg.nodes.ifname):
             check_ifname(cfg.nodes.ifname)
-    elif strategy.distributed and world_size == local_world_size:
+    elif strategy.distributed and job.world_size == job.local_world_size:
         # One node: the ranks' sockets need not be reachable from elsewhere (gloo would otherwise
         # listen on the address this host's name resolves to, NCCL on its first network interface).
         from engine.network import loopback_ifname
@@ -274,28 +309,45 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         lo = loopback_ifname()
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             os.environ.setdefault(var, lo)
+
+
+def _say_ready(job: RankJob, place: Placement, emit) -> None:
+    cores, why = place.cores, place.why
+    emit("rank_ready", local_rank=job.local_rank, device=str(place.device), pid=os.getpid(),
+         host=socket.gethostname(), threads=place.threads,
+         cpus=affinity.cpu_list(cores[job.local_rank]) if cores else None)
+    if job.local_rank == 0 and cores:
+        emit("log", level="info", message="ranks bound to cores: " + affinity.said(cores, why))
+    elif job.local_rank == 0 and job.cfg.train.cpu_affinity == "exclusive":
+        emit("log", level="warning", message=f"train.cpu_affinity exclusive: ranks not bound: {why}")
+
+
+def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
+    """Everything a rank does once its environment (MASTER_ADDR etc.) is set. True: stopped on request."""
+    import torch.distributed as dist
+
+    prewarm = threading.Thread(target=_prewarm, name="prewarm", daemon=True)
+    prewarm.start()
+
+    from engine.strategies import get_strategy
+    from engine.train import Trainer
+
+    cfg = job.cfg
+    strategy = get_strategy(cfg.strategy)
+    place = _take_place(job)
+    _socket_interface(job, strategy)
     if strategy.distributed and cfg.resolved_backend == "nccl":
-        flight_recorder(RunDir(run_dir))
+        flight_recorder(RunDir(job.run_dir))
     if strategy.distributed:
         emit("phase", phase="rendezvous")
-        init_group(cfg, rank, world_size, node_rank, listener)
+        init_group(cfg, job.rank, job.world_size, job.node_rank, job.listener)
     clean = False
     try:
-        emit("rank_ready", local_rank=local_rank, device=str(device), pid=os.getpid(),
-             host=socket.gethostname(), threads=threads,
-             cpus=affinity.cpu_list(cores[local_rank]) if cores else None)
-        if local_rank == 0 and cores:
-            emit("log", level="info", message="ranks bound to cores: " + affinity.said(cores, why))
-        elif local_rank == 0 and cfg.train.cpu_affinity == "exclusive":
-            emit("log", level="warning", message=f"train.cpu_affinity exclusive: ranks not bound: {why}")
+        _say_ready(job, place, emit)
         seed_everything(cfg.train.seed)
-        ctx = RankContext(rank=rank, local_rank=local_rank, world_size=world_size,
-                          local_world_size=local_world_size,
-                          node_rank=cfg.nodes.node_rank if node_rank is None else node_rank,
-                          device=device, cfg=cfg)
-        trainer = Trainer(cfg, strategy, ctx, run_dir, emit, stop_requested)
+        trainer = Trainer(cfg, strategy, job.context(place.device), job.run_dir, emit, stop_requested)
         trainer.resume()
-        if rank == 0:
+        if job.rank == 0:
             emit("log", level="info",
                  message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples ({trainer.data_note()}), "
                          f"{trainer.steps_per_epoch} steps/epoch; "
@@ -307,7 +359,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
             # the first batch: not then. (gloo's threads can still do it: auto uses a fork server.)
             prewarm.join()
         pos = trainer.fit()
-        if rank == 0:
+        if job.rank == 0:
             how = "stopped on request" if trainer.stopped else "finished"
             from engine.runs.fmt import epoch_at
 
@@ -316,7 +368,7 @@ def train_rank(cfg, run_dir: Path, rank: int, local_rank: int, world_size: int, 
         return trainer.stopped
     finally:
         if strategy.distributed and dist.is_initialized():
-            leave_group(rank, world_size, clean)
+            leave_group(job.rank, job.world_size, clean)
             dist.destroy_process_group()
 
 
@@ -340,7 +392,7 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
     emit = QueueReporter(queue, rank)
     try:
-        if train_rank(cfg, run_dir, rank, local_rank, world, emit, stop_event.is_set, listener=listener):
+        if train_rank(RankJob(cfg, run_dir, rank, local_rank, world, listener=listener), emit, stop_event.is_set):
             rd.stop_path.touch()  # stopped (maybe asked on another node): the run is 'stopped'
     except BaseException as exc:
         error_event(emit, rank, exc)
@@ -442,8 +494,8 @@ def main(argv=None) -> int:
         for level, message in notes:
             emit("log", rank=None, level=level, message=message)
     try:
-        stopped = train_rank(cfg, rd.path, rank, local_rank, world, emit, rd.stop_path.exists,
-                             local_world_size=local_world, node_rank=node_rank)
+        stopped = train_rank(RankJob(cfg, rd.path, rank, local_rank, world, local_world, node_rank), emit,
+                             rd.stop_path.exists)
     except BaseException as exc:
         error_event(emit, rank, exc)
         if local_rank == 0:

@@ -58,14 +58,14 @@ def run_supervised(run_dir: Path, cfg: dict, timeout: float = 180, env: dict | N
 
 def run_in_process(run_dir: Path, cfg: dict) -> list[dict]:
     """One process, no spawn: the same worker code the supervisor runs, for quick single-rank checks."""
-    from engine.worker import train_rank
+    from engine.worker import RankJob, train_rank
 
     out: list[dict] = []
     run_dir.mkdir(parents=True, exist_ok=True)
     c = cfgmod.from_dict(cfg)
     threads = torch.get_num_threads()
     try:
-        train_rank(c, run_dir, 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
+        train_rank(RankJob(c, run_dir, 0, 0, 1), lambda kind, **f: out.append(events.make(kind, rank=0, **f)))
     finally:
         torch.set_num_threads(threads)
     return out

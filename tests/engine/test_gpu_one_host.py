@@ -36,7 +36,7 @@ from engine.runs import control as launch
 from engine.strategies import get_strategy, world_size
 from engine.strategies.base import RankContext
 from engine.train import Trainer
-from engine.worker import FileReporter, seed_everything, train_rank
+from engine.worker import FileReporter, RankJob, seed_everything, train_rank
 from tests.engine import probes
 from tests.engine.helpers import assert_same_weights, final_model, run_in_process, run_supervised, small_cfg
 
@@ -200,7 +200,7 @@ def assert_trained_from(state: dict, tmp_path: Path) -> None:
 def nccl_rank(_, cfg: cfgmod.RunConfig, run_dir: str, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     probes.SEEN.clear()
-    train_rank(cfg, Path(run_dir), 0, 0, 1, FileReporter(Path(run_dir) / "events.jsonl", 0))
+    train_rank(RankJob(cfg, Path(run_dir), 0, 0, 1), FileReporter(Path(run_dir) / "events.jsonl", 0))
     torch.save(probes.SEEN, Path(run_dir) / "seen.pt")
 
 

@@ -304,12 +304,12 @@ def test_a_stopped_runs_step_is_where_it_stopped_not_its_last_step_event(tmp_pat
     from engine import events
     from engine.runs.catalog import summarize
     from engine.runs.layout import RunDir
-    from engine.worker import train_rank
+    from engine.worker import RankJob, train_rank
     from tests.engine.helpers import small_cfg
 
     out: list[dict] = []
     cfg = cfgmod.from_dict(small_cfg(**{"train.max_steps": 12, "train.log_every_n_steps": 4}))
-    stopped = train_rank(cfg, tmp_path, 0, 0, 1, lambda kind, **f: out.append(events.make(kind, rank=0, **f)),
+    stopped = train_rank(RankJob(cfg, tmp_path, 0, 0, 1), lambda kind, **f: out.append(events.make(kind, rank=0, **f)),
                          stop_requested=lambda: True)  # the stop file is there from the first check
     assert stopped
     said = [e["message"] for e in out if e["kind"] == "log" and "stopped on request" in e["message"]]
