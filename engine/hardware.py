@@ -1,4 +1,4 @@
-"""What this host has, read through NVML (nvidia-ml-py) without importing torch.
+"""What this host has, read through NVML (engine.nvml's session) without importing torch.
 
 Validation, the CLI and the app's device picker all need the GPU count fast; torch takes
 seconds to import and may not even see the driver the same way. A missing or failing NVML
@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import threading
 from dataclasses import dataclass, field
 
-_lock = threading.Lock()
-_state: dict = {}  # "ok": bool, "reason": str, "nvml": module or None
+from engine import nvml
+from engine.nvml import NVML
 
 
 @dataclass
@@ -44,83 +43,33 @@ class GPUInfo:
     processes: list = field(default_factory=list)  # [(pid, used_mb)], host PIDs
 
 
-def _init() -> dict:
-    """Initialise NVML once per process; later calls reuse the answer."""
-    with _lock:
-        if _state:
-            return _state
-        try:
-            import pynvml
-        except ImportError:
-            _state.update(ok=False, reason="nvidia-ml-py is not installed", nvml=None)
-            return _state
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            if isinstance(exc, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
-                why = "no NVIDIA driver library (libnvidia-ml) on this host"
-            elif isinstance(exc, getattr(pynvml, "NVMLError_DriverNotLoaded", ())):
-                why = "the NVIDIA driver is not loaded"
-            else:
-                why = f"NVML failed to start: {exc}"
-            _state.update(ok=False, reason=why, nvml=None)
-            return _state
-        except Exception as exc:  # a broken install must not crash the caller
-            _state.update(ok=False, reason=f"NVML failed to start: {exc}", nvml=None)
-            return _state
-        _state.update(ok=True, reason="", nvml=pynvml)
-        return _state
+_nvml = NVML()  # this process's NVML session: started on first use, kept
 
 
 def nvml_status() -> tuple[bool, str]:
     """(True, "") when NVML works, else (False, why) in words a user can act on."""
-    st = _init()
-    return st["ok"], st["reason"]
+    return _nvml.status()
 
 
 def _gpu_count() -> int:
-    st = _init()
-    if not st["ok"]:
-        return 0
-    try:
-        return int(st["nvml"].nvmlDeviceGetCount())
-    except Exception:
-        return 0
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return _nvml.count if _nvml.status()[0] else 0
 
 
 def list_gpus() -> list[GPUInfo]:
-    """Every GPU by its real index; a field NVML cannot read becomes 0 rather than an error."""
-    st = _init()
-    if not st["ok"]:
-        return []
-    nv = st["nvml"]
+    """Every GPU by its real index; a field NVML cannot read becomes 0 (its name "n/a") rather
+    than an error."""
     out = []
-    for i in range(_gpu_count()):
-        try:
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-        except Exception:
-            continue
-        try:
-            name = _text(nv.nvmlDeviceGetName(h))
-        except Exception:
-            name = "n/a"
-        try:
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            total, used = mem.total // 2**20, mem.used // 2**20
-        except Exception:
-            total = used = 0
+    for i, h in _nvml.handles():
+        name = _nvml.read_text("nvmlDeviceGetName", h) or "n/a"
+        mem = _nvml.read("nvmlDeviceGetMemoryInfo", h)
+        total = int(nvml.number(getattr(mem, "total", None), nvml.MiB) or 0)
+        used = int(nvml.number(getattr(mem, "used", None), nvml.MiB) or 0)
         procs = []
-        try:
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                used_mb = (p.usedGpuMemory or 0) // 2**20 if isinstance(p.usedGpuMemory, int) else 0
-                procs.append((int(p.pid), used_mb))
-        except Exception:
-            pass
-        out.append(GPUInfo(i, name, int(total), int(used), bool(procs), procs))
+        for p in _nvml.read("nvmlDeviceGetComputeRunningProcesses", h) or []:
+            pid, mem_b = getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)
+            if isinstance(pid, int):
+                procs.append((pid, mem_b // nvml.MiB if isinstance(mem_b, int) else 0))
+        out.append(GPUInfo(i, name, total, used, bool(procs), procs))
     return out
 
 

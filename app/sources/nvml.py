@@ -1,8 +1,9 @@
 """GPU samples through NVML (nvidia-ml-py), for the device picker and the Monitor's GPU pane.
 
-Like nvitop: NVML is initialised once per source and its device handles kept, a field the GPU
-or driver cannot report (NotSupported, NoPermission, ...) becomes None ("n/a" on screen)
-instead of an error, and a missing library or driver is a status with the reason, not a crash.
+Built on engine.nvml's session (the one NVML wrapper, shared with the launch checks): NVML is
+initialised once per source and its device handles kept, a field the GPU or driver cannot report
+(NotSupported, NoPermission, ...) becomes None ("n/a" on screen) instead of an error, and a
+missing library or driver is a status with the reason, not a crash.
 
 Indices are the physical ones NVML reports (as nvidia-smi and nvitop show them), whatever
 CUDA_VISIBLE_DEVICES says: torchdeck's `devices:` use the same physical indices.
@@ -18,9 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.nvml import NOT_INSTALLED, NVML, MiB, number
 from engine.procs import pid_alive
-
-_MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -47,75 +47,35 @@ class GPUSample:
         return 100.0 * self.mem_used_mb / self.mem_total_mb
 
 
-def _init_failure_reason(nv, exc: Exception) -> str:
-    """NVML's start-up errors, in words a user can act on."""
-    def is_(name: str) -> bool:
-        cls = getattr(nv, name, None)
-        return isinstance(cls, type) and isinstance(exc, cls)
-
-    if is_("NVMLError_LibraryNotFound"):
-        return "no NVIDIA driver library (libnvidia-ml) on this host"
-    if is_("NVMLError_DriverNotLoaded"):
-        return "the NVIDIA driver is not loaded (is this a GPU machine? try nvidia-smi)"
-    if is_("NVMLError_NoPermission"):
-        return "no permission to use NVML (check access to /dev/nvidia*)"
-    if is_("NVMLError_LibRmVersionMismatch"):
-        return "NVIDIA driver and library versions differ (reload the driver or reboot)"
-    return f"NVML failed to start: {exc}"
-
-
 class GPUSource:
-    """Reads every GPU NVML sees. Blocking: call from a thread worker. Thread safe."""
+    """Reads every GPU NVML sees, through one engine.nvml session (started on first use, handles
+    kept). Blocking: call from a thread worker. Thread safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._nv = None  # the pynvml module once NVML is up
+        self._nvml: NVML | None = None
         self._devices: list[tuple[int, object, str, str]] = []  # (index, handle, name, uuid)
         self._ok: bool | None = None  # None: not probed yet
         self._reason = ""
 
     # ------------------------------------------------------------------ start / stop
     def _start(self) -> None:
-        """nvmlInit once; handles, names and UUIDs are read once and kept."""
-        try:
-            import pynvml as nv
-        except ImportError:
-            self._ok, self._reason = False, "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+        """Start NVML; names and UUIDs are read once and kept with the handles."""
+        nv = NVML()
+        ok, why = nv.status()
+        if not ok:
+            self._ok = False
+            self._reason = why + (" (pip install nvidia-ml-py)" if why == NOT_INSTALLED else "")
             return
-        try:
-            nv.nvmlInit()
-        except Exception as exc:
-            self._ok, self._reason = False, _init_failure_reason(nv, exc)
-            return
-        try:
-            count = int(nv.nvmlDeviceGetCount())
-        except Exception as exc:
-            count, self._reason = 0, f"NVML could not count the GPUs: {exc}"
-        devices = []
-        for i in range(count):
-            try:
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-            except Exception:
-                continue  # a lost or inaccessible GPU: leave it out rather than fail them all
-            name = _text(_read(nv.nvmlDeviceGetName, h)) or "n/a"
-            uuid = _text(_read(nv.nvmlDeviceGetUUID, h)) or ""
-            devices.append((i, h, name, uuid))
-        self._nv, self._devices = nv, devices
+        devices = [(i, h, nv.read_text("nvmlDeviceGetName", h) or "n/a", nv.read_text("nvmlDeviceGetUUID", h) or "")
+                   for i, h in nv.handles()]
         if devices:
-            self._ok, self._reason = True, ""
+            self._nvml, self._devices, self._ok, self._reason = nv, devices, True, ""
         else:
             self._ok = False
-            self._reason = self._reason or ("NVML found no GPU" if count == 0
-                                            else f"NVML lists {count} GPU(s) but none can be opened")
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        if self._nv is not None:
-            try:
-                self._nv.nvmlShutdown()
-            except Exception:
-                pass
-        self._nv, self._devices = None, []
+            self._reason = nv.problem or ("NVML found no GPU" if nv.count == 0
+                                          else f"NVML lists {nv.count} GPU(s) but none can be opened")
+            nv.close()  # nothing to watch: NVML is released at once
 
     def _ensure(self) -> None:
         if self._ok is None:
@@ -140,55 +100,30 @@ class GPUSource:
 
     def close(self) -> None:
         with self._lock:
-            if self._ok:
-                self._shutdown()
+            if self._nvml is not None:
+                self._nvml.close()
+            self._nvml, self._devices = None, []
             self._ok, self._reason = False, "GPU source closed"
 
     # ------------------------------------------------------------------ one device
     def _sample_one(self, index: int, h, name: str, uuid: str) -> GPUSample:
-        nv = self._nv
-        util = mem_util = None
-        rates = _read(nv.nvmlDeviceGetUtilizationRates, h)
-        if rates is not None:
-            util, mem_util = _num(getattr(rates, "gpu", None)), _num(getattr(rates, "memory", None))
-        used = total = None
-        mem = _read(nv.nvmlDeviceGetMemoryInfo, h)
-        if mem is not None:
-            used = _num(getattr(mem, "used", None), _MiB)
-            total = _num(getattr(mem, "total", None), _MiB)
-        temp = _num(_read(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU))
-        power = _num(_read(nv.nvmlDeviceGetPowerUsage, h), 1000.0)  # mW
-        limit = _num(_read(nv.nvmlDeviceGetEnforcedPowerLimit, h), 1000.0)
-        fan = _num(_read(nv.nvmlDeviceGetFanSpeed, h))
+        nv = self._nvml
+        rates = nv.read("nvmlDeviceGetUtilizationRates", h)
+        mem = nv.read("nvmlDeviceGetMemoryInfo", h)
         pids: list[int] = []
-        for fn in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-            for p in _read(fn, h) or []:
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for p in nv.read(fn, h) or []:
                 pid = getattr(p, "pid", None)
                 if isinstance(pid, int) and pid not in pids:
                     pids.append(pid)
-        return GPUSample(index=index, name=name, util=util, mem_used_mb=used, mem_total_mb=total,
-                         temp_c=temp, power_w=power, power_limit_w=limit, pids=pids, uuid=uuid,
-                         mem_util=mem_util, fan_pct=fan)
-
-
-def _read(fn, *args):
-    """One NVML reading; None when the GPU, driver or our permissions cannot give it."""
-    try:
-        return fn(*args)
-    except Exception:
-        return None
-
-
-def _num(value, scale: float = 1.0) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) / scale
-
-
-def _text(value) -> str | None:
-    if value is None:
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        return GPUSample(
+            index=index, name=name, uuid=uuid,
+            util=number(getattr(rates, "gpu", None)), mem_util=number(getattr(rates, "memory", None)),
+            mem_used_mb=number(getattr(mem, "used", None), MiB), mem_total_mb=number(getattr(mem, "total", None), MiB),
+            temp_c=nv.read_number("nvmlDeviceGetTemperature", h, getattr(nv.nv, "NVML_TEMPERATURE_GPU", 0)),
+            power_w=nv.read_number("nvmlDeviceGetPowerUsage", h, scale=1000.0),  # mW
+            power_limit_w=nv.read_number("nvmlDeviceGetEnforcedPowerLimit", h, scale=1000.0),
+            fan_pct=nv.read_number("nvmlDeviceGetFanSpeed", h), pids=pids)
 
 
 def pid_namespace_warning(samples: list[GPUSample]) -> str | None:

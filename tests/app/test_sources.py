@@ -196,6 +196,27 @@ def test_init_failures_name_the_cause(monkeypatch, code, words):
     assert src.sample() == []
 
 
+@pytest.mark.parametrize("code", ["NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_NO_PERMISSION",
+                                  "NVML_ERROR_LIB_RM_VERSION_MISMATCH"])
+def test_launch_checks_and_the_gpu_pane_say_one_reason(monkeypatch, code):
+    """Issue 28: NVML was started in two places with two sets of words: validate/env said 'NVML
+    failed to start: Insufficient Permissions' where the GPU pane said what to do. One session
+    type, engine.nvml.NVML, now starts it for both."""
+    import pynvml as nv
+
+    from engine import hardware
+    from engine.nvml import NVML
+
+    def init():
+        raise nv.NVMLError(getattr(nv, code))
+
+    _fake_nvml(monkeypatch, nvmlInit=init)
+    monkeypatch.setattr(hardware, "_nvml", NVML(), raising=False)  # a fresh session over the fake
+    monkeypatch.setattr(hardware, "_state", {}, raising=False)
+    assert hardware.nvml_status() == GPUSource().status()
+    assert hardware.list_gpus() == [] and hardware.detect_hardware().gpu_count == 0
+
+
 def test_no_gpu_and_no_library(monkeypatch):
     _, calls = _fake_nvml(monkeypatch, gpus=0)
     src = GPUSource()

@@ -10,6 +10,7 @@ import pytest
 
 from engine import config as cfgmod
 from engine import hardware, preflight
+from engine.nvml import NVML
 from engine.strategies import nproc_per_node, world_size
 
 # index -> (memory used MiB, [(pid, MiB)])
@@ -29,9 +30,8 @@ def fake_nvml(monkeypatch):
                                                         for p, mb in BOARD[h][1]])
     for name, fn in funcs.items():
         monkeypatch.setattr(nv, name, fn)
-    monkeypatch.setattr(hardware, "_state", {})
+    monkeypatch.setattr(hardware, "_nvml", NVML())  # a session of its own, over the fake
     yield
-    hardware._state.clear()
 
 
 def test_free_n_picks_the_least_used_gpus_without_processes(fake_nvml, capsys):
