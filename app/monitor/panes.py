@@ -329,10 +329,30 @@ def _seen(s: float | None, whole: bool = False) -> str:
     return fmt.duration(s)
 
 
+COMM_MEASURED = ("ddp", "zero")  # their model is DDP, whose all-reduce the ranks time on the CPU (engine.train)
+
+
+def no_spread_text(state: RunView) -> str:
+    """Why there is no rank balance yet, in words that hold: the ranks are listed before their
+    first step, and only DDP on the CPU times its all-reduce (who waits for whom)."""
+    listed = [r for r in state.rank_list() if not r.failed_exit]
+    world = state.world_size or len(listed)
+    if world < 2:
+        return "rank balance: one rank, nothing to compare"
+    if len(listed) < 2:
+        return f"rank balance: {len(listed)} of {world} ranks reporting"
+    if state.final:
+        return "rank balance: no two ranks trained at a measured rate"
+    measured = any(r.comm_wait is not None for r in listed) or (
+        state.strategy in COMM_MEASURED and state.devices and all(d == "cpu" for d in state.devices))
+    return "rank balance: from the first steps " + (  # the a-red column: measured, or why it is '-'
+        "(who waits for whom in the all-reduce)" if measured else "(a-red is measured for ddp/zero on CPU)")
+
+
 def rank_spread_text(state: RunView) -> Text:
     pair = state.rank_spread()
     if pair is None:
-        return Text("rank balance: fewer than two ranks reporting", style="dim")
+        return Text(no_spread_text(state), style="dim")
     slow, fast = pair
     if slow.samples_per_s == fast.samples_per_s:
         return Text(f"rank balance: every rank at {fast.samples_per_s:,.0f} samples/s", style="green")

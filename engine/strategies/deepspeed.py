@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 from engine.config import combination
@@ -63,6 +65,36 @@ def installed() -> bool:
         return importlib.util.find_spec("deepspeed") is not None
     except (ImportError, ValueError):
         return False
+
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU accelerator builds it at init_distributed (ShareMemCommBuilder)
+
+
+def cpu_op_cached() -> bool:
+    """Whether DeepSpeed's CPU op is built already on this host: shipped compiled inside the
+    package, or in torch's extensions cache, where DeepSpeed's JIT build leaves it
+    ($TORCH_EXTENSIONS_DIR/NAME, else ~/.cache/torch_extensions/py<version>_<accelerator>/NAME)."""
+    spec = importlib.util.find_spec("deepspeed")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if any((Path(folder) / "ops" / "comm").glob(f"{SHM_OP}_op*.so")):
+            return True
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return any(Path(root).expanduser().glob(f"{SHM_OP}/{SHM_OP}*.so"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+    return any(cache.glob(f"py{sys.version_info.major}{sys.version_info.minor}*_*/{SHM_OP}/{SHM_OP}*.so"))
+
+
+def cpu_op_note(cfg) -> list[tuple[str, str]]:
+    """The first DeepSpeed run on a CPU host spends a minute or so compiling its op with g++ while
+    the Monitor says 'building the model': say so, once, while the op is not yet cached. (With a
+    GPU, DeepSpeed picks its CUDA accelerator, which needs no such op, unless DS_ACCELERATOR=cpu.)"""
+    accel = os.environ.get("DS_ACCELERATOR")
+    on_cpu = accel == "cpu" or (not accel and not Path("/dev/nvidiactl").exists())
+    if cfg.accelerator != "cpu" or not on_cpu or not installed() or cpu_op_cached():
+        return []
+    return [("info", f"DeepSpeed is building its CPU op (first use on this host, cached afterwards): {SHM_OP}, "
+                     "compiled with g++ while the ranks build the model, about a minute")]
 
 
 # ----------------------------------------------------------------------------- ds_config
@@ -354,8 +386,9 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     def resolve(self, cfg, run_dir=None) -> list[tuple[str, str]]:
         r = resolve(cfg)
         apply(cfg, r)
-        if run_dir is not None:
+        if run_dir is not None:  # a run starting (validate passes none)
             write_generated(r.ds_config, run_dir)
+            return r.notes() + cpu_op_note(cfg)
         return r.notes()
 
     # ------------------------------------------------------------ runtime (torch, deepspeed)

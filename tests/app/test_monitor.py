@@ -468,3 +468,31 @@ async def test_stacks_of_a_run_that_is_over_are_what_torchdeck_stacks_prints(tmp
     assert [ln for ln in shown[1:] if not ln.startswith("    ")] == \
         [ln for ln in printed[1:] if not ln.startswith("    ")] == [
             "ranks 0,1: all_reduce (distributed/distributed_c10d.py:2950) <- _should_stop (engine/train.py:341)"]
+
+
+@pytest.mark.parametrize("strategy,said", [
+    ("deepspeed", "rank balance: from the first steps (a-red is measured for ddp/zero on CPU)"),
+    ("ddp", "rank balance: from the first steps (who waits for whom in the all-reduce)"),
+])
+async def test_starting_ranks_balance_line_says_what_is_true(tmp_path, strategy, said):
+    """Issue 27: with both ranks listed and starting, the Monitor said 'fewer than two ranks
+    reporting'. The truth: no rank has stepped yet, and only DDP (ddp, zero) on the CPU times its
+    all-reduce wait (the a-red column), so other strategies' balance is their rates alone."""
+    from app.monitor.screen import MonitorScreen
+
+    cfg = from_dict({"name": "starting", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"})
+    run = RunDir.create(cfg, tmp_path / "runs")
+    run.pid_path.write_text(f"{os.getpid()}\n")  # a live "supervisor": this test
+    evs = [events.make("run_started", run=run.name, strategy=strategy, world_size=2, nproc_per_node=2, node_rank=0,
+                       num_nodes=1, global_batch=64, devices=["cpu", "cpu"], master_addr="127.0.0.1",
+                       master_port=29500, pid=os.getpid(), host="box", total_steps=100)]
+    evs += [events.make("rank_ready", rank=r, local_rank=r, device="cpu", pid=os.getpid(), host="box", threads=1,
+                        cpus=None) for r in (0, 1)]
+    evs += [events.make("phase", rank=r, phase="model") for r in (0, 1)]
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await form_mounted(pilot, app)
+        await app.push_screen(MonitorScreen(run.path))
+        await until(pilot, lambda: said in screen_text(app), 10, f"{said!r} shown")
+        assert "fewer than two" not in screen_text(app)

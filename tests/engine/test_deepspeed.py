@@ -670,3 +670,33 @@ def test_exported_deepspeed_launch_runs_as_two_nodes(tmp_path, capsys):
     from engine.evaluate import _deepspeed_state
 
     assert_same_weights(_deepspeed_state(path)["model"], final_model(tmp_path / "one")["model"])
+
+
+@needs_deepspeed
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="with a GPU DeepSpeed builds no CPU op")
+def test_the_first_deepspeed_start_on_a_cpu_host_says_it_builds_its_op(tmp_path):
+    """Issue 27: DeepSpeed's first start showed 'building the model (2/2 ranks, 44 s)' for 79 s with
+    no word that it compiles its CPU op (deepspeed_shm_comm, g++). The run says so once while the
+    op is not in torch's extensions cache, and not once it is. (CXX=/bin/false makes the build fail
+    at once: the test reads what the run said before it, without a minute of compiling.)"""
+    from tests.engine.helpers import cli_cmd, env_for
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(cfgmod.dumps(cfgmod.from_dict(cfg_dict())))
+    note = "DeepSpeed is building its CPU op (first use on this host, cached afterwards)"
+    cache = tmp_path / "torch_extensions"
+    cache.mkdir()
+
+    def run():
+        env = dict(env_for(tmp_path), TORCH_EXTENSIONS_DIR=str(cache), CXX="/bin/false")
+        env.pop("DS_ACCELERATOR", None)
+        p = subprocess.run(cli_cmd() + ["run", str(preset)], env=env, capture_output=True, text=True, timeout=120)
+        return p.stdout + p.stderr
+
+    out = run()
+    assert out.count(note) == 1, out
+    built = cache / ds.SHM_OP / f"{ds.SHM_OP}.so"  # where DeepSpeed's JIT build leaves it
+    built.parent.mkdir(parents=True, exist_ok=True)
+    built.write_bytes(b"")
+    out = run()
+    assert "run started" in out and note not in out, out
