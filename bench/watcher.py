@@ -36,10 +36,10 @@ def _sampler(get_pids, every: float, stop: threading.Event, counts: dict) -> Non
 
 
 def watch(run_dir: Path, tail_s: float, sample_s: float, timeout: float = 900) -> dict:
-    from engine.events import Tail
+    from engine.runs.follow import EventTail
 
     t0, c0 = time.monotonic(), time.process_time()
-    tail = Tail(run_dir / "events.jsonl")
+    tail = EventTail(run_dir / "events.jsonl")
     pids: dict[int, int | None] = {}  # pid -> rank, as the Monitor hands them to HostSource
     counts: dict = {"events": 0}
     stop = threading.Event()

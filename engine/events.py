@@ -99,55 +99,30 @@ def dumps(ev: dict) -> str:
     return json.dumps(ev, separators=(",", ":"), allow_nan=True)
 
 
-def read_all(path: str | Path) -> list[dict]:
-    """Every complete event in a file (a partly written last line is skipped)."""
-    out = []
+def parse(line: bytes) -> dict | None:
+    """One line of an events file as an event; None for a line that is not a JSON object."""
+    try:
+        ev = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return ev if isinstance(ev, dict) else None
+
+
+def iter_events(path: str | Path) -> Iterator[dict]:
+    """Every complete event of a file, line by line (a long run's file can be hundreds of MiB); a
+    partly written last line and lines that are not events are skipped. Reading a growing file
+    as it grows: engine.runs.follow.EventTail."""
     try:
         with open(path, "rb") as fh:
             for line in fh:
-                if line.endswith(b"\n"):
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        pass
-    except FileNotFoundError:
-        pass
-    return out
+                if line.endswith(b"\n") and line.strip():
+                    ev = parse(line)
+                    if ev is not None:
+                        yield ev
+    except OSError:
+        return
 
 
-class Tail:
-    """Incremental reader of a growing events file; call `poll()` for the events added since."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._pos = 0
-        self._partial = b""
-
-    def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._pos)
-                chunk = fh.read()
-                self._pos = fh.tell()
-        except FileNotFoundError:
-            return []
-        if not chunk:
-            return []
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        out = []
-        for line in lines:
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
-
-    def follow(self, interval: float = 0.2, stop=lambda: False) -> Iterator[dict]:
-        while not stop():
-            evs = self.poll()
-            yield from evs
-            if not evs:
-                time.sleep(interval)
+def read_all(path: str | Path) -> list[dict]:
+    """Every complete event in a file, as a list (iter_events)."""
+    return list(iter_events(path))

@@ -4,12 +4,13 @@ thing that feeds a RunView.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from pathlib import Path
 
+from engine import events
+from engine.events import iter_events  # noqa: F401  (importers take it from here too)
 from engine.runs.layout import RunDir, checkpoint_step, pid_alive
 from engine.runs.view import RunView
 
@@ -46,11 +47,8 @@ class EventTail:
         for line in lines:
             if not line.strip():
                 continue
-            try:
-                ev = json.loads(line)
-            except (ValueError, RecursionError):
-                ev = None
-            if isinstance(ev, dict):
+            ev = events.parse(line)
+            if ev is not None:
                 out.append(ev)
             else:
                 self.malformed += 1
@@ -131,18 +129,6 @@ class OutputTail:
 
 
 # ----------------------------------------------------------------------------- the follower
-
-
-def iter_events(path: Path):
-    """Every complete event of a file, line by line (a long run's file can be hundreds of MiB)."""
-    parse = EventTail(path)._parse
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if line.endswith(b"\n"):
-                    yield from parse([line])
-    except OSError:
-        return
 
 
 def resumed_chain(run: RunDir, depth: int = 20) -> list[tuple[RunDir, int]]:

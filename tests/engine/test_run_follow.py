@@ -51,3 +51,18 @@ def test_a_resumed_runs_curves_continue_the_old_ones(tmp_path):
     assert f.view.epochs[1].val_acc == 0.6 and f.view.best_val_acc == 0.6
     assert f.view.status == "running" or f.view.status == "starting" or f.view.final  # its own status only
     assert len(f.view.ranks) == 1 and f.view.ranks[0].step == 11
+
+
+def test_every_reader_of_an_events_file_reads_one_rule(tmp_path):
+    """Issue 28: engine.events.read_all parsed lines by a rule of its own, so a line holding JSON
+    that is not an object reached its users (torchdeck metrics, tune, stacks, the worker's error
+    summary), which call .get on each event. One parser now, the follower's: such a line, an
+    empty one and a last line cut mid-write are not events."""
+    from engine import events
+    from engine.runs.follow import EventTail
+
+    p = tmp_path / "events.jsonl"
+    p.write_bytes(b'{"kind":"log","t":1}\n[1]\n"x"\n\n{"kind":"step"')
+    assert events.read_all(p) == list(events.iter_events(p)) == [{"kind": "log", "t": 1}]
+    tail = EventTail(p)
+    assert tail.poll() == [{"kind": "log", "t": 1}] and tail.malformed == 2
