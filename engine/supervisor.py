@@ -299,6 +299,12 @@ def _signal_text(exitcode: int | None) -> str | None:
         return f"signal {-exitcode}"
 
 
+def _exit_said(rank: int, code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"rank {rank} killed by signal {-code} ({_signal_text(code)})"
+    return f"rank {rank} exited with code {code}"
+
+
 def _cannot_write(path, exc: OSError) -> str:
     """Disk full, over quota, too large: one line with the file, the reason and the fix."""
     from engine.checkpoint import disk_hint
@@ -550,34 +556,16 @@ class Supervisor:
 
         A ctx.join(timeout) loop in spirit, polling the sentinels itself so that it knows which
         ranks died on their own before it terminated the others (the root cause is among them)."""
-        reported = None
         sentinels = {p.sentinel: i for i, p in enumerate(pctx.processes)}
         while True:
-            if self.rd.stop_path.exists() and self.stop_requests == 0:
-                self.stop_requests = 1
-            if writer.write_error is not None and self.write_failure is None:
-                self.write_failure = _cannot_write(self.rd.events_path, writer.write_error)
-                try:
-                    print(f"cannot write {self.rd.events_path}: stopping the run", file=sys.stderr, flush=True)
-                except OSError:
-                    pass
-                self.stop_requests = max(self.stop_requests, 1)
+            self._take_stop_requests(writer)
             if self.stop_requests and self.first_stop_t is None:
                 self.first_stop_t = time.monotonic()
                 stop_event.set()
                 writer.write(events.make("log", rank=None, level="info",
                                          message="stop requested: ranks finish this step, rank 0 checkpoints"))
-            if self.first_stop_t is not None and (
-                    self.stop_requests > 1 or time.monotonic() - self.first_stop_t > STOP_GRACE_S):
-                why = "second stop request" if self.stop_requests > 1 else f"no exit {STOP_GRACE_S:.0f} s after stop"
-                writer.write(events.make("log", rank=None, level="warning", message=f"{why}: killing the ranks"))
-                reported = f"killed after {why}"
-                for p in pctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                for p in pctx.processes:
-                    p.join(5)
-                return [], reported
+            if self._stop_overdue():
+                return [], self._kill_all(pctx, writer)
             self._watchdog(pctx, writer)
             failed = self._wait_step(pctx, sentinels)
             if failed:
@@ -586,9 +574,37 @@ class Supervisor:
                            if i not in failed and p.exitcode not in (0, None)]
                 self._stacks_on_timeout(pctx, writer)
                 self._terminate(pctx)
-                return failed, reported
+                return failed, None
             if not sentinels:
-                return [], reported
+                return [], None
+
+    def _take_stop_requests(self, writer) -> None:
+        """A stop file (torchdeck stop, the app), and an events file that cannot be written (a full
+        disk), count as a stop request: the ranks checkpoint and leave."""
+        if self.rd.stop_path.exists() and self.stop_requests == 0:
+            self.stop_requests = 1
+        if writer.write_error is not None and self.write_failure is None:
+            self.write_failure = _cannot_write(self.rd.events_path, writer.write_error)
+            try:
+                print(f"cannot write {self.rd.events_path}: stopping the run", file=sys.stderr, flush=True)
+            except OSError:
+                pass
+            self.stop_requests = max(self.stop_requests, 1)
+
+    def _stop_overdue(self) -> bool:
+        return self.first_stop_t is not None and (
+            self.stop_requests > 1 or time.monotonic() - self.first_stop_t > STOP_GRACE_S)
+
+    def _kill_all(self, pctx, writer) -> str:
+        """A second stop request, or no exit within STOP_GRACE_S: kill every rank; returns why, the run's cause."""
+        why = "second stop request" if self.stop_requests > 1 else f"no exit {STOP_GRACE_S:.0f} s after stop"
+        writer.write(events.make("log", rank=None, level="warning", message=f"{why}: killing the ranks"))
+        for p in pctx.processes:
+            if p.is_alive():
+                p.kill()
+        for p in pctx.processes:
+            p.join(5)
+        return f"killed after {why}"
 
     # ---------------------------------------------------------------- watchdog
     def dump_stacks(self, pctx, writer, reason: str, wait_s: float = stacks.WAIT_S) -> list[dict]:
@@ -677,44 +693,49 @@ class Supervisor:
                 return
 
     def _outcome(self, codes, died_first, base, reported):
+        """(status, cause) of the run, from the ranks' exit codes and what the supervisor saw."""
         ok = all(c == 0 for c in codes)
         # A stop asked on another node reaches our ranks through the stop agreement; they leave the stop file.
         stopping = self.first_stop_t is not None or self.rd.stop_path.exists()
         if self.write_failure:  # the ranks were stopped gracefully; say whether that went through
-            if ok:
-                return "failed", f"{self.write_failure}; the run was stopped after a final checkpoint"
-            errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))  # seen, if not written
-            then = (f"rank {errors[0].get('rank')}: {errors[0].get('exception')}: {errors[0].get('message')}"
-                    if errors else f"the ranks exited with codes {codes} (the disk may be full for them too)")
-            return "failed", f"{self.write_failure}; while stopping, {then}"
+            return "failed", self._write_failure_cause(ok, codes)
         if ok:
             if stopping and self.rd.preempt_path.exists():
                 return "preempted", "SIGUSR1: preemption or time limit warning; resume from the last checkpoint"
             return ("stopped" if stopping else "finished"), None
         if stopping and reported:
             return "stopped", reported
-        # Root cause: a rank that died by a signal on its own without reporting (the OOM killer),
-        # else the earliest error event (later ones are usually peers losing their connection).
+        return "failed", self._root_cause(codes, died_first, base)
+
+    def _write_failure_cause(self, ok: bool, codes) -> str:
+        if ok:
+            return f"{self.write_failure}; the run was stopped after a final checkpoint"
+        errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))  # seen, if not written
+        then = (f"rank {errors[0].get('rank')}: {errors[0].get('exception')}: {errors[0].get('message')}"
+                if errors else f"the ranks exited with codes {codes} (the disk may be full for them too)")
+        return f"{self.write_failure}; while stopping, {then}"
+
+    def _root_cause(self, codes, died_first, base) -> str:
+        """A rank that died by a signal on its own without reporting (the OOM killer), else the
+        earliest error event (later ones are usually peers losing their connection), else the
+        first rank to exit badly."""
         errors = sorted(self.writer_errors, key=lambda e: e.get("t", 0))
         reporting = {e.get("rank") for e in errors}
         for i in died_first:
             code = codes[i]
             if code is not None and code < 0 and base + i not in reporting:
-                return "failed", f"rank {base + i} killed by signal {-code} ({_signal_text(code)})"
+                return _exit_said(base + i, code)
         if errors:
-            e = errors[0]
-            cause = f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
-            if _is_timeout(e):
-                stuck = [base + i for i, c in enumerate(codes)
-                         if c != 0 and i not in died_first and base + i not in reporting]
-                cause = _timeout_cause(e, self.timeout_s, stuck, self.where)
-            return "failed", cause
+            return self._error_cause(errors[0], codes, died_first, base, reporting)
         bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
-        code = codes[bad]
-        if code is not None and code < 0:
-            return "failed", f"rank {base + bad} killed by signal {-code} ({_signal_text(code)})"
-        return "failed", f"rank {base + bad} exited with code {code}"
+        return _exit_said(base + bad, codes[bad])
 
+    def _error_cause(self, e: dict, codes, died_first, base, reporting) -> str:
+        """A timeout names the ranks that never arrived: those still running, silent, when it was stopped."""
+        if not _is_timeout(e):
+            return f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+        stuck = [base + i for i, c in enumerate(codes) if c != 0 and i not in died_first and base + i not in reporting]
+        return _timeout_cause(e, self.timeout_s, stuck, self.where)
 
 def supervise(run_dir) -> int:
     """Run to the end; whatever goes wrong in the supervisor itself still ends in a status."""
