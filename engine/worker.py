@@ -485,6 +485,10 @@ def main(argv=None) -> int:
     rd = RunDir(Path(args.run_dir))
     rd.path.mkdir(parents=True, exist_ok=True)
     emit = FileReporter(rd.events_path, rank)
+    if rank == 0:  # no `torchdeck run` prints this run: rank 0 says what it writes, as that would
+        from engine.runs.progress import echo_events
+
+        echo_events(emit)
     stacks.install(rd.stacks_path(rank))
     from engine.strategies import get_strategy
 

@@ -703,3 +703,26 @@ def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path, command):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141, err
     assert err == "", err
+
+
+def test_the_exported_torchrun_line_prints_progress_as_torchdeck_run_does(tmp_path, tiny, capsys):
+    """Issue 27: `torchdeck export X --torchrun`, then that line run: its worker printed nothing
+    to the terminal. Global rank 0 now prints what it writes, through torchdeck run's plain-line
+    renderer (engine.runs.progress): every log line a pipe would get, status lines, the summary."""
+    from engine.runs.progress import LOG_LEVELS, log_text
+    from engine.runs.view import RunView
+
+    assert cli.main(["export", str(tiny), "--torchrun", "--run-root", str(tmp_path / "tr")]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "torchrun" in ln and not ln.startswith("#")]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    p = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (node,) = (tmp_path / "tr").glob("*-tiny-node0")
+    view = RunView()
+    view.feed_all(read_all(node / "events.jsonl"))
+    said = [log_text(ln) for ln in view.logs if ln.level in LOG_LEVELS]
+    assert any("epoch 1/1 done at step 8" in s for s in said) and any("checkpoint saved" in s for s in said)
+    printed = p.stdout.splitlines()
+    assert [s for s in said if s not in printed] == [], p.stdout  # each, as torchdeck run prints it
+    assert any(ln.startswith("FINISHED | cpu | world 1 | step 8/8") for ln in printed), p.stdout
+    assert printed[-1].startswith("run finished after"), p.stdout

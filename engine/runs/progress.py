@@ -1,0 +1,297 @@
+"""Headless progress for `torchdeck run` and `torchdeck attach`: a RunView drawn as text (and
+the lines rank 0 of an exported torchrun command prints: `echo_events`).
+
+On a terminal the status block is redrawn in place (at most ~4 times a second) and every line
+fits the terminal's width: narrow columns drop first, and a resize redraws at the new width
+(SSH terminals are 80 columns more often than not). In a pipe or CI log a plain status line is
+printed every few seconds instead. Log lines (epoch ends, checkpoints, warnings, errors) are
+printed once, above the block.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import sys
+import time
+
+from engine.runs import fmt
+from engine.runs.status import Status
+from engine.runs.view import RankState, RunView
+
+COMPACT_ABOVE = 8  # ranks; beyond this one line per rank is too much to read
+LOG_LEVELS = ("info", "warning", "error")  # "output" lines (what ranks print) stay in rank<N>.log
+
+
+def _bar(done: int, total: int, width: int) -> str:
+    if width <= 2:
+        return ""
+    inner = width - 2
+    if total <= 0:
+        return "[" + "?" * inner + "]"
+    filled = min(inner, int(inner * done / total))
+    return "[" + "#" * filled + "." * (inner - filled) + "]"
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def header(view: RunView, now: float, width: int) -> str:
+    """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
+    parts go first when the terminal is narrow."""
+    step, total = view.progress()
+    parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
+             (1, f"step {step}/{total or '?'}"), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
+    stale = view.stale_ranks(now)
+    starting = view.startup(now)
+    if starting:
+        parts.append((1, starting))
+    elif stale:
+        parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
+                         f"{','.join(str(r.rank) for r in stale)} silent"))
+    elif not view.final:
+        parts.append((3, f"ETA {fmt.duration(view.eta(now))}"))
+    parts.append((2, view.rate_text(now)))
+    val = view.latest_val_acc()
+    if val is not None:
+        parts.append((4, f"val {fmt.pct(val)}"))
+    while len(parts) > 1 and len(" | ".join(p for _, p in parts)) > width:
+        parts.remove(max(parts, key=lambda p: p[0]))
+    return _fit(" | ".join(p for _, p in parts), width)
+
+
+# columns of a rank line, in the order they are dropped when the terminal is narrow
+_OPTIONAL = ("device", "comm", "wait", "loss", "epoch")
+
+
+def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
+    total = r.total_steps or view.total_steps
+    cells = {
+        "rank": f"rank {r.rank:>2}",
+        "device": f"{r.place[:10]:<10}",
+        "epoch": f"ep {r.epoch or '-'}/{view.total_epochs}" if view.total_epochs else f"ep {r.epoch or '-':>2}",
+        "steps": f"{r.step:>5}/{total or '?':<5}",
+        "loss": f"loss {fmt.num(r.loss)}",
+        "rate": f"{fmt.rate(r.samples_per_s):>6}/s",
+        "wait": f"wait {fmt.pct(r.data_wait, 0):>4}",
+        "comm": "" if r.comm_wait is None else f"all-reduce {fmt.pct(r.comm_wait, 0):>4}",
+    }
+    if r.failed_exit:
+        tail = f"({r.exited})"
+    elif view.is_gone(r):
+        tail = "(gone)"
+    elif view.is_stale(r, now):
+        tail = f"STALE {fmt.ago(now - r.last_seen)}"
+    else:
+        tail = ""
+    order = ["rank", "device", "epoch", "bar", "steps", "loss", "rate", "wait", "comm"]
+    dropped: set = set()
+
+    def build(bar_w: int) -> str:
+        out = [_bar(r.step, total, bar_w) if key == "bar" else cells[key] for key in order if key not in dropped]
+        return " ".join(c for c in out if c) + (f" {tail}" if tail else "")
+
+    for n in range(len(_OPTIONAL) + 1):  # drop optional columns until a bar of 8 fits
+        dropped = set(_OPTIONAL[:n])
+        room = width - 1 - len(build(0)) - 1  # strictly shorter than the width: no wrap, ever
+        if room >= 8 or n == len(_OPTIONAL):
+            return _fit(build(min(22, room)) if room >= 3 else build(0), width - 1)
+    return ""  # not reached
+
+
+def compact(view: RunView, now: float, width: int) -> list[str]:
+    ranks = view.rank_list()
+    sps = [r.samples_per_s for r in ranks]
+    slow = min(ranks, key=lambda r: (r.samples_per_s, r.step))
+    steps = [r.step for r in ranks]
+    total = max((r.total_steps for r in ranks), default=0)
+    losses = [r.loss for r in ranks if r.loss is not None]
+    dead = [str(r.rank) for r in ranks if r.failed_exit]
+    stale = [str(r.rank) for r in view.stale_ranks(now)]
+    lines = [
+        f"{len(ranks)} ranks  steps {min(steps)}-{max(steps)}/{total or '?'}  "
+        f"mean loss {fmt.num(statistics.fmean(losses) if losses else None)}",
+        f"samples/s per rank: min {fmt.rate(min(sps))}  median {fmt.rate(statistics.median(sps))}  "
+        f"max {fmt.rate(max(sps))}  slowest rank {slow.rank} (data wait {fmt.pct(slow.data_wait, 0)})",
+    ]
+    if stale:
+        lines.append(f"stale ranks (silent): {', '.join(stale)}")
+    if dead:
+        lines.append(f"ranks exited abnormally: {', '.join(dead)}")
+    return [_fit(ln, width - 1) for ln in lines]
+
+
+def block(view: RunView, now: float, width: int) -> list[str]:
+    """The live block: a header line and a line per rank (or a compact summary)."""
+    ranks = view.rank_list()
+    lines = [header(view, now, width - 1)]
+    if len(ranks) > COMPACT_ABOVE:
+        lines += compact(view, now, width)
+    else:
+        lines += [rank_line(view, r, now, width) for r in ranks]
+    balance = view.balance_line()
+    if balance:
+        lines.append(_fit(balance, width - 1))
+    return lines
+
+
+def log_text(line) -> str:
+    if line.level == "error" and line.text.startswith(line.who):  # an error event says who itself
+        return f"[error] {line.text}"
+    if line.level == "info":
+        return line.text if line.rank is None else f"rank {line.rank}: {line.text}"
+    return f"[{line.level}] {line.who}: {line.text}"
+
+
+def summary(view: RunView, now: float) -> list[str]:
+    """Final lines: status, accuracy, and for a failure the root cause with its traceback tail."""
+    val = view.latest_val_acc()
+    acc = ""
+    if val is not None:
+        acc = f"; val accuracy {fmt.pct(val)}"
+        if view.best_val_acc is not None and view.best_val_acc > val + 1e-9:
+            acc += f" (best {fmt.pct(view.best_val_acc)})"
+    lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}{acc}"]
+    if view.status in (Status.FAILED, Status.LOST):
+        lines.append(f"root cause: {view.root_cause or 'unknown (see the rank logs)'}")
+        if view.errors:
+            e = view.errors[0]
+            lines.append(f"  {e.text}")
+            for ln in e.detail.splitlines()[-8:]:
+                lines.append("    " + ln)
+    elif view.status == Status.STOPPED and view.root_cause:
+        lines.append(f"why: {view.root_cause}")
+    return lines
+
+
+class Display:
+    """Prints a RunView: redrawn in place on a TTY, periodic plain lines otherwise."""
+
+    def __init__(self, stream=None, tty: bool | None = None, interval: float | None = None,
+                 width: int | None = None, clock=time.time):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = interval if interval is not None else (0.25 if self.tty else 5.0)
+        self._fixed_width = width
+        self.clock = clock
+        self._drawn: list[str] = []  # the live block now on screen
+        self._drawn_width = 0
+        self._last = 0.0
+        self._log_seq = 0
+        self.frames = 0
+        self._resized = False
+        self._last_header = ""  # the plain header line printed last (not on a TTY)
+        if self.tty and width is None:
+            try:
+                signal.signal(signal.SIGWINCH, self._on_resize)
+            except (ValueError, AttributeError, OSError):
+                pass  # not the main thread, or no such signal here
+
+    def _on_resize(self, *_):
+        self._resized = True
+
+    @property
+    def width(self) -> int:
+        if self._fixed_width:
+            return self._fixed_width
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns or 80
+        except (OSError, ValueError, AttributeError):
+            return shutil.get_terminal_size((80, 24)).columns
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    def _clear_block(self) -> None:
+        """Move up over the block as the terminal shows it now (a narrower terminal rewraps it)."""
+        if self.tty and self._drawn:
+            w = max(1, self.width)
+            rows = sum(max(1, -(-len(line) // w)) for line in self._drawn)
+            self._write(f"\x1b[{rows}F\x1b[J")
+            self._drawn = []
+
+    def message(self, line: str) -> None:
+        """A line that stays (above the live block on a TTY, wrapped at its width under an indent)."""
+        self._clear_block()
+        self._write((fmt.wrap(line, self.width) if self.tty else line) + "\n")
+        self._last = 0.0  # redraw the block at once below it
+
+    def show(self, view: RunView, force: bool = False) -> None:
+        """New log lines, then the block (rate-limited unless forced, or the terminal was resized)."""
+        for line in [ln for ln in view.logs if ln.seq > self._log_seq]:  # arrived since the last call
+            if line.level in LOG_LEVELS:
+                self.message(log_text(line))
+        self._log_seq = view.log_seq
+        mono = time.monotonic()
+        if self._resized:
+            self._resized, force = False, True
+        if not force and mono - self._last < self.interval:
+            return
+        self._last = mono
+
+        now = self.clock()
+        if self.tty:
+            lines = block(view, now, self.width)
+            self._clear_block()
+            self._write("".join(line + "\n" for line in lines))
+            self._drawn = lines
+        else:
+            text = header(view, now, 10_000)
+            if text == self._last_header:
+                return  # the same line again (finish() right after the last show) says nothing new
+            self._last_header = text
+            self._write(text + "\n")
+        self.frames += 1
+
+    def finish(self, view: RunView) -> None:
+        """Last draw, then the summary lines."""
+        self.show(view, force=True)
+        if not self.tty and view.ranks:
+            for line in block(view, self.clock(), 10_000)[1:]:
+                self._write(line + "\n")
+        self._drawn = []
+        for line in summary(view, self.clock()):
+            self._write(line + "\n")
+
+
+# ----------------------------------------------------------------------------- torchrun's rank 0
+
+
+class Echo:
+    """The events one process writes, printed as `torchdeck run` prints a run in a pipe: its log
+    lines (epoch ends, checkpoints, warnings, errors) as they come, a status line every few
+    seconds, the summary once the run is over. Never raises: a closed terminal must not stop the
+    training it reports on."""
+
+    def __init__(self, stream=None):
+        self.view = RunView()
+        self.display = Display(stream, tty=False)
+
+    def __call__(self, ev: dict) -> None:
+        try:
+            self.view.feed(ev)
+            if ev.get("kind") == "run_finished":
+                self.display.finish(self.view)
+            else:
+                self.display.show(self.view)
+        except Exception:  # noqa: BLE001 (printing is a courtesy)
+            pass
+
+
+def echo_events(reporter, stream=None):
+    """Have `reporter` (engine.worker's FileReporter: torchrun's ranks write events themselves,
+    with no `torchdeck run` to print them) also print each event it writes, through Echo."""
+    echo, write = Echo(stream), reporter.write_event
+
+    def write_and_print(ev: dict) -> None:
+        write(ev)
+        echo(ev)
+
+    reporter.write_event = write_and_print
+    return reporter
