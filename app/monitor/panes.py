@@ -50,14 +50,7 @@ def util_style(pct: float | None) -> str:
     return "red" if pct >= 90 else "yellow" if pct >= 60 else "green"
 
 
-def _mb(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v / 1024:.1f}G" if v >= 1024 else f"{v:.0f}M"
-
-
-def _num(v, spec=".0f", none="n/a") -> str:
-    return none if v is None or v != v else format(v, spec)
+NA = "n/a"  # a reading the sampler could not get
 
 
 def _rows(plain: str, width: int) -> int:
@@ -178,13 +171,13 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
         t.append(f"{g.index:<2}", style="bold")
         t.append(f"{name:<{name_w}} ")
         t.append_text(bar(None if util is None else util / 100, bw, util_style(util)))
-        t.append(f" {_num(util):>3}% ")
+        t.append(f" {fmt.num(util, '.0f', NA):>3}% ")
         t.append_text(bar(mfrac, bw, util_style(None if mfrac is None else 100 * mfrac)))
-        t.append(f" {_mb(mused):>5}/{_mb(mtot):<6} ")
+        t.append(f" {fmt.mib(mused, NA):>5}/{fmt.mib(mtot, NA):<6} ")
         temp = getattr(g, "temp_c", None)
-        t.append(f"{_num(_fnum(temp)):>3}°C ")
+        t.append(f"{fmt.num(_fnum(temp), '.0f', NA):>3}°C ")
         pw, pl = _fnum(getattr(g, "power_w", None)), _fnum(getattr(g, "power_limit_w", None))
-        t.append(f"{_num(pw):>4}/{_num(pl):<4}W ")
+        t.append(f"{fmt.num(pw, '.0f', NA):>4}/{fmt.num(pl, '.0f', NA):<4}W ")
         if sw:
             t.append(spark(history.get(g.index, ()), sw), style="cyan")
             t.append(" ")
@@ -244,12 +237,12 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
     t.append_text(bar(None if cpu is None else cpu / 100, bw, util_style(cpu)))
     ncpu = len(getattr(host, "per_cpu", None) or [])
     load = _fnum(getattr(host, "load1", None))
-    t.append(f" {_num(cpu):>3}%  {ncpu} cores  load {_num(load, '.2f')}\n")
+    t.append(f" {fmt.num(cpu, '.0f', NA):>3}%  {ncpu} cores  load {fmt.num(load, '.2f', NA)}\n")
     used, tot = _fnum(getattr(host, "ram_used_mb", None)), _fnum(getattr(host, "ram_total_mb", None))
     frac = used / tot if used is not None and tot else None
     t.append("RAM ", style="bold")
     t.append_text(bar(frac, bw, util_style(None if frac is None else 100 * frac)))
-    t.append(f" {_mb(used)}/{_mb(tot)}\n")
+    t.append(f" {fmt.mib(used, NA)}/{fmt.mib(tot, NA)}\n")
     procs = list(getattr(host, "procs", None) or [])
     t.append(f"{'pid':>8}  {'who':<10} {'CPU%':>6} {'RSS':>8}", style="bold")
     if not procs:
@@ -261,7 +254,7 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
         who = "supervisor" if rank is None else f"rank {rank}"
         rss = _fnum(getattr(p, "rss_mb", None))
         pc = _fnum(getattr(p, "cpu_percent", None))
-        t.append(f"\n{p.pid:>8}  {who:<10} {_num(pc, '.1f'):>6} {_mb(rss):>8}")
+        t.append(f"\n{p.pid:>8}  {who:<10} {fmt.num(pc, '.1f', NA):>6} {fmt.mib(rss, NA):>8}")
     return t
 
 
@@ -298,12 +291,12 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     style = "red" if r.failed_exit else "green" if (total and r.step >= total) else "cyan"
     t.append_text(bar(frac, cols["bar"], style))
     t.append(f" {str(r.step) + '/' + (str(total) if total else '?'):<{cols['steps']}}")
-    t.append(f" {_num(r.loss, '.4f', '-'):>8} {'-' if r.acc is None else format(100 * r.acc, '.1f') + '%':>6}")
+    t.append(f" {fmt.num(r.loss):>8} {fmt.pct(r.acc):>6}")
     t.append(f" {r.samples_per_s:>10,.0f}")
     t.append(f" {'-' if r.data_wait is None else format(100 * r.data_wait, '.0f') + '%':>5}")
     if cols["dev"]:  # share of time in the all-reduce (waiting for the others), then device memory
         t.append(f" {'-' if r.comm_wait is None else format(100 * r.comm_wait, '.0f') + '%':>5}")
-        t.append(f" {'-' if r.device_mem_mb is None else _mb(r.device_mem_mb):>6}")
+        t.append(f" {fmt.mib(r.device_mem_mb):>6}")
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
     elif state.is_gone(r):  # the run was lost: its last figures are old news
@@ -355,11 +348,11 @@ def rank_spread_text(state: RunView) -> Text:
         return Text(no_spread_text(state), style="dim")
     slow, fast = pair
     if slow.samples_per_s == fast.samples_per_s:
-        return Text(f"rank balance: every rank at {fast.samples_per_s:,.0f} samples/s", style="green")
+        return Text(f"rank balance: every rank at {fmt.rate(fast.samples_per_s)} samples/s", style="green")
     gap = 100 * (1 - slow.samples_per_s / fast.samples_per_s) if fast.samples_per_s else 0.0
     t = Text("rank balance: slowest ")
-    t.append(f"rank {slow.rank} {slow.samples_per_s:,.0f}/s", style="bold")
-    t.append(f", fastest rank {fast.rank} {fast.samples_per_s:,.0f}/s: ")
+    t.append(f"rank {slow.rank} {fmt.rate(slow.samples_per_s)}/s", style="bold")
+    t.append(f", fastest rank {fast.rank} {fmt.rate(fast.samples_per_s)}/s: ")
     t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
     return t
 

@@ -22,6 +22,13 @@ def num(v: float | None, spec: str = ".4f", missing: str = "-") -> str:
     return missing if v is None or v != v else format(v, spec)
 
 
+def mib(v: float | None, missing: str = "-") -> str:
+    """A size in MiB, short: 512M, 1.5G."""
+    if v is None or v != v:
+        return missing
+    return f"{v / 1024:.1f}G" if v >= 1024 else f"{v:.0f}M"
+
+
 def rate(v: float | None) -> str:
     """samples/s with thousands separators."""
     return "-" if v is None or v != v else f"{v:,.0f}"

@@ -375,8 +375,8 @@ class RunView:
             if have is None:
                 of = f"/{self.total_epochs}" if self.total_epochs else ""
                 self._log(t, "info", None,
-                          f"epoch {epoch}{of} done at step {p.step}: train loss {_num(p.train_loss)} "
-                          f"acc {_pct(p.train_acc)}, val loss {_num(p.val_loss)} acc {_pct(p.val_acc)}")
+                          f"epoch {epoch}{of} done at step {p.step}: train loss {fmt.num(p.train_loss)} "
+                          f"acc {fmt.pct(p.train_acc)}, val loss {fmt.num(p.val_loss)} acc {fmt.pct(p.val_acc)}")
 
     def _on_checkpoint(self, ev, t) -> None:
         self._log(t, "info", ev.get("rank") if ev.get("rank") is None else _rank_of(ev.get("rank")),
@@ -736,11 +736,3 @@ class RunView:
         snap.steps = self.steps.copy()
         snap.step_acc = self.step_acc.copy()
         return snap
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.4f}"
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
