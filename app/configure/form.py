@@ -58,6 +58,35 @@ class FormInput(Input):
         self.post_message(self.Refused(self))
 
 
+class FormSwitch(Switch):
+    """A Switch that says "on" or "off" in words beside its slider: over SSH the colours that tell
+    one from the other are often lost. (No widget and no import more: it draws both itself.)"""
+
+    WORD_WIDTH = 4  # " off"
+
+    def render(self):
+        return _SliderWord(super().render(), " on" if self.value else " off", self.WORD_WIDTH)
+
+    def get_content_width(self, container, viewport) -> int:
+        return super().get_content_width(container, viewport) + self.WORD_WIDTH
+
+
+class _SliderWord:
+    """Switch's slider (4 cells) then a word, on one line."""
+
+    def __init__(self, slider, word: str, width: int):
+        self.slider, self.word, self.width = slider, word, width
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment  # loaded with Textual already; imported here, not at the first frame
+
+        slider_width = max(1, options.max_width - self.width)
+        line = console.render_lines(self.slider, options.update(width=slider_width, height=1), pad=False)[0]
+        yield from line
+        yield Segment(self.word.ljust(self.width))
+        yield Segment.line()
+
+
 class FieldMessage(Static):
     """A field's hint or problem, spanning both grid columns. Textual sizes an auto grid row by
     one column's width even for a widget spanning two, so a hint over ~29 characters at 80
@@ -202,7 +231,7 @@ class ConfigForm(VerticalScroll):
             else:
                 out.append(sel)
         elif f.kind == "bool":
-            out.append(Switch(bool(value), id=f.wid))
+            out.append(FormSwitch(bool(value), id=f.wid))
         elif f.kind == "devices":
             cpu = self.data.get("accelerator") == "cpu"
             procs = FormInput(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs",

@@ -1273,3 +1273,30 @@ async def test_more_cpu_ranks_than_cores_is_warned_with_the_numbers(tmp_path, pr
     preset.write_text(f"strategy: ddp\ndevices: {ranks}\ntrain: {{batch_size: 64}}\n")
     out = cli("validate", str(preset), cwd=tmp_path)
     assert f"warning: devices: {why}" in out, out
+
+
+async def test_switches_say_on_or_off_in_words(tmp_path, presets_dir):
+    """Issue 27: the form's switches told on from off by colour alone, and over SSH colours are
+    often lost. Each says it in text beside its slider, at 80x24, and says the new state when
+    toggled from the keyboard."""
+    from tests.app.screen_helpers import screen_text
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        sw = screen.query_one("#f-logging-tensorboard")
+        start = bool(sw.value)
+        sw.focus()
+        screen.form.scroll_to_widget(sw, animate=False)
+        await pilot.pause(0.2)
+
+        def row() -> str:
+            return next((ln for ln in screen_text(app).splitlines() if "tensorboard" in ln), "")
+
+        assert f" {'on' if start else 'off'}" in row(), screen_text(app)
+        await pilot.press("space")
+        for _ in range(60):
+            if f" {'off' if start else 'on'}" in row():
+                break
+            await pilot.pause(0.05)
+        assert sw.value is not start and f" {'off' if start else 'on'}" in row(), screen_text(app)
