@@ -1,0 +1,222 @@
+"""Progress of a user's script, as `step` events on the rank's channel: optimizer steps counted
+by torch.optim's global step hook (no change to the script), and `torchdeck.log` calls.
+
+Both feed one state per process, so the two never disagree about the step:
+- The hook counts the steps of the first optimizer that steps (a GAN's second optimizer, or an
+  optimizer wrapping another, is not counted twice; if that optimizer is garbage collected the
+  next one to step is adopted). It sends a step event at the first step, then when a window of
+  TORCHDECK_STEP_EVERY_S seconds (default 1.0) has passed and no step event was sent within it,
+  and once more at exit (flush) if steps were done since the last one. steps_per_s is the rate
+  over the last window.
+- log() sends one step event per call, with the hook's step (or its own) and steps_per_s.
+
+Torch is never imported here: the hook is registered when the script imports torch.optim (see
+install_step_hook). Stdlib only.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import weakref
+
+from . import channel
+
+_OPTIMIZER_MODULE = "torch.optim.optimizer"
+
+
+def _every_s() -> float:
+    try:
+        v = float(os.environ.get("TORCHDECK_STEP_EVERY_S", "1.0"))
+    except ValueError:
+        return 1.0
+    return v if v >= 0 and v == v else 1.0
+
+
+class _State:
+    def __init__(self):
+        self.every_s = _every_s()
+        self.optimizer = None  # weakref to the optimizer whose steps count
+        self.steps = 0  # optimizer steps counted
+        self.win_t = 0.0  # monotonic start of the current rate window, and the count then
+        self.win_steps = 0
+        self.rate: float | None = None  # steps/s over the last closed window
+        self.sent_t = None  # monotonic time of the last step event sent (either source)
+        self.sent_steps = 0  # the step count in it
+        self.log_calls = 0
+        self.log_t = None  # monotonic time of the previous log() call
+        self.bad = 0  # metric values log() skipped, all calls together
+
+
+_state = _State()
+
+
+def _send_step(now: float, **fields) -> None:
+    _state.sent_t = now
+    _state.sent_steps = _state.steps
+    channel.emit("step", **fields)
+
+
+def _on_optimizer_step(optimizer, args, kwargs) -> None:
+    """torch.optim's global post-step hook: runs after every optimizer.step() of the process."""
+    try:
+        s = _state
+        mine = s.optimizer() if s.optimizer is not None else None
+        if mine is None:
+            s.optimizer = weakref.ref(optimizer)
+        elif mine is not optimizer:
+            return
+        s.steps += 1
+        now = time.monotonic()
+        if s.steps == 1:
+            s.win_t, s.win_steps = now, 1
+            _send_step(now, step=1, steps_per_s=None, epoch=None, loss=None)
+            return
+        if now - s.win_t >= s.every_s:
+            s.rate = (s.steps - s.win_steps) / (now - s.win_t)
+            s.win_t, s.win_steps = now, s.steps
+            if s.sent_t is None or now - s.sent_t >= s.every_s:
+                _send_step(now, step=s.steps, steps_per_s=s.rate, epoch=None, loss=None)
+    except Exception:  # noqa: BLE001 - never break the user's optimizer.step()
+        pass
+
+
+def flush() -> None:
+    """At exit: one last step event if steps were done since the last one."""
+    s = _state
+    try:
+        if s.steps and s.steps != s.sent_steps:
+            now = time.monotonic()
+            rate = s.rate  # the last window's, unless the one under way is long enough to say
+            if s.steps > s.win_steps and now > s.win_t and (rate is None or now - s.win_t >= s.every_s / 4):
+                rate = (s.steps - s.win_steps) / (now - s.win_t)
+            _send_step(now, step=s.steps, steps_per_s=rate, epoch=None, loss=None)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _register(module) -> None:
+    try:
+        module.register_optimizer_step_post_hook(_on_optimizer_step)
+    except Exception:  # noqa: BLE001 - a torch without the global hook: no step counts
+        pass
+
+
+class _ThenRegister:
+    """The real loader of torch.optim.optimizer, registering the hook once the module ran."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:  # from here on the module looks as if it had been imported the usual way
+            module.__loader__ = self._loader
+            if module.__spec__ is not None:
+                module.__spec__.loader = self._loader
+        except Exception:  # noqa: BLE001
+            pass
+        _register(module)
+
+
+class _OptimizerWatch:
+    """A meta path finder that only answers for torch.optim.optimizer (asked once, when the
+    script first imports torch), and only to wrap the real loader; then it removes itself."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _OPTIMIZER_MODULE:
+            return None
+        try:
+            finders = sys.meta_path
+            i = finders.index(self)
+            finders.remove(self)
+        except ValueError:
+            return None
+        for finder in finders[i:]:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+def install_step_hook() -> None:
+    """Count optimizer steps: now if torch.optim is already imported, else when it is."""
+    mod = sys.modules.get(_OPTIMIZER_MODULE)
+    if mod is not None and hasattr(mod, "register_optimizer_step_post_hook"):
+        _register(mod)
+    else:
+        sys.meta_path.insert(0, _OptimizerWatch())
+
+
+_NOT_A_NUMBER = object()
+
+
+def _number(value):
+    """A metric as a float: ints, floats, 0-d tensors and numpy scalars (.item()); else
+    _NOT_A_NUMBER. Bools are not numbers here."""
+    if isinstance(value, bool):
+        return _NOT_A_NUMBER
+    if isinstance(value, (int, float)):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        x = value.item()  # a CUDA tensor: this waits for the GPU
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return float(x)
+    return _NOT_A_NUMBER
+
+
+def _rate(amount, dt):
+    if amount is None or dt is None or dt <= 0:
+        return None
+    n = _number(amount)
+    return None if n is _NOT_A_NUMBER else n / dt
+
+
+def log(metrics, step=None, samples=None, tokens=None) -> None:
+    """One step event with the script's own numbers (torchdeck.log: see its docstring)."""
+    try:
+        ch = channel.get()
+        if ch is None or ch.closed:
+            return
+        s = _state
+        now = time.monotonic()
+        dt = now - s.log_t if s.log_t is not None else None
+        s.log_t = now
+        s.log_calls += 1
+        loss, values, skipped = None, {}, 0
+        for key, value in (metrics.items() if isinstance(metrics, dict) else ()):
+            try:
+                x = _number(value)
+            except Exception:  # noqa: BLE001 - a tensor that cannot be read
+                x = _NOT_A_NUMBER
+            if x is _NOT_A_NUMBER:
+                skipped += 1
+            elif key == "loss":
+                loss = x
+            else:
+                values[str(key)] = x
+        if not isinstance(metrics, dict):
+            skipped += 1
+        if isinstance(step, bool) or not isinstance(step, int):
+            if step is not None:
+                skipped += 1
+            step = s.steps or s.log_calls
+        fields = dict(step=step, steps_per_s=s.rate, epoch=None, loss=loss, metrics=values,
+                      samples_per_s=_rate(samples, dt), tokens_per_s=_rate(tokens, dt))
+        if skipped:
+            s.bad += skipped
+            fields["skipped"] = skipped
+        _send_step(now, **fields)
+    except Exception:  # noqa: BLE001 - never raise into the user's training loop
+        _state.bad += 1

@@ -1,0 +1,182 @@
+"""What a rank of `torchdeck launch` runs: the user's script or module, unchanged, with the stack
+dump, the step hook and the rank's event channel around it.
+
+    python -P -m engine.launch.shim [--module] TARGET [args...]   (engine.launch.shim_argv)
+
+Environment (set by the supervisor): RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them;
+TORCHDECK_EVENTS_FD (engine.launch.channel); TORCHDECK_STACKS_FILE (the file faulthandler
+dumps this process's stacks into on engine.runs.stacks.STACK_SIGNAL; no dump without it);
+TORCHDECK_STEP_EVERY_S (engine.launch.report); TORCHDECK_LOCAL_RANK_ARG: "1" appends
+`--local-rank=N` (LOCAL_RANK) to the script's arguments as torch.distributed.launch did, any
+other non-empty value is the flag's spelling (`--local_rank` for older scripts).
+
+It sends rank_ready, runs the target as python would (sys.argv, sys.path[0] the script's folder
+or, for a module, the working directory; __name__ == "__main__"), and exits with the script's
+code: SystemExit's code, 1 after an exception (an `error` event with the user's frames, the
+traceback on stderr as python prints it, TORCHELASTIC_ERROR_FILE written in torchelastic's
+format when set), 130 after KeyboardInterrupt. SIGTERM keeps its default (or the script's own
+handler). Before exiting it sends the last step event.
+
+Everything torchdeck needs is imported here before the script runs, so a user's engine.py,
+app.py or cli.py in the script's folder shadows nothing of ours (start the shim with -P, as
+shim_argv does, so that the working directory does not shadow it either).
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from ..runs import stacks
+from . import channel, report
+
+USAGE = "usage: python -m engine.launch.shim [--module] TARGET [args...]"
+_OURS = {os.path.abspath(__file__), getattr(runpy, "__file__", None), "<frozen runpy>"}
+
+
+def _int_env(name: str):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _device() -> str | None:
+    """What CUDA_VISIBLE_DEVICES gives this rank: "cuda:3" (nvidia-smi's numbering, or a UUID),
+    "cpu" when it hides every GPU, None when unset (the script picks its device itself)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    visible = visible.strip()
+    if visible in ("", "-1"):
+        return "cpu"
+    return f"cuda:{visible}"
+
+
+def _rank_ready() -> None:
+    channel.emit("rank_ready", local_rank=_int_env("LOCAL_RANK"), device=_device(), pid=os.getpid(),
+                 host=os.uname().nodename, threads=_int_env("OMP_NUM_THREADS"), cpus=None)
+
+
+def _user_traceback(exc: BaseException) -> list[str]:
+    """The traceback as python prints it for the script run directly: without the frames of
+    this shim and runpy."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OURS:
+        tb = tb.tb_next
+    return traceback.format_exception(type(exc), exc, tb)
+
+
+def _write_error_file(exc: BaseException, text: str) -> None:
+    """torchelastic's error file (ErrorHandler.record_exception's format), for torchrun and
+    anything that reads it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except (OSError, ValueError):
+        pass
+
+
+def _failed(exc: BaseException) -> int:
+    text = "".join(_user_traceback(exc))
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+        message = f"<{type(exc).__name__}: str() failed>"
+    channel.emit("error", host=os.uname().nodename, pid=os.getpid(), exception=type(exc).__name__,
+                 message=message, traceback=text)
+    _write_error_file(exc, text)
+    sys.stderr.write(text)
+    return 1
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """python's own rule: None is 0, an int is itself, anything else is printed and is 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _argv(args: list[str]) -> list[str]:
+    spelling = os.environ.get("TORCHDECK_LOCAL_RANK_ARG", "").strip()
+    if not spelling:
+        return args
+    flag = "--local-rank" if spelling == "1" else spelling
+    return [*args, f"{flag}={os.environ.get('LOCAL_RANK', '0')}"]
+
+
+def run(target: str, args: list[str], module: bool, path0_is_ours: bool) -> int:
+    """Run the script (or module) as python would and return its exit code.
+    path0_is_ours: sys.path[0] is the entry python put there for the shim itself (the working
+    directory of `python -m`): it is replaced rather than kept ahead of the script's."""
+    if module:
+        folder = os.getcwd()  # python -m puts the working directory first
+    else:
+        if not os.path.isfile(target):
+            print(f"{sys.executable}: can't open file {os.path.abspath(target)!r}: "
+                  f"[Errno 2] No such file or directory", file=sys.stderr)
+            channel.emit("error", host=os.uname().nodename, pid=os.getpid(), exception="FileNotFoundError",
+                         message=f"no such script: {target}", traceback="")
+            return 2
+        folder = os.path.dirname(os.path.realpath(target))
+    if path0_is_ours and sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+    sys.argv = [target, *args]  # run_module puts the module's file in argv[0], as python -m does
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except KeyboardInterrupt as exc:
+        sys.stderr.write("".join(_user_traceback(exc)))
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - the script's failure, reported and exit 1
+        return _failed(exc)
+    return 0
+
+
+def main(argv: list[str], path0_is_ours: bool) -> int:
+    module = bool(argv) and argv[0] in ("--module", "-m")
+    if module:
+        argv = argv[1:]
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    path = os.environ.get("TORCHDECK_STACKS_FILE")
+    if path:
+        try:
+            stacks.install(Path(path))
+        except OSError as exc:
+            print(f"torchdeck: cannot write stacks to {path}: {exc.strerror or exc}", file=sys.stderr)
+    _rank_ready()
+    if channel.get() is not None:
+        report.install_step_hook()
+    try:
+        return run(argv[0], _argv(argv[1:]), module, path0_is_ours)
+    finally:
+        report.flush()
+
+
+if __name__ == "__main__":
+    # -P (safe_path) leaves the working directory off sys.path; plain -m put it first
+    sys.exit(main(sys.argv[1:], path0_is_ours=not sys.flags.safe_path))

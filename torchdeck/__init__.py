@@ -1,0 +1,35 @@
+"""torchdeck for a training script: one call, `torchdeck.log`, and nothing else to learn.
+
+    import torchdeck
+    torchdeck.log({"loss": loss}, samples=len(batch))
+
+Under `torchdeck launch` it reports to the run; anywhere else it does nothing (importing this
+module imports nothing else unless the script runs under torchdeck).
+"""
+import os as _os
+
+__all__ = ["log"]
+
+
+def log(metrics, step=None, samples=None, tokens=None) -> None:
+    """Report this rank's numbers for the step just done (every rank may call it).
+
+    metrics: {"loss": ..., "lr": ..., any name: number}; "loss" is the run's loss curve, the
+        other numbers are its metrics. Numbers are ints, floats, numpy scalars or 0-d tensors
+        (read with .item(): for a CUDA tensor that waits for the GPU, as loss.item() does);
+        anything else is skipped and counted, never an error.
+    step: the step these numbers belong to; by default the optimizer steps counted so far.
+    samples / tokens: how many this rank processed since its previous call (a batch's size,
+        its tokens): samples/s and tokens/s are these over the time between the two calls.
+
+    Outside torchdeck it returns at once. Under torchdeck it never raises and never blocks: when
+    the supervisor cannot keep up the event is dropped (and counted).
+    """
+    return None
+
+
+if _os.environ.get("TORCHDECK_EVENTS_FD"):
+    try:  # becomes `from .engine.launch.report import log` with the torchdeck.engine namespace
+        from engine.launch.report import log  # noqa: F811
+    except Exception:  # noqa: BLE001 - importing torchdeck must never break the script
+        pass
