@@ -14,7 +14,9 @@ Kinds and their fields (beyond v, kind, t):
     phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume |
                    batch | steps), until its first step event; the run's start-up is read from these.
                    "batch" also carries step and epoch: the position it trains from (a checkpoint's)
-    rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null)
+    rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null);
+                   a user's script: device from CUDA_VISIBLE_DEVICES (null: unset), threads from
+                   OMP_NUM_THREADS, cpus null
     step           one per train.log_every_n_steps steps, at the last step, and at the step a stop
                    ended the run on (its final position, even between two windows):
                    rank, epoch, step (optimizer steps done), total_steps, loss,
@@ -22,6 +24,11 @@ Kinds and their fields (beyond v, kind, t):
                    comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report
                    collective) was in flight, i.e. waiting for the other ranks; null where not
                    measured (measured today: DDP on the CPU)
+                   A user's script (torchdeck launch, engine/launch/report.py) sends: rank, step,
+                   steps_per_s (optimizer steps/s over the last window; null: not known yet),
+                   epoch and loss (null unless logged); from torchdeck.log also metrics ({name:
+                   float}, the logged numbers but loss), samples_per_s, tokens_per_s (null: not
+                   given), skipped (values that were not numbers; absent when none)
     epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval)
     checkpoint     rank, epoch, step, batches_done (micro-batches into that epoch), path
     log            rank (null: supervisor), level (info|warning|error), message
@@ -48,6 +55,10 @@ Kinds and their fields (beyond v, kind, t):
 `epoch` (step, epoch_end, checkpoint, rank_report) is the engine's 0-based index of the epoch
 (at an epoch's end in a checkpoint: the epochs done). People read epochs from 1 everywhere:
 metrics.csv, the views, the logs; `epoch_number` is the one place that turns one into the other.
+
+Events from a rank's channel (engine/launch/channel.py) may also carry dropped (the events that
+rank dropped just before this one, its pipe being full) and truncated (true: fields were left out
+to fit the line in 4096 bytes).
 
 Changing a field's meaning bumps EVENT_VERSION; adding a field does not.
 """
