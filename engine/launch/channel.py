@@ -68,17 +68,23 @@ def fit(ev: dict, limit: int = LINE_MAX) -> str | None:
     if len(line) < limit:  # ASCII only: characters are bytes
         return line
     ev = dict(ev)
-    for _ in range(12):  # shorten the longest string; escapes make a few rounds necessary
+    for _ in range(8):  # share the room among the long strings; escapes may take a second round
         over = len(line) + 1 - limit
         if over <= 0:
             return line
-        strings = [(len(v), k) for k, v in ev.items() if k not in _KEEP and isinstance(v, str)]
-        if not strings:
+        # (bytes written, key) of each string: an escaped character takes 2 to 6 bytes
+        strings = sorted((len(_dumps(v)), k) for k, v in ev.items() if k not in _KEEP and isinstance(v, str))
+        room = sum(b for b, _ in strings) - over - 60 * len(strings)  # 60: each marker, escaped
+        if not strings or room < 40 * len(strings):
             break
-        n, key = max(strings)
-        if n <= 80:
-            break
-        ev[key] = _cut(key, ev[key], max(40, n - over - 60))
+        for i, (b, key) in enumerate(strings):  # shortest first: what a short one leaves, longer ones get
+            share = room // (len(strings) - i)
+            if b > share:
+                text = ev[key]
+                ev[key] = _cut(key, text, max(20, share * len(text) // b))
+                room -= share
+            else:
+                room -= b
         line = _dumps(ev)
     ev["truncated"] = True
     line = _dumps(ev)
