@@ -206,7 +206,7 @@ def test_torchdeck_log_outside_torchdeck_is_free():
     code = textwrap.dedent("""
         import sys, time
         import torchdeck
-        assert not any(m.split(".")[0] in ("engine", "torch", "yaml") for m in sys.modules), sorted(sys.modules)
+        assert not any(m.split(".")[0] in ("torch", "yaml") or m.startswith("torchdeck.") for m in sys.modules), sorted(sys.modules)
         assert torchdeck.log({"loss": 1.0}, samples=3) is None
         n = 200000
         t = time.perf_counter()
@@ -302,6 +302,11 @@ def test_a_users_engine_py_runs_from_its_folder(tmp_path):
     assert run.rc == 0, run.stderr
     assert f"engine.py ran __main__ 42 {tmp_path}" in run.stdout
     assert [e["loss"] for e in run.kinds("step")] == [1.0]  # torchdeck's own engine, not the script
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = launch([str(path)], cwd=elsewhere)  # the script's folder first, not the working directory's
+    assert run.rc == 0, run.stderr
+    assert f"engine.py ran __main__ 42 {tmp_path}" in run.stdout
 
 
 def test_stacks_of_an_unchanged_script_on_demand(tmp_path):
@@ -328,20 +333,28 @@ def test_stacks_of_an_unchanged_script_on_demand(tmp_path):
 
 
 def test_children_report_through_the_rank_pipe(tmp_path):
-    """A spawned child (fresh interpreter, the fd not inherited, its number reused for a file)
-    reaches the rank's pipe through /proc and reports with the RANK it set; a forked child
-    shares the fd; neither writes into the file that holds the fd's number."""
-    other = tmp_path / "user_file"
+    """A spawned child (fresh interpreter, the fd not inherited, its number reused for a pipe of
+    its own) reaches the rank's pipe through /proc and reports with the RANK it set; a forked
+    child shares the fd; nothing is written into the child's pipe that holds the fd's number."""
+    other = tmp_path / "user_pipe"
     path = script(tmp_path, f"""
         import multiprocessing as mp, os
         import torchdeck
 
         def spawned():
-            fds = []
-            while not fds or fds[-1] < int(os.environ["TORCHDECK_EVENTS_FD"]):
-                fds.append(os.open({str(other)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+            n, pipes = int(os.environ["TORCHDECK_EVENTS_FD"]), []
+            while not pipes or max(pipes[-1]) < n:  # until the number is ours: free here
+                pipes.append(os.pipe())
+            r, w = os.pipe()
+            os.dup2(w, n)  # the write end of one of the child's own pipes has the number now
             os.environ["RANK"] = "7"
             torchdeck.log({{"loss": 7.0}})
+            os.set_blocking(r, False)
+            try:
+                got = os.read(r, 65536)
+            except BlockingIOError:
+                got = b""
+            open({str(other)!r}, "wb").write(got)
 
         def forked():
             torchdeck.log({{"loss": 5.0}})
