@@ -16,13 +16,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
-from engine import affinity
-from engine import checkpoint as ckpt
-from engine.cache import NodeShare
-from engine.data import BatchPrep, BatchTensors, TrainData, keep_batch
-from engine.errors import TorchdeckError
-from engine.events import EVENT_VERSION
-from engine.optim import Precision, set_speed_flags
+from . import affinity
+from . import checkpoint as ckpt
+from .cache import NodeShare
+from .data import BatchPrep, BatchTensors, TrainData, keep_batch
+from .errors import TorchdeckError
+from .events import EVENT_VERSION
+from .optim import Precision, set_speed_flags
 
 
 STOP_CHECK_S = 0.25  # how often ranks agree on a stop request, in training time
@@ -230,7 +230,7 @@ class Trainer:
 
     def _build_model(self):
         """The model in the weight layout the strategy can hold (sharding and byte views need plain)."""
-        from engine.models import build_model
+        from .models import build_model
 
         t, strategy = self.cfg.train, self.strategy
         model = build_model(self.cfg, self.info)
@@ -314,7 +314,7 @@ class Trainer:
             note = ""
             if state.get("world_size") not in (None, c.world_size):
                 note = f" (saved with world size {state['world_size']}, now {c.world_size}: data order differs)"
-            from engine.runs.fmt import epoch_at
+            from .runs.fmt import epoch_at
 
             self.emit("log", level="info", message=f"resumed from {path} at "
                                                    f"{epoch_at(self.pos.epoch, self.pos.batches_done)}, "
@@ -459,7 +459,7 @@ class Trainer:
         # and the steps up to the first step event (log_every_n_steps of them), told apart.
         self._first_batch = True
         self.emit("phase", phase="batch", step=self.pos.step, epoch=self.pos.epoch)  # where it trains from
-        self._elsewhere = None  # model-parallel: the logits come out on the last stage's device
+        self._elsewhere = None  # model-parallel: whether the logits come out on another device than the batch
 
     def _run_epoch(self, epoch: int) -> None:
         """One epoch, or the rest of it after a resume, up to max_steps or an agreed stop."""
@@ -471,8 +471,7 @@ class Trainer:
         ep_wait0, ep_t0 = self._wait_total, time.perf_counter()
         micro = self.pos.batches_done
         while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
-            self._accumulate(it, epoch, micro, window)
-            self._optimizer_step()
+            self._train_step(it, epoch, micro, window)
             micro += k
             if self._after_step(epoch, micro, window):
                 break
@@ -489,33 +488,27 @@ class Trainer:
         elif self._has_eval:  # max_steps ended it mid-epoch: still report where the model stands
             self._end_epoch(epoch, window.epoch_sums, window.epoch_samples, self._has_eval, waited, partial=True)
 
-    def _accumulate(self, it, epoch: int, micro: int, window: "_Window") -> None:
-        """Forward and backward over one optimizer step's grad_accum micro-batches; only the last
-        one's backward syncs the gradients."""
-        k = self.cfg.train.grad_accum
+    def _train_step(self, it, epoch: int, micro: int, window: "_Window") -> None:
+        """One optimizer step: forward and backward over grad_accum micro-batches (only the last
+        backward syncs the gradients), then the update. One call per step, the forward inline: this
+        is the hot path."""
+        k, prec = self.cfg.train.grad_accum, self.precision
         for j in range(k):
             x, y = self._batch(it, epoch, micro + j, window)
             with self.strategy.no_sync(self.model) if j < k - 1 else _SYNCS:
-                out, y, loss = self._forward(x, y)
-                self.precision.backward(loss / k if k > 1 else loss)
+                with prec.autocast():
+                    out = self.forward_model(x)
+                    if self._elsewhere is None:  # model-parallel: logits on the last stage's device
+                        self._elsewhere = out.device != y.device
+                    if self._elsewhere:
+                        y = y.to(out.device, non_blocking=True)
+                    loss = F.cross_entropy(out, y)
+                prec.backward(loss / k if k > 1 else loss)
             window.add(loss, out, y)
             self._samples_total += y.shape[0]
-
-    def _forward(self, x, y):
-        """Logits, labels and loss under autocast; model-parallel logits come out on the last stage's
-        device, so the labels go there (asked once: the layout does not change)."""
-        with self.precision.autocast():
-            out = self.forward_model(x)
-            if self._elsewhere is None:
-                self._elsewhere = out.device != y.device
-            if self._elsewhere:
-                y = y.to(out.device, non_blocking=True)
-            return out, y, F.cross_entropy(out, y)
-
-    def _optimizer_step(self) -> None:
         if self.comm is not None:
             self.comm.settle()
-        self.precision.step(self.optimizer, self.model)
+        prec.step(self.optimizer, self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
