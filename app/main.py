@@ -22,7 +22,7 @@ from textual.app import App, SystemCommand  # noqa: E402
 from textual.binding import Binding  # noqa: E402
 from textual.screen import Screen  # noqa: E402
 
-from app.configure.screen import ConfigureScreen  # noqa: E402
+from .configure.screen import ConfigureScreen  # noqa: E402
 
 
 class TorchdeckApp(App):
@@ -43,7 +43,7 @@ class TorchdeckApp(App):
     @property
     def gpu_source(self):
         if self._gpu_source is None:
-            from app.sources.nvml import GPUSource  # pynvml itself is imported on first use
+            from .sources.nvml import GPUSource  # pynvml itself is imported on first use
 
             self._gpu_source = GPUSource()
         return self._gpu_source
@@ -51,7 +51,7 @@ class TorchdeckApp(App):
     @property
     def host_source(self):
         if self._host_source is None:
-            from app.sources.host import HostSource  # psutil: only when a screen samples the host
+            from .sources.host import HostSource  # psutil: only when a screen samples the host
 
             self._host_source = HostSource()
         return self._host_source
@@ -108,7 +108,7 @@ class TorchdeckApp(App):
         return screen
 
     def action_runs(self) -> None:
-        from app.runs.screen import RunsScreen  # imported when first opened: not on the first frame
+        from .runs.screen import RunsScreen  # imported when first opened: not on the first frame
 
         self.go_to(lambda s: isinstance(s, RunsScreen), RunsScreen)
 
@@ -116,7 +116,7 @@ class TorchdeckApp(App):
         """The Monitor of the run at `path`: the one on the stack if there is one, else a new one,
         pushed, or with `replace` in place of the screen on top (a resumed run's Monitor takes
         the place of the Monitor it was resumed from)."""
-        from app.monitor.screen import MonitorScreen
+        from .monitor.screen import MonitorScreen
 
         path = Path(path).resolve()
         if not replace:
@@ -128,7 +128,7 @@ class TorchdeckApp(App):
     def open_compare(self, comparison=None, runs=None) -> None:
         """The Compare screen of a comparison directory or of runs picked by hand. There is one at
         most (it has an id): one already on the stack is brought back, showing these."""
-        from app.compare.screen import CompareScreen
+        from .compare.screen import CompareScreen
 
         screen = self.go_to(lambda s: isinstance(s, CompareScreen),
                             lambda: CompareScreen(comparison=comparison, runs=runs))
@@ -138,8 +138,8 @@ class TorchdeckApp(App):
     def resume_run(self, path) -> None:
         """Start a run that continues `path` from its newest checkpoint and watch it (the Monitor's
         and the Runs list's Resume; `torchdeck resume RUN` headless)."""
-        from engine.errors import TorchdeckError
-        from engine.runs import control
+        from ..engine.errors import TorchdeckError
+        from ..engine.runs import control
 
         try:
             cfg, origin, step, ckpt = control.resume_config(path)
@@ -149,7 +149,7 @@ class TorchdeckApp(App):
             return
         self.last_run = run.path
         self.notify(f"Resuming {Path(path).name} from {ckpt.name} (step {step}) as {run.name}")
-        from app.monitor.screen import MonitorScreen
+        from .monitor.screen import MonitorScreen
 
         # From a Monitor, the new run's Monitor takes its place: esc does not walk back through
         # one Monitor per resume.

@@ -33,7 +33,7 @@ def _env() -> dict:
 
 
 def import_time() -> dict:
-    code = ("import sys,time;t=time.perf_counter();import app.main;"
+    code = ("import sys,time;t=time.perf_counter();import torchdeck.app.main;"
             "print(time.perf_counter()-t, 'torch' in sys.modules)")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=str(C.ROOT))
@@ -50,7 +50,7 @@ def import_time() -> dict:
 
 def _torchdeck_argv() -> list[str]:
     script = Path(sys.executable).parent / "torchdeck"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torchdeck.cli"]
 
 
 def live(seconds: float, ranks: int = 8, rate: float = 50.0, warm_s: float = 4.0,
@@ -59,7 +59,7 @@ def live(seconds: float, ranks: int = 8, rate: float = 50.0, warm_s: float = 4.0
     import psutil
 
     from bench import fake_run
-    from engine.events import read_all
+    from torchdeck.engine.events import read_all
 
     root = C.tmpdir(NAME)
     rd = fake_run.create(root, ranks)
@@ -160,7 +160,7 @@ def reflect_latencies(written: dict, seen: dict, ranks: int, warm_s: float, tail
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    if importlib.util.find_spec("app.main") is None:
+    if importlib.util.find_spec("torchdeck.app.main") is None:
         return {"name": NAME, "skipped": "app.main is not there yet", "targets": [],
                 "text": "\n### app\nNOT RUN: app.main is not importable in this checkout."}
     reps = min(reps, 5)
@@ -168,7 +168,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     fs = [first_screen(_torchdeck_argv(), env=_env(), cwd=str(C.ROOT)) for _ in range(reps)]
     window, warm = (3.0, 1.0) if quick else (20.0, 4.0)
     attach = None
-    if importlib.util.find_spec("app.monitor") is None:
+    if importlib.util.find_spec("torchdeck.app.monitor") is None:
         lv = {"skipped": "app.monitor is not there yet"}
         # the headless watcher does the same job in a terminal: measured so the numbers exist
         attach = live(window, warm_s=warm, monitor=_torchdeck_argv() + ["attach"], paint_chars=20)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 
 def main() -> None:
-    from app.main import TorchdeckApp
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.main import TorchdeckApp
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     run_dir = Path(sys.argv[1])
     app = TorchdeckApp(runs_root=run_dir.parent)

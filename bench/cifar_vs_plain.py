@@ -32,7 +32,7 @@ def make_cifar(root: Path, train: int, val: int) -> Path:
     """CIFAR-10's python files (5 train batches, test_batch, batches.meta) holding the built-in set."""
     import torch
 
-    from engine.data import _tv_stamp, synthetic
+    from torchdeck.engine.data import _tv_stamp, synthetic
 
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def make_cifar(root: Path, train: int, val: int) -> Path:
 def _node_pss_mb(run) -> float | None:
     import psutil
 
-    from engine.runs import control
+    from torchdeck.engine.runs import control
 
     sup = run.supervisor_pid()
     total = 0

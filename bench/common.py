@@ -49,9 +49,9 @@ def merge(base: dict, over: dict) -> dict:
 def run_engine(cfg_dict: dict, root: Path, timeout: float = 600, on_poll=None) -> dict:
     """Launch a real run (supervisor process, spawned ranks) and wait for it; on_poll(run) is
     called every 50 ms while it runs (e.g. to sample memory)."""
-    from engine import events
-    from engine.runs import control as launch
-    from engine.config import from_dict
+    from torchdeck.engine import events
+    from torchdeck.engine.runs import control as launch
+    from torchdeck.engine.config import from_dict
 
     cfg = from_dict(cfg_dict)
     t_launch = time.time()

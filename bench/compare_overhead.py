@@ -24,12 +24,12 @@ GLOBAL_BATCH = 128
 
 def _torchdeck() -> list[str]:
     exe = Path(sys.executable).with_name("torchdeck")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torchdeck.cli"]
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    from engine import events
-    from engine.runs import compare
+    from torchdeck.engine import events
+    from torchdeck.engine.runs import compare
 
     root = C.tmpdir(NAME)
     steps, warm = (30, 10) if quick else (200, 50)

@@ -115,14 +115,14 @@ def _memory(s: dict, quick: bool) -> dict:
 
 
 def _mlp(hidden: int):
-    from engine.data import DataInfo
-    from engine.models import mlp
+    from torchdeck.engine.data import DataInfo
+    from torchdeck.engine.models import mlp
 
     return mlp(DataInfo(3, 10, 32, "synthetic"), hidden)
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    from engine.strategies.deepspeed import INSTALL_HINT, installed
+    from torchdeck.engine.strategies.deepspeed import INSTALL_HINT, installed
 
     if not installed():
         return {"name": NAME, "skipped": INSTALL_HINT, "targets": [],

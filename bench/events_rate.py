@@ -13,7 +13,7 @@ TARGET = 10_000
 
 
 def _producer(q, rank: int, n: int, go, results) -> None:
-    from engine import events
+    from torchdeck.engine import events
 
     results.put(("ready", rank))
     go.wait()
@@ -29,8 +29,8 @@ def _producer(q, rank: int, n: int, go, results) -> None:
 def flood(ranks: int, per_rank: int, path) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.events import read_all
-    from engine.supervisor import EventWriter
+    from torchdeck.engine.events import read_all
+    from torchdeck.engine.supervisor import EventWriter
 
     ctx = mp.get_context("spawn")
     q, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()

@@ -13,15 +13,15 @@ import socket
 import time
 from pathlib import Path
 
-from engine import events
-from engine.runs.layout import RunDir
+from torchdeck.engine import events
+from torchdeck.engine.runs.layout import RunDir
 
 BASE = 100_000
 TOTAL = 9_999_999
 
 
 def create(root: Path, ranks: int) -> RunDir:
-    from engine.config import from_dict
+    from torchdeck.engine.config import from_dict
 
     cfg = from_dict({"name": "bench-fake", "strategy": "ddp", "accelerator": "cpu", "devices": ranks,
                      "backend": "gloo"})

@@ -69,7 +69,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     hello.write_text(HELLO)
     env = _env(tmp)
     exe = Path(sys.executable).with_name("torchdeck")
-    deck = [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    deck = [str(exe)] if exe.exists() else [sys.executable, "-m", "torchdeck.cli"]
     frame_time([sys.executable, str(hello)], "Hello,world!", env)  # warm the file cache for both
     frame_time(deck, "Launch", env)
     td, hw = C.alternate(reps, lambda: frame_time(deck, "Launch", env),

@@ -17,9 +17,9 @@ import sys
 from bench import common as C
 from bench import first_frame as F
 
-_RUN = "\nfrom app.main import TorchdeckApp\nTorchdeckApp().run()\n"
+_RUN = "\nfrom torchdeck.app.main import TorchdeckApp\nTorchdeckApp().run()\n"
 VARIANTS = {"as shipped": "",
-            "3 fields in the first frame": "import app.configure.form as Fm\nFm.FIRST_FRAME_FIELDS = 3\n"}
+            "3 fields in the first frame": "import torchdeck.app.configure.form as Fm\nFm.FIRST_FRAME_FIELDS = 3\n"}
 MARKS = {"first frame": "Launch", "first field": "strategyddp", "Essentials complete": "precision32-true"}
 
 

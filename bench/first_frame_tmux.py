@@ -65,7 +65,7 @@ def run(rounds: int = 15) -> dict:
     (tmp / "reader.py").write_text(READER)
     (tmp / "hello.py").write_text(F.HELLO)
     exe = Path(sys.executable).with_name("torchdeck")
-    deck = str(exe) if exe.exists() else f"{sys.executable} -m cli"
+    deck = str(exe) if exe.exists() else f"{sys.executable} -m torchdeck.cli"
     hello, td = C.alternate(rounds, lambda: one(tmp, f"{sys.executable} {tmp / 'hello.py'}", "Hello,world!"),
                             lambda: one(tmp, deck, "Launch"))
     h, t = statistics.median(hello), statistics.median(td)

@@ -16,7 +16,7 @@ def make_folder(root: Path, train: int = 2000, val: int = 500, size: int = 32, c
     import numpy as np
     from PIL import Image
 
-    from engine.data import synthetic
+    from torchdeck.engine.data import synthetic
 
     done = root / ".complete"
     if done.exists():

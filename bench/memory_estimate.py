@@ -2,8 +2,8 @@
 process: `python -m bench.memory_estimate MODEL BATCH` (resnet18 64, cnn 512, ...)."""
 import resource, sys, gc
 import torch
-from engine import config as cfgmod, memory
-from engine.models import build_model
+from torchdeck.engine import config as cfgmod, memory
+from torchdeck.engine.models import build_model
 name, batch = sys.argv[1], int(sys.argv[2])
 cfg = cfgmod.from_dict({"strategy": "cpu", "model": {"name": name}, "optimizer": {"name": "adam"},
                         "train": {"batch_size": batch}})

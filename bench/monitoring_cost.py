@@ -38,9 +38,9 @@ def emit_cost_s(n: int = 2000) -> float:
     import multiprocessing as mp
     import tempfile
 
-    from engine import events
-    from engine.supervisor import EventWriter
-    from engine.worker import QueueReporter
+    from torchdeck.engine import events
+    from torchdeck.engine.supervisor import EventWriter
+    from torchdeck.engine.worker import QueueReporter
 
     with tempfile.TemporaryDirectory() as d:
         writer = EventWriter(Path(d) / "events.jsonl", None)

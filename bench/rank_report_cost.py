@@ -45,9 +45,9 @@ def _micro_rank(rank: int, port: int, iters: int, q) -> None:
     import torch
     import torch.distributed as dist
 
-    from engine.config import from_dict
-    from engine.strategies.base import RankContext
-    from engine.train import Position, Trainer
+    from torchdeck.engine.config import from_dict
+    from torchdeck.engine.strategies.base import RankContext
+    from torchdeck.engine.train import Position, Trainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -78,7 +78,7 @@ def _micro_rank(rank: int, port: int, iters: int, q) -> None:
 def micro(iters: int) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.supervisor import free_port
+    from torchdeck.engine.supervisor import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()

@@ -31,7 +31,7 @@ def _vm_hwm_kb(pid: int) -> int | None:
 def _measure(cfg: dict, root: Path, per_step: int, warm: int) -> dict:
     import psutil
 
-    from engine.runs.control import run_processes
+    from torchdeck.engine.runs.control import run_processes
 
     hwm: dict[int, int] = {}
 

@@ -23,7 +23,7 @@ RANKS = 2
 
 def _torchdeck() -> list[str]:
     exe = Path(sys.executable).with_name("torchdeck")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torchdeck.cli"]
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
@@ -45,7 +45,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         if p.returncode != 0:
             raise RuntimeError(f"torchdeck run failed ({p.returncode}): {p.stderr[-2000:]}")
         (run,) = set((root / "runs").glob("*")) - before
-        from engine import events
+        from torchdeck.engine import events
 
         evs = events.read_all(run / "events.jsonl")
         first = min(e["t"] for e in evs if e["kind"] == "step" and e["rank"] == 0)

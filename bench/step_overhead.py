@@ -23,9 +23,9 @@ IMG, BATCH, HIDDEN = 8, 4, 8
 
 
 def engine_step_s(steps: int, warm: int) -> float:
-    from engine import config as cfgmod
-    from engine import events
-    from engine.worker import RankJob, train_rank
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from torchdeck.engine.worker import RankJob, train_rank
 
     out: list[dict] = []
     cfg = C.engine_config(model={"name": "mlp", "hidden": HIDDEN},
@@ -43,8 +43,8 @@ def plain_step_s(steps: int, warm: int) -> float:
     import torch.nn.functional as F
 
     from bench.baselines.batch_fetch import loader
-    from engine.data import DataInfo, synthetic
-    from engine.models import mlp
+    from torchdeck.engine.data import DataInfo, synthetic
+    from torchdeck.engine.models import mlp
 
     torch.manual_seed(0)
     train, _ = synthetic(4096, 16, 10, IMG)

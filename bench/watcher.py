@@ -19,8 +19,8 @@ from pathlib import Path
 
 
 def _sampler(get_pids, every: float, stop: threading.Event, counts: dict) -> None:
-    from app.sources.host import HostSource
-    from app.sources.nvml import GPUSource
+    from torchdeck.app.sources.host import HostSource
+    from torchdeck.app.sources.nvml import GPUSource
 
     gpu, host = GPUSource(), HostSource()
     counts["gpu_status"] = gpu.status()[1] or "ok"
@@ -36,7 +36,7 @@ def _sampler(get_pids, every: float, stop: threading.Event, counts: dict) -> Non
 
 
 def watch(run_dir: Path, tail_s: float, sample_s: float, timeout: float = 900) -> dict:
-    from engine.runs.follow import EventTail
+    from torchdeck.engine.runs.follow import EventTail
 
     t0, c0 = time.monotonic(), time.process_time()
     tail = EventTail(run_dir / "events.jsonl")

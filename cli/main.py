@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.errors import TorchdeckError, UsageError
+from ..engine.errors import TorchdeckError, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 128 + 13  # the reader of our output left (`| head`): what a shell reports for cat, git, ls
@@ -37,15 +37,15 @@ def _config_or_usage(args, hw=None, launch: bool = False):
     """The preset and --set values as a validated config with the preflight passed (for a launch
     on this host, its network interfaces too); UsageError, one line per problem naming the field
     and where its value came from, otherwise."""
-    from engine import preflight
+    from ..engine import preflight
 
     if hw is None:
-        from engine.hardware import detect_hardware
+        from ..engine.hardware import detect_hardware
 
         hw = detect_hardware()
     cfg, path = preflight.load_config(args.preset, _overrides(args), hw=hw)
     if str(args.preset).endswith((".yaml", ".yml")):  # a preset file: its folder may hold the user's model.name module
-        from engine import usercode
+        from ..engine import usercode
 
         usercode.add_folders(path.parent)
     args.host_notes, args.host_hw = hw.notes, hw  # what was decided from this host (devices: free:N picked which GPUs, why)
@@ -83,7 +83,7 @@ class _Interrupts:
 def follow(run, display, on_interrupt=None, interval: float = 0.2):
     """Draw the run until it ends; returns its RunView (None when the user detached).
     on_interrupt(n) is called for the n-th Ctrl-C; returning False stops following."""
-    from engine.runs.follow import Follower
+    from ..engine.runs.follow import Follower
 
     follower = Follower(run, outputs=False)
     seen = 0
@@ -130,7 +130,7 @@ def cmd_run(args) -> int:
     if args.resume == "latest":  # the newest earlier run of this config's name (checkpoint.resume: latest)
         args.set = list(args.set or []) + ["checkpoint.resume=latest"]
     elif args.resume:
-        from engine.runs import control
+        from ..engine.runs import control
 
         old = _find_run(args.resume, args.runs_dir)
         at, ckpt = control.resume_point(old)
@@ -147,11 +147,11 @@ def cmd_run(args) -> int:
 
 
 def _launch(args, cfg, origin: dict, root=None) -> int:
-    from cli.progress import Display
-    from engine.runs import control
+    from .progress import Display
+    from ..engine.runs import control
 
     if cfg.accelerator == "cuda":
-        from engine.hardware import visible_devices_warning
+        from ..engine.hardware import visible_devices_warning
 
         warn = visible_devices_warning()
         if warn:
@@ -182,7 +182,7 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
 
 def cmd_resume(args) -> int:
     """`torchdeck resume RUN`: a new run that continues RUN from its newest checkpoint."""
-    from engine.runs import control
+    from ..engine.runs import control
 
     run = _find_run(args.run, args.runs_dir)
     cfg, origin, step, ckpt = control.resume_config(run, args.set)
@@ -191,13 +191,13 @@ def cmd_resume(args) -> int:
 
 
 def _find_run(ref: str, runs_dir: str | None):
-    from engine.runs.catalog import find_run
+    from ..engine.runs.catalog import find_run
 
     return find_run(ref, Path(runs_dir) if runs_dir else None)
 
 
 def cmd_attach(args) -> int:
-    from cli.progress import Display
+    from .progress import Display
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
@@ -215,9 +215,9 @@ def cmd_attach(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from engine.runs import fmt
-    from engine.runs.catalog import COLUMNS, NARROW_DROP, collect
-    from engine.runs.layout import runs_root
+    from ..engine.runs import fmt
+    from ..engine.runs.catalog import COLUMNS, NARROW_DROP, collect
+    from ..engine.runs.layout import runs_root
 
     root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
     rows = collect(root)
@@ -237,12 +237,12 @@ def cmd_runs(args) -> int:
 def cmd_compare(args) -> int:
     """`torchdeck compare PRESET --strategies a,b,c`: the same job under each strategy, one after
     another, then one table (engine.runs.compare computes it; the app's Compare screen shows the same)."""
-    from cli.progress import Display
-    from engine.runs import compare, control, fmt
+    from .progress import Display
+    from ..engine.runs import compare, control, fmt
 
     strategies = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
     if args.save_best:
-        from engine import presets
+        from ..engine import presets
 
         presets.check_name(args.save_best)
         if presets.user_preset_path(args.save_best).exists():
@@ -291,13 +291,13 @@ def cmd_compare(args) -> int:
             print(f"--save-best: no strategy finished{' at the target accuracy' if comparison.target else ''}; "
                   "nothing saved")
         else:
-            from engine.presets import save_user_preset
+            from ..engine.presets import save_user_preset
 
             entry = next(e for e in entries if e.strategy == best.strategy)
             saved = save_user_preset(entry.preset_cfg, args.save_best)
             print(f"saved the fastest, {best.strategy}, as user preset {args.save_best} ({saved}); "
                   f"launch it with: torchdeck run user:{args.save_best}")
-    from engine.runs.status import Status
+    from ..engine.runs.status import Status
 
     ran = [r for r in comparison.rows if r.status != compare.SKIPPED]
     return EXIT_OK if ran and all(Status.of_final(r.status).ended_well for r in ran) else EXIT_FAILED
@@ -306,8 +306,8 @@ def cmd_compare(args) -> int:
 def cmd_tune(args) -> int:
     """`torchdeck tune PRESET --batch-size`: the largest batch per process that trains without running
     out of memory on any rank, found by short trial runs (engine.runs.tune)."""
-    from engine import presets
-    from engine.runs import control, tune
+    from ..engine import presets
+    from ..engine.runs import control, tune
 
     if not args.batch_size:
         raise UsageError("say what to tune: --batch-size (the largest batch that fits on the GPUs)")
@@ -339,7 +339,7 @@ def cmd_tune(args) -> int:
     if b is None:
         return EXIT_FAILED
     if args.save:
-        from engine import preflight
+        from ..engine import preflight
 
         cfg, _ = preflight.load_config(args.preset, _overrides(args) + [f"train.batch_size={b}"])
         saved = presets.save_user_preset(cfg, args.save, overwrite=True)
@@ -352,7 +352,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from engine.runs import control
+    from ..engine.runs import control
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
@@ -372,7 +372,7 @@ def cmd_stop(args) -> int:
             print(f"still running after {args.wait:g} s")
             return EXIT_FAILED
         print(f"run {final.get('status')}")
-        from engine.runs.status import Status
+        from ..engine.runs.status import Status
 
         return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
     return EXIT_OK
@@ -382,7 +382,7 @@ def cmd_stacks(args) -> int:
     """`torchdeck stacks RUN`: where every rank of this node (and the supervisor) is right now,
     grouped by place; for a run that is over, the last stacks recorded (its watchdog's, or the
     ones asked for)."""
-    from engine.runs import stacks
+    from ..engine.runs import stacks
 
     run = _find_run(args.run, args.runs_dir)
     if run.is_live():
@@ -409,7 +409,7 @@ def cmd_stacks(args) -> int:
 def _item(text: str) -> None:
     """One indented item of a report; in a terminal, wrapped at its edge under its own indent
     (a wrapped line at column 0 reads as the next item)."""
-    from engine.runs import fmt
+    from ..engine.runs import fmt
 
     print(fmt.wrap("  " + text, _terminal_width()))
 
@@ -420,8 +420,8 @@ def _terminal_width() -> int | None:
 
 
 def cmd_presets(args) -> int:
-    from engine.presets import DEFAULT_PRESET, list_presets, user_presets_dir
-    from engine.runs import fmt
+    from ..engine.presets import DEFAULT_PRESET, list_presets, user_presets_dir
+    from ..engine.runs import fmt
 
     infos = list_presets()
     shipped = {i.name for i in infos if i.source == "shipped"}
@@ -438,8 +438,8 @@ def cmd_presets(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from engine import preflight
-    from engine.hardware import visible_devices_warning
+    from ..engine import preflight
+    from ..engine.hardware import visible_devices_warning
 
     cfg = _config_or_usage(args)
     print(f"{args.preset}: valid")
@@ -452,14 +452,14 @@ def cmd_validate(args) -> int:
     for w in warnings:
         _item("warning: " + w)
     if args.memory:
-        from engine import memory
+        from ..engine import memory
 
         for line in memory.lines(cfg, getattr(args, "host_hw", None)):
             _item(line)
     if args.explain:
-        from engine import presets
+        from ..engine import presets
 
-        from engine.runs import fmt
+        from ..engine.runs import fmt
 
         for line in preflight.explain(args.preset, _overrides(args), cfg, presets.resolve(args.preset)):
             print(fmt.wrap(line, _terminal_width()))  # paths whole (fmt.wrap), never cut by the terminal
@@ -467,7 +467,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from engine import metrics
+    from ..engine import metrics
 
     if not args.csv and not args.tensorboard:
         raise UsageError("torchdeck metrics: say where: --csv FILE and/or --tensorboard DIR")
@@ -496,10 +496,10 @@ def cmd_eval(args) -> int:
         ckpt = found[1]
     if args.data_root and not Path(args.data_root).expanduser().exists():
         raise UsageError(f"--data-root: no such folder {args.data_root!r}")
-    from engine.evaluate import evaluate
+    from ..engine.evaluate import evaluate
 
     res = evaluate(str(ckpt), data_root=args.data_root)  # EvalError, DataError, ...: TorchdeckError
-    from engine.runs.fmt import epoch_at
+    from ..engine.runs.fmt import epoch_at
 
     where = f" ({epoch_at(res['epoch'], res.get('batches_done', 0))}, step {res['step']})" if "step" in res else ""
     print(f"checkpoint {ckpt}{where}")
@@ -509,17 +509,17 @@ def cmd_eval(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from engine.hardware import env_report
+    from ..engine.hardware import env_report
 
     print("\n".join(env_report()))
     return EXIT_OK
 
 
 def cmd_export(args) -> int:
-    from engine import config as cfgmod
-    from engine import export
-    from engine.hardware import Hardware
-    from engine.presets import resolve
+    from ..engine import config as cfgmod
+    from ..engine import export
+    from ..engine.hardware import Hardware
+    from ..engine.presets import resolve
 
     # The job runs on other hosts (a cluster's login node often has no GPU at all): validate
     # everything but this host's GPUs and MPI build.
@@ -546,7 +546,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_app(args) -> int:
-    from engine.presets import DEFAULT_PRESET, resolve
+    from ..engine.presets import DEFAULT_PRESET, resolve
 
     preset = getattr(args, "preset", None)
     path = resolve(preset or DEFAULT_PRESET)
@@ -555,11 +555,11 @@ def cmd_app(args) -> int:
         # exit 2, nothing opens. Read the way the Configure screen reads it (its JSON copy when
         # unchanged), so the screen's own read costs nothing more. Bare `torchdeck` opens the
         # shipped default: no read before its first frame.
-        from engine import preflight
+        from ..engine import preflight
 
         preflight.load(path, cache=True)
     try:
-        from app.main import run as run_app
+        from ..app.main import run as run_app
     except ImportError as exc:
         raise UsageError(f"the terminal app cannot start: {exc}; headless commands: torchdeck --help") from None
     if run_app(preset_path=str(path)):  # the app crashed: Textual printed the traceback above

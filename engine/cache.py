@@ -142,7 +142,7 @@ def start_said(method: str | None) -> str:
             }.get(method, f"started by {method}")
 
 
-SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "engine.data"]
+SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "torchdeck.engine.data"]
 
 
 def start_worker_server(start: dict) -> None:
@@ -153,7 +153,7 @@ def start_worker_server(start: dict) -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    from engine import affinity
+    from . import affinity
 
     multiprocessing.set_forkserver_preload(SERVER_PRELOAD)
     with affinity.unbound():

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from engine.errors import TorchdeckError
-from engine.files import write_atomic
-from engine.network import host_problem
+from .errors import TorchdeckError
+from .files import write_atomic
+from .network import host_problem
 
 SCHEMA_VERSION = 1
 

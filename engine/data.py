@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from engine import affinity, cache
-from engine.cache import NodeShare
-from engine.errors import TorchdeckError
+from . import affinity, cache
+from .cache import NodeShare
+from .errors import TorchdeckError
 
 # Fixed, so the synthetic set is the same in every process and every run, whatever train.seed is.
 SYNTHETIC_SEED = 20240917
@@ -413,7 +413,7 @@ def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None,
 def _load_callable(path: str, kind: str, error: type[Exception]):
     """Import `package.module:callable`; shared with engine.models. Where it looks is
     engine.usercode's one rule (sys.path, then the user's folders)."""
-    from engine.usercode import load_callable
+    from .usercode import load_callable
 
     return load_callable(path, kind, error)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import TorchdeckError
+from .errors import TorchdeckError
 
 
 class EvalError(TorchdeckError):
@@ -18,12 +18,12 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
              device: str = "cpu") -> dict:
     import torch
 
-    from engine import checkpoint as ckpt
-    from engine.config import ConfigError, from_dict
-    from engine.data import build_datasets
-    from engine.models import build_model
-    from engine.strategies.base import RankContext
-    from engine.train import evaluate_model
+    from . import checkpoint as ckpt
+    from .config import ConfigError, from_dict
+    from .data import build_datasets
+    from .models import build_model
+    from .strategies.base import RankContext
+    from .train import evaluate_model
 
     path = Path(checkpoint_path).expanduser()
     if path.is_dir():
@@ -67,7 +67,7 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
 def _user_folders(path: Path) -> None:
     """The user's module (model.name or data.dataset `mod:fn`) is looked up where its run was
     started from, as the run did, wherever `torchdeck eval` runs (engine.usercode)."""
-    from engine import usercode
+    from . import usercode
 
     for run in list(path.resolve().parents)[:3]:  # RUN/checkpoints/ckpt-N.pt, or RUN/checkpoints/ckpt-N/
         if (run / "config.yaml").is_file():
@@ -81,16 +81,16 @@ def _deepspeed_state(path: Path) -> dict:
     import contextlib
     import io
 
-    from engine import checkpoint as ckpt
+    from . import checkpoint as ckpt
 
     if not (path / ckpt.META_NAME).is_file():
         raise EvalError(f"{path} is a folder but not a complete torchdeck checkpoint (no {ckpt.META_NAME}: "
                         "a deepspeed run's checkpoints/ckpt-* folder, or a ckpt-*.pt file)")
-    from engine.strategies.deepspeed import INSTALL_HINT, installed
+    from .strategies.deepspeed import INSTALL_HINT, installed
 
     if not installed():
         raise EvalError(f"{path} is a DeepSpeed checkpoint; reading it needs deepspeed ({INSTALL_HINT})")
-    from engine.strategies._deepspeed import full_state_dict
+    from .strategies._deepspeed import full_state_dict
 
     try:
         state = ckpt.load_meta(path)

@@ -2,7 +2,7 @@
 (and, for strategy deepspeed, DeepSpeed's own `deepspeed` launcher with a hostfile).
 
 Users outgrow one box and their clusters speak torchrun and SLURM. The worker entry
-(`python -m engine.worker CONFIG --run-dir DIR`) reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* from
+(`python -m torchdeck.engine.worker CONFIG --run-dir DIR`) reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* from
 the environment, so these commands run the same training the app would. No torch here.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import shlex
 
-from engine import config as cfgmod
-from engine.cache import asked_workers
-from engine.preflight import advice
-from engine.strategies import global_batch, nproc_per_node, world_size
+from . import config as cfgmod
+from .cache import asked_workers
+from .preflight import advice
+from .strategies import global_batch, nproc_per_node, world_size
 
 SLURM_CONFIG_MARK = "TORCHDECK_CONFIG_EOF"
 PREEMPT_WARNING_S = 120  # seconds of warning sbatch asks for before preemption or the time limit
@@ -42,7 +42,7 @@ def torchrun_argv(cfg, config_path: str, run_dir: str, node_rank: int | None = N
                  "--master-port", str(cfg.nodes.master_port),
                  # nodes.timeout_s bounds the wait for the master, as in `torchdeck run` (torchrun: 600 s)
                  "--rdzv-conf", f"timeout={cfg.nodes.timeout_s}"]
-    return argv + ["-m", "engine.worker", str(config_path), "--run-dir", str(run_dir)]
+    return argv + ["-m", "torchdeck.engine.worker", str(config_path), "--run-dir", str(run_dir)]
 
 
 def _name(text: str) -> str:
@@ -101,14 +101,14 @@ def hostfile_text(cfg) -> str:
 
 
 def deepspeed_argv(cfg, config_path: str, hostfile: str, run_dir: str, node_rank: int) -> list[str]:
-    """argv for one node: DeepSpeed's launcher without ssh, starting `python -m engine.worker`
+    """argv for one node: DeepSpeed's launcher without ssh, starting `python -m torchdeck.engine.worker`
     (which reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*, and the launcher's CROSS_RANK/LOCAL_SIZE)."""
     argv = ["deepspeed", "--hostfile", hostfile, "--no_ssh", "--node_rank", str(node_rank),
             "--master_addr", cfg.nodes.master_addr, "--master_port", str(cfg.nodes.master_port or 29500)]
     if cfg.accelerator == "cuda":  # the launcher makes exactly these visible, as CUDA_VISIBLE_DEVICES
         ids = ",".join(str(i) for i in cfg.devices)
         argv += ["--include", "@".join(f"node{k}:{ids}" for k in range(cfg.nodes.num_nodes))]
-    return argv + ["--no_local_rank", "--module", "engine.worker", str(config_path), "--run-dir", run_dir]
+    return argv + ["--no_local_rank", "--module", "torchdeck.engine.worker", str(config_path), "--run-dir", run_dir]
 
 
 def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str | None = None) -> str:
@@ -200,7 +200,7 @@ trap td_preempted USR1
 srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$TD_NPROC" \\
     --rdzv-id "$SLURM_JOB_ID-$TD_ATTEMPT" --rdzv-backend c10d --rdzv-endpoint "$TD_HEAD:$TD_PORT" \\
     --rdzv-conf "join_timeout=$TD_TIMEOUT" \\
-    -m engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID$TD_SUFFIX" ${{TD_RESUME:+--resume "$TD_RESUME"}}' &
+    -m torchdeck.engine.worker "$TD_CONFIG" --run-dir "$TD_RUN_ROOT/node$SLURM_NODEID$TD_SUFFIX" ${{TD_RESUME:+--resume "$TD_RESUME"}}' &
 TD_SRUN=$!
 rc=0
 wait "$TD_SRUN" || rc=$?

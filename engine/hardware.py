@@ -18,8 +18,8 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from engine import nvml
-from engine.nvml import NVML
+from . import nvml
+from .nvml import NVML
 
 
 @dataclass
@@ -108,7 +108,7 @@ def pick_free_gpus(gpus: list[GPUInfo], n: int) -> tuple[list[int] | None, str]:
 def resolve_free_gpus(cfg, hw: Hardware, problems: list) -> None:
     """devices: free:N becomes the N GPUs NVML shows least used and without other processes,
     when this host's GPUs were read (hw.gpus); too few: a problem naming who uses what."""
-    from engine.config import free_gpus_asked
+    from .config import free_gpus_asked
 
     n = free_gpus_asked(cfg.devices)
     if cfg.accelerator != "cuda" or n is None or hw.gpus is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.strategies import nproc_per_node, world_size
+from .strategies import nproc_per_node, world_size
 
 MiB = 2 ** 20
 PROBE_BATCH = 4  # activations are measured at this batch, then scaled
@@ -36,7 +36,7 @@ class Estimate:
 
 
 def _data_info(cfg):
-    from engine.data import DataInfo
+    from .data import DataInfo
 
     d = cfg.data
     fixed = {"cifar10": (3, 10, 32), "mnist": (1, 10, 28), "fashionmnist": (1, 10, 28)}
@@ -100,7 +100,7 @@ def _runtime_mb() -> tuple[float, float]:
 def _data_mb(cfg) -> tuple[float, float]:
     """(per rank, per node) MiB of the data set held in memory (engine.cache's plan: decoded once,
     generated, or streamed from disk, which holds none)."""
-    from engine.cache import plan
+    from .cache import plan
 
     p = plan(cfg, nproc_per_node(cfg))
     if not p.node_bytes:
@@ -127,7 +127,7 @@ def estimate(cfg) -> Estimate:
     the caller's to report (the same error a rank would raise)."""
     import torch
 
-    from engine.models import build_model
+    from .models import build_model
 
     info = _data_info(cfg)
     if info is None:
@@ -214,17 +214,17 @@ def lines(cfg, hw=None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.memory CONFIG.yaml`: the estimate's lines, for a caller that must not
+    """`python -m torchdeck.engine.memory CONFIG.yaml`: the estimate's lines, for a caller that must not
     import torch itself (the app's Configure screen runs this in a child process)."""
     import sys
 
-    from engine import preflight
-    from engine.errors import TorchdeckError
-    from engine.hardware import detect_hardware
+    from . import preflight
+    from .errors import TorchdeckError
+    from .hardware import detect_hardware
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m engine.memory CONFIG.yaml", file=sys.stderr)
+        print("usage: python -m torchdeck.engine.memory CONFIG.yaml", file=sys.stderr)
         return 2
     try:
         hw = detect_hardware()

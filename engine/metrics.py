@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from engine.events import epoch_number
+from .events import epoch_number
 
 COLUMNS = ("t", "kind", "rank", "epoch", "step", "loss", "accuracy", "lr", "samples_per_s", "data_wait_s",
            "compute_s", "train_loss", "train_acc", "val_loss", "val_acc")
@@ -143,7 +143,7 @@ class MetricsSink:
 
 def convert(events_path: Path, csv_path: Path | None = None, tensorboard_dir: Path | None = None) -> MetricsSink:
     """A past run's events into a new CSV file and/or TensorBoard folder; returns the sink (rows, note)."""
-    from engine import events
+    from . import events
 
     if csv_path is not None:
         Path(csv_path).unlink(missing_ok=True)

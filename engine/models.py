@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.data import DataInfo, _load_callable
-from engine.errors import TorchdeckError
+from .data import DataInfo, _load_callable
+from .errors import TorchdeckError
 
 
 class ModelError(TorchdeckError):

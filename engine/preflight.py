@@ -12,8 +12,8 @@ import os
 import socket
 from pathlib import Path
 
-from engine import config as cfgmod
-from engine import strategies
+from . import config as cfgmod
+from . import strategies
 
 Problem = tuple[str, str]  # (field path, what is wrong and what to do)
 
@@ -48,7 +48,7 @@ def _per_node_rules(cfg, hw) -> list[Problem]:
 def from_dict(data, source: str | None = None, hw=None):
     """A RunConfig checked by every rule (`validate`), devices: free:N picked on this host when hw
     has read its GPUs. Raises ConfigError listing every problem."""
-    from engine.hardware import resolve_free_gpus
+    from .hardware import resolve_free_gpus
 
     cfg, problems = cfgmod.build(data, source, hw)
     if not problems and hw is not None:
@@ -106,12 +106,12 @@ def cpu_ranks_advice(cfg, cores: int | None = None) -> str | None:
     the cores, and each holds its own model and data, so the run is slower than with fewer."""
     if cfg.accelerator != "cpu":
         return None
-    from engine.affinity import usable_cpus
+    from .affinity import usable_cpus
 
     ranks, cores = strategies.nproc_per_node(cfg), cores or usable_cpus()
     if ranks <= cores:
         return None
-    from engine.cache import fmt_bytes, plan
+    from .cache import fmt_bytes, plan
 
     data = plan(cfg, ranks)
     held = (f", each with its own {fmt_bytes(data.nbytes)} of data ({fmt_bytes(data.node_bytes)} in all)"
@@ -126,7 +126,7 @@ def train_samples(cfg) -> int | None:
     """Training samples in the data set, where known without building it (None: a user's callable)."""
     if cfg.data.dataset == "synthetic":
         return cfg.data.train_size
-    from engine.cache import decoded_size
+    from .cache import decoded_size
 
     size = decoded_size(cfg)  # torchvision's array sets, an image folder (counted)
     return size[0] if size else None
@@ -170,7 +170,7 @@ class Length:
                 "ends_by": self.ends_by, "steps_per_epoch": self.steps_per_epoch}
 
     def said(self) -> str:
-        from engine.runs.fmt import num
+        from .runs.fmt import num
 
         e, m, spe = self.epochs, self.max_steps, self.steps_per_epoch
         n = lambda v: num(v, ",")  # noqa: E731
@@ -207,7 +207,7 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
     Raises ConfigError; a problem that comes from a `--set` value is said to come from `--set`."""
     import yaml
 
-    from engine import presets
+    from . import presets
 
     path = presets.resolve(preset)
     source = str(path)
@@ -233,7 +233,7 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
             raise cfgmod.ConfigError(exc.problems, "--set") from None
         keys = [o.split("=", 1)[0].strip() for o in overrides]
     if hw is None:
-        from engine.hardware import detect_hardware
+        from .hardware import detect_hardware
 
         hw = detect_hardware()
     try:
@@ -257,7 +257,7 @@ def callable_problem(value: str) -> str | None:
     such name. (A rank would find the same a minute later, after the run has started.)"""
     import importlib.util
 
-    from engine.usercode import extend_path
+    from .usercode import extend_path
 
     module, _, attr = value.partition(":")
     looked = ", ".join(extend_path())  # where a rank looks too (engine.usercode): sys.path, then these
@@ -421,7 +421,7 @@ def lines(problems: list[Problem], source: str | None = None) -> list[str]:
 
 def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
-    from engine.runs import fmt
+    from .runs import fmt
 
     strat = strategies.get_strategy(cfg.strategy)
     n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
@@ -438,10 +438,10 @@ def describe(cfg) -> list[str]:
                  f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
     lines.append("length: " + length(cfg).said())  # which of train.epochs / train.max_steps ends it
-    from engine.cache import plan
+    from .cache import plan
 
     lines.append(plan(cfg, n).line)  # decoded once within the node's budget, or streamed
-    from engine.affinity import describe as cores
+    from .affinity import describe as cores
 
     lines.append(cores(cfg, n))  # train.cpu_affinity on this host
     return lines + [line for _, line in strat.resolve(cfg.copy())]  # deepspeed: its ds_config, what it replaces
@@ -473,7 +473,7 @@ def _flat(data, prefix: str = "") -> dict:
 
 
 def _preset_kind(path: Path) -> str:
-    from engine import presets
+    from . import presets
 
     path = path.resolve()
     for kind, folder in (("shipped preset", presets.shipped_presets_dir()), ("user preset", presets.user_presets_dir())):
@@ -491,7 +491,7 @@ def explain(preset: str, overrides: list[str] | None, cfg, path: Path) -> list[s
     a run does: no hidden global config (Accelerate issue 1133)."""
     import yaml
 
-    from engine import presets
+    from . import presets
 
     try:
         written = _flat(yaml.safe_load(Path(path).read_text()) or {})

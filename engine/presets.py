@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import config as cfgmod
-from engine.config import ConfigError
+from . import config as cfgmod
+from .config import ConfigError
 
 DEFAULT_PRESET = "quickstart"
 

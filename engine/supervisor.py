@@ -1,7 +1,7 @@
 """The supervisor: one process per node and run that starts the ranks, drains their events into
 events.jsonl, turns stop requests into a graceful stop, and stops every rank when one fails.
 
-    python -m engine.supervisor RUN_DIR      (the launcher redirects its output to supervisor.log)
+    python -m torchdeck.engine.supervisor RUN_DIR      (the launcher redirects its output to supervisor.log)
     supervise(run_dir) -> exit code          (in-process, for tests)
 
 While it lives it holds a small `.reserve` file in the run directory, released when the run ends,
@@ -23,14 +23,14 @@ import time
 from multiprocessing import connection as mp_connection
 from pathlib import Path
 
-from engine import events, network, strategies, usercode
-from engine.config import resolve_all_gpus
-from engine.errors import TorchdeckError
-from engine.runs import stacks
-from engine.runs.layout import RunDir
-from engine.runs.view import RunView
-from engine.preflight import length, load
-from engine.strategies import get_strategy
+from . import events, network, strategies, usercode
+from .config import resolve_all_gpus
+from .errors import TorchdeckError
+from .runs import stacks
+from .runs.layout import RunDir
+from .runs.view import RunView
+from .preflight import length, load
+from .strategies import get_strategy
 
 FLUSH_EVERY_S = 0.2
 DRAIN_POLL_S = 0.2  # once the ranks are gone: an empty queue for this long is drained
@@ -307,7 +307,7 @@ def _exit_said(rank: int, code: int | None) -> str:
 
 def _cannot_write(path, exc: OSError) -> str:
     """Disk full, over quota, too large: one line with the file, the reason and the fix."""
-    from engine.checkpoint import disk_hint
+    from .checkpoint import disk_hint
 
     return f"cannot write {path}: {exc.strerror or exc}: {disk_hint(exc.errno)}"
 
@@ -338,8 +338,8 @@ def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = 
 def _pick_free_gpus(cfg) -> list:
     """devices: free:N still unresolved (a config written before launch): pick the GPUs now, or
     refuse with who uses what (ConfigError)."""
-    from engine.config import ConfigError, free_gpus_asked
-    from engine.hardware import detect_hardware, resolve_free_gpus
+    from .config import ConfigError, free_gpus_asked
+    from .hardware import detect_hardware, resolve_free_gpus
 
     if cfg.accelerator != "cuda" or free_gpus_asked(cfg.devices) is None:
         return []
@@ -352,7 +352,7 @@ def _pick_free_gpus(cfg) -> list:
 
 def _open_metrics(writer: EventWriter, cfg, rd: RunDir) -> str | None:
     """metrics.csv beside events.jsonl (and TensorBoard when asked); the line to log, if any."""
-    from engine.metrics import MetricsSink
+    from .metrics import MetricsSink
 
     try:
         writer.metrics = MetricsSink(rd.metrics_path, rd.tensorboard_dir if cfg.logging.tensorboard else None)
@@ -463,14 +463,14 @@ class Supervisor:
         if cfg.accelerator == "cuda" and cfg.devices == "all":
             import torch
 
-            from engine.hardware import Hardware
+            from .hardware import Hardware
 
             resolve_all_gpus(cfg, Hardware(gpu_count=torch.cuda.device_count()))
         picked = [("info", n) for n in self.rd.origin().get("host_notes") or [] if isinstance(n, str)]
         picked += _pick_free_gpus(cfg)
         strategy = get_strategy(cfg.strategy)
         notes = picked + list(strategy.resolve(cfg, self.rd.path))  # deepspeed: the user's ds_config
-        from engine.affinity import threads_for
+        from .affinity import threads_for
 
         threads = threads_for(cfg, strategies.nproc_per_node(cfg))
         child_env = {"OMP_NUM_THREADS": str(threads)}
@@ -504,7 +504,7 @@ class Supervisor:
 
     def _spawn(self, cfg, plan: "_Plan", writer: EventWriter):
         """Start the node's ranks (spawn context: events are text, no torch needed to carry them)."""
-        from engine.worker import rank_main
+        from .worker import rank_main
 
         nproc = strategies.nproc_per_node(cfg)
         ctx_mp = multiprocessing.get_context("spawn")
@@ -762,7 +762,7 @@ def supervise(run_dir) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m engine.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python -m torchdeck.engine.supervisor RUN_DIR", file=sys.stderr)
         return 2
     return supervise(argv[0])
 

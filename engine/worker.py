@@ -1,7 +1,7 @@
 """One rank: set up the process (output, threads, device, process group, seeds), train, report.
 
 Entry points: `rank_main` (started by the supervisor through torch.multiprocessing) and
-`python -m engine.worker CONFIG.yaml --run-dir DIR` (under torchrun, reading RANK etc. from env).
+`python -m torchdeck.engine.worker CONFIG.yaml --run-dir DIR` (under torchrun, reading RANK etc. from env).
 Everything sent to the supervisor is a plain event dict; never a tensor.
 """
 from __future__ import annotations
@@ -21,13 +21,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
 
-from engine import affinity, events, preflight
-from engine.affinity import threads_for
-from engine.config import from_dict
-from engine.strategies import nproc_per_node, world_size
-from engine.errors import TorchdeckError
-from engine.runs import stacks
-from engine.runs.layout import RunDir, write_atomic
+from . import affinity, events, preflight
+from .affinity import threads_for
+from .config import from_dict
+from .strategies import nproc_per_node, world_size
+from .errors import TorchdeckError
+from .runs import stacks
+from .runs.layout import RunDir, write_atomic
 
 
 def _redirect_output(path: Path) -> None:
@@ -256,7 +256,7 @@ class RankJob:
             self.node_rank = self.cfg.nodes.node_rank
 
     def context(self, device):
-        from engine.strategies.base import RankContext
+        from .strategies.base import RankContext
 
         return RankContext(rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
                            local_world_size=self.local_world_size, node_rank=self.node_rank, device=device,
@@ -304,7 +304,7 @@ def _socket_interface(job: RankJob, strategy) -> None:
     elif strategy.distributed and job.world_size == job.local_world_size:
         # One node: the ranks' sockets need not be reachable from elsewhere (gloo would otherwise
         # listen on the address this host's name resolves to, NCCL on its first network interface).
-        from engine.network import loopback_ifname
+        from .network import loopback_ifname
 
         lo = loopback_ifname()
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -329,8 +329,8 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
     prewarm = threading.Thread(target=_prewarm, name="prewarm", daemon=True)
     prewarm.start()
 
-    from engine.strategies import get_strategy
-    from engine.train import Trainer
+    from .strategies import get_strategy
+    from .train import Trainer
 
     cfg = job.cfg
     strategy = get_strategy(cfg.strategy)
@@ -361,7 +361,7 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
         pos = trainer.fit()
         if job.rank == 0:
             how = "stopped on request" if trainer.stopped else "finished"
-            from engine.runs.fmt import epoch_at
+            from .runs.fmt import epoch_at
 
             emit("log", level="info", message=f"{how} at {epoch_at(pos.epoch, pos.batches_done)}, step {pos.step}")
         clean = True
@@ -423,8 +423,8 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
                        launcher: str = "torchrun") -> None:
     """Local rank 0 makes the node's run directory look like one the supervisor writes (config,
     run_started), so `torchdeck attach DIR`, `torchdeck runs` and the app can open it."""
-    from engine import config as cfgmod
-    from engine.strategies import get_strategy
+    from . import config as cfgmod
+    from .strategies import get_strategy
 
     write_atomic(rd.launcher_pid_path, f"{os.getppid()}\n")  # torchrun's agent: the run is live while it is
     mine = cfg.copy()
@@ -456,13 +456,13 @@ def _close_torchrun_run(rd, emit, status: str, started: float) -> None:
 
 
 def main(argv=None) -> int:
-    """torchrun-compatible: `torchrun --nproc-per-node 2 -m engine.worker CONFIG.yaml --run-dir DIR`.
+    """torchrun-compatible: `torchrun --nproc-per-node 2 -m torchdeck.engine.worker CONFIG.yaml --run-dir DIR`.
 
     Every rank of a node appends to DIR/events.jsonl; local rank 0 also writes DIR/config.yaml
     (with this node's rank), run_started, and at the end run_finished and status.json."""
-    from engine.preflight import load
+    from .preflight import load
 
-    ap = argparse.ArgumentParser(prog="python -m engine.worker")
+    ap = argparse.ArgumentParser(prog="python -m torchdeck.engine.worker")
     ap.add_argument("config")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--resume", metavar="latest|PATH", help="checkpoint.resume for this launch (a requeued SLURM job)")
@@ -486,11 +486,11 @@ def main(argv=None) -> int:
     rd.path.mkdir(parents=True, exist_ok=True)
     emit = FileReporter(rd.events_path, rank)
     if rank == 0:  # no `torchdeck run` prints this run: rank 0 says what it writes, as that would
-        from engine.runs.progress import echo_events
+        from .runs.progress import echo_events
 
         echo_events(emit)
     stacks.install(rd.stacks_path(rank))
-    from engine.strategies import get_strategy
+    from .strategies import get_strategy
 
     notes = get_strategy(cfg.strategy).resolve(cfg, rd.path if local_rank == 0 else None)  # deepspeed's ds_config
     if local_rank == 0:  # before the rendezvous, so run_started comes before any rank_ready

@@ -1,7 +1,7 @@
 """Hand-made event streams for tests of the run core and the screens that draw it."""
 from __future__ import annotations
 
-from engine import events
+from torchdeck.engine import events
 
 T0 = 1_700_000_000.0
 

@@ -4,6 +4,7 @@ the console script imports neither torch nor textual before a command needs them
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,32 +13,53 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _imports(path: Path, top_level_only: bool) -> set[str]:
-    """Modules a file imports: at module level only, or anywhere (inside functions too)."""
+    """Modules a file imports: at module level only, or anywhere (inside functions too), relative
+    imports made absolute and the torchdeck. namespace left off (torchdeck.engine.config ->
+    engine.config, the name of engine/config.py in the repository)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-        elif isinstance(node, (ast.If, ast.Try)) and top_level_only:
-            found.update(_imports_in(node))
-    return found
-
-
-def _imports_in(node) -> set[str]:
-    out = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Import):
-            out.update(a.name for a in n.names)
-        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
-            out.add(n.module)
-    return out
+    mod = _module_name(path)
+    return {name for node in _statements(tree, top_level_only)
+            for name in _targets(node, mod, path.name == "__init__.py") if name}
 
 
 def _top(names: set[str]) -> set[str]:
     return {n.split(".")[0] for n in names}
+
+
+# A user's engine.py, app.py, cli.py or presets/ in the working directory (first on sys.path) must
+# shadow nothing of ours (issue 29): the code says torchdeck.engine, never engine.
+CODE_NAMING_OURS = re.compile(r"(?:^|[\s;(])(?:from|import) (?:engine|app|cli|presets)(?:[\s.,]|$)"
+                              r"|-m (?:engine|app|cli)\b")
+# a user's script in a test (it reports through torchdeck.log) may import the user's own engine.py
+USER_SCRIPT = re.compile(r"(?m)^\s*import torchdeck\s*$")
+
+
+def _docstrings(tree) -> set[int]:
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def test_our_modules_are_named_in_the_torchdeck_namespace_only():
+    """Inside engine/, app/ and cli/ imports are relative; elsewhere (tests, bench) they say
+    torchdeck.engine...; code in strings (`-c` lines, `-m` module names) too. A top-level `engine` would be whatever the working directory holds."""
+    bad = []
+    for top in ("engine", "app", "cli", "tests", "bench", "torchdeck"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            docs = _docstrings(tree)
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                      and CODE_NAMING_OURS.search(node.value) and not USER_SCRIPT.search(node.value)):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:80]!r}")
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: import {n}" for n in names
+                        if n.split(".")[0] in OWN]
+    assert not bad, "top-level names of ours (say torchdeck.engine...):\n" + "\n".join(bad)
 
 
 def test_engine_never_imports_app_cli_or_textual():
@@ -61,18 +83,21 @@ def test_app_never_imports_torch_at_module_import():
 # ----------------------------------------------------------------------------- the project's own imports
 
 HEAVY = {"torch", "torchvision", "deepspeed"}  # seconds to import: never on the app's first frame
+OWN = ("engine", "app", "cli", "presets")  # the repository's folders: torchdeck.engine, ... at runtime
+
+
+def _module_name(path: Path) -> str:
+    """A file's module by its place in the repository (engine/runs/layout.py -> engine.runs.layout;
+    at runtime torchdeck.engine.runs.layout: the tests leave the namespace off)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 def _modules(*packages: str) -> dict[str, Path]:
     """engine.runs.layout -> its file, for every module of the packages (a package by its __init__)."""
-    out = {}
-    for pkg in packages:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join(parts)] = path
-    return out
+    return {_module_name(path): path for pkg in packages for path in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def _statements(tree: ast.Module, top_level_only: bool):
@@ -90,16 +115,25 @@ def _statements(tree: ast.Module, top_level_only: bool):
 
 
 def _targets(node, module: str, is_package: bool) -> list[str]:
-    """Dotted names an import statement loads: `from engine import optim` loads engine.optim,
-    `from engine.config import load` loads engine.config; relative imports made absolute."""
+    """Dotted names an import statement loads: `from .config import load` in engine/preflight.py
+    loads engine.config; `from torchdeck.engine import optim` loads engine.optim (relative imports
+    made absolute, the torchdeck. namespace left off, as module names are here)."""
     if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
+        return [_bare(a.name) for a in node.names]
     base = node.module or ""
     if node.level:
         here = module.split(".") if is_package else module.split(".")[:-1]
         here = here[:len(here) - (node.level - 1)]
         base = ".".join(here + ([base] if base else []))
-    return [f"{base}.{a.name}" for a in node.names] + [base]
+    base = _bare(base)
+    return [f"{base}.{a.name}" if base else a.name for a in node.names] + [base]
+
+
+def _bare(name: str) -> str:
+    """torchdeck.engine.config -> engine.config (the repository's folders are the namespace's
+    packages); any other name as it is."""
+    head, _, rest = name.partition(".")
+    return rest if head == "torchdeck" and rest.split(".")[0] in OWN else name
 
 
 def _own(name: str, known) -> str | None:
@@ -202,11 +236,12 @@ def test_app_imports_no_engine_module_that_imports_torch_at_module_import():
 
 def test_core_modules_load_without_torch_or_textual():
     code = ("import sys\n"
-            "import engine.runs.layout, engine.runs.status, engine.runs.view, engine.runs.follow, "
-            "engine.runs.catalog, engine.runs.control, engine.runs.fmt, engine.preflight, engine.errors, "
-            "engine.events, engine.config, engine.presets, cli.main, cli.progress\n"
-            "import cli.main as m; m.build_parser()\n"
-            "bad = sorted(x for x in sys.modules if x.split('.')[0] in ('torch', 'textual', 'app'))\n"
+            "from torchdeck.engine.runs import layout, status, view, follow, catalog, control, fmt\n"
+            "from torchdeck.engine import preflight, errors, events, config, presets\n"
+            "from torchdeck.cli import main, progress\n"
+            "main.build_parser()\n"
+            "bad = sorted(x for x in sys.modules if x.split('.')[0] in ('torch', 'textual', 'app', 'engine', 'cli')\n"
+            "             or x.startswith('torchdeck.app'))\n"
             "print('BAD', bad)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -217,7 +252,7 @@ def test_bare_torchdeck_opens_the_app_without_building_the_parser():
     """`torchdeck` with no arguments (how most sessions start) goes straight to the app: importing
     argparse and building every command's parser cost ~3 % of the app's first frame."""
     code = ("import sys\n"
-            "import cli.main as m\n"
+            "import torchdeck.cli.main as m\n"
             "m.cmd_app = lambda args: print('APP', args.preset, 'argparse' in sys.modules) or 0\n"
             "sys.exit(m.main([]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -36,9 +36,13 @@ def test_installed_wheel_lists_presets_and_runs_quickstart(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TORCHDECK_PRESETS", "TORCHDECK_RUNS")}
     env["TORCHDECK_PRESETS"] = str(tmp_path / "user-presets")
     exe = venv / "bin" / "torchdeck"
-    where = subprocess.run([str(py), "-c", "import engine, presets; print(engine.__file__)"], cwd=elsewhere,
-                           env=env, capture_output=True, text=True, timeout=60)
+    where = subprocess.run([str(py), "-c", "import torchdeck.engine, torchdeck.presets; print(torchdeck.engine.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
     assert str(site) in where.stdout and str(ROOT) not in where.stdout, where.stdout + where.stderr
+    for name in ("engine", "app", "cli", "presets"):  # one namespace: a user's engine.py is theirs alone
+        r = subprocess.run([str(py), "-c", f"import {name}"], cwd=elsewhere, env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (name, r.stdout, r.stderr)
     r = subprocess.run([str(exe), "presets"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "quickstart (default)" in r.stdout and "fsdp" in r.stdout
@@ -49,3 +53,14 @@ def test_installed_wheel_lists_presets_and_runs_quickstart(tmp_path):
     assert "run finished" in r.stdout
     (run,) = (elsewhere / "runs").iterdir()
     assert (run / "status.json").is_file() and not (run / "supervisor.pid").exists()
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject lists the torchdeck.* packages by name (each maps to a folder of the checkout):
+    a new subpackage left out of the list would be missing from the wheel alone."""
+    tomllib = pytest.importorskip("tomllib")
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"torchdeck." + ".".join(p.parent.relative_to(ROOT).parts)
+               for top in ("engine", "app", "cli") for p in (ROOT / top).rglob("__init__.py")}
+    assert folders | {"torchdeck", "torchdeck.presets"} == set(setup["packages"])
+    assert setup["package-dir"] == {f"torchdeck.{n}": n for n in ("engine", "app", "cli", "presets")}

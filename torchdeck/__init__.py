@@ -8,6 +8,15 @@ module imports nothing else unless the script runs under torchdeck).
 """
 import os as _os
 
+# One import namespace: the repository keeps its folders engine/, app/, cli/ and presets/ at the
+# top, and they are torchdeck.engine, torchdeck.app, ... at runtime (a user's engine.py or app.py
+# in the working directory shadows nothing). The wheel installs them inside this package; in a
+# checkout they are found beside it.
+if not _os.path.isdir(_os.path.join(__path__[0], "engine")):
+    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    if _os.path.isfile(_os.path.join(_root, "engine", "__init__.py")) and _root not in __path__:
+        __path__.append(_root)
+
 __all__ = ["log"]
 
 
@@ -29,7 +38,7 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
 
 
 if _os.environ.get("TORCHDECK_EVENTS_FD"):
-    try:  # becomes `from .engine.launch.report import log` with the torchdeck.engine namespace
-        from engine.launch.report import log  # noqa: F811
+    try:
+        from .engine.launch.report import log  # noqa: F811
     except Exception:  # noqa: BLE001 - importing torchdeck must never break the script
         pass

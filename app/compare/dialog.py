@@ -7,7 +7,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
-from engine.runs.compare import ALL_STRATEGIES
+from ...engine.runs.compare import ALL_STRATEGIES
 
 DEFAULT = ("cpu", "ddp", "fsdp", "zero")
 

@@ -17,10 +17,10 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.monitor.panes import step_ticks
-from app.runs.screen import fitted
-from engine.runs import compare
-from engine.runs.status import LIVE as RUN_LIVE
+from ..monitor.panes import step_ticks
+from ..runs.screen import fitted
+from ...engine.runs import compare
+from ...engine.runs.status import LIVE as RUN_LIVE
 
 REFRESH_S = 2.0
 # (plotext colour, the same colour for rich): the legend must match the lines

@@ -68,8 +68,8 @@ class SavePresetDialog(ModalScreen["tuple[str, str] | None"]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         """A bad name is said here, and the dialog stays open to fix it."""
-        from engine.config import ConfigError
-        from engine.presets import check_name
+        from ...engine.config import ConfigError
+        from ...engine.presets import check_name
 
         name = self.query_one("#preset-name", Input).value.strip()
         try:
@@ -147,7 +147,7 @@ class LoadPresetDialog(ModalScreen["object | None"]):
         self.query_one("#preset-list").styles.max_height = max(3, min(20, int(room) - others))
 
     def refresh_list(self) -> None:
-        from engine.presets import list_presets
+        from ...engine.presets import list_presets
 
         self.presets = list_presets()
         ol = self.query_one("#preset-list", OptionList)
@@ -178,8 +178,8 @@ class LoadPresetDialog(ModalScreen["object | None"]):
         def done(yes: bool | None) -> None:
             if not yes:
                 return
-            from engine.config import ConfigError
-            from engine.presets import delete_user_preset
+            from ...engine.config import ConfigError
+            from ...engine.presets import delete_user_preset
 
             try:
                 delete_user_preset(info.name)

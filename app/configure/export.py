@@ -49,8 +49,8 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
     """The export of a valid config. An unmodified preset file is what torchrun reads (as
     `torchdeck export PRESET --torchrun` does); otherwise the form is written as <name>.yaml
     next to the scripts (as `--set ... --write-config FILE` does)."""
-    from app.configure.summary import overrides
-    from engine import export
+    from .summary import overrides
+    from ...engine import export
 
     folder = (folder or Path.cwd()).resolve()
     name = _safe(cfg.name)
@@ -72,8 +72,8 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
 
 def write(exp: Export, cfg) -> list[Path]:
     """Write the scripts (and the config when the form is not a preset file); returns the paths."""
-    from engine import config as cfgmod
-    from engine.files import write_atomic
+    from ...engine import config as cfgmod
+    from ...engine.files import write_atomic
 
     written = []
     if exp.write_config:
@@ -139,7 +139,7 @@ class ExportDialog(ModalScreen[None]):
         if not existing:
             self._write()
             return
-        from app.configure.dialogs import ConfirmDialog
+        from .dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
-from engine import config as C
+from ...engine import config as C
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")

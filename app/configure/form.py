@@ -19,9 +19,9 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
 from textual.widgets.selection_list import Selection
 
-from app.configure.fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
+from .fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
-from engine.config import SCHEMA_VERSION, RunConfig
+from ...engine.config import SCHEMA_VERSION, RunConfig
 
 # Fields of the first section built with the first frame. None: the first frame is the screen's
 # frame (title, section heading, summary, key bar) and the whole first section follows one refresh
@@ -412,7 +412,7 @@ class ConfigForm(VerticalScroll):
     def pick_free_gpus(self) -> tuple[bool, str]:
         """The GPU picker's "pick free GPUs": as many as are chosen now (at least one), by the rule
         of `devices: free:N` (engine.hardware: no other process, least memory used first)."""
-        from engine.hardware import GPUInfo, pick_free_gpus
+        from ...engine.hardware import GPUInfo, pick_free_gpus
 
         mode = self.devices_mode()
         n = 1 if mode == "one" else max(1, len(self._cuda_value("many")))
@@ -452,7 +452,7 @@ class ConfigForm(VerticalScroll):
         elif "devices" in self._warnings:  # more CPU ranks than cores (engine.preflight.advice)
             text = self._warnings["devices"]
         elif mode == "procs":
-            from engine.strategies import get_strategy, names
+            from ...engine.strategies import get_strategy, names
 
             strategy = self.value_of("strategy")
             text = get_strategy(strategy).cpu_devices_hint() if strategy in names() else ""
@@ -584,7 +584,7 @@ class ConfigForm(VerticalScroll):
         one line: the accelerator it needs (cpu for a CPU strategy, or where this host has no GPU),
         a CPU process count it takes, a backend it can use; a GPU choice carries over between the
         one-GPU picker and the list."""
-        from engine.strategies import get_strategy, names
+        from ...engine.strategies import get_strategy, names
 
         if strategy not in names():
             return
@@ -651,7 +651,7 @@ def _probe(strategy: str, accelerator: str, devices, nodes: int = 1, backend: st
 
 def devices_problem(strategy: str, accelerator: str, devices, nodes: int = 1) -> str | None:
     """What `strategy` says of these devices, or None when it takes them (its own words)."""
-    from engine.strategies import get_strategy
+    from ...engine.strategies import get_strategy
 
     found = get_strategy(strategy).check(_probe(strategy, accelerator, devices, nodes), None)
     return next((why for f, why in found if f == "devices"), None)
@@ -659,8 +659,8 @@ def devices_problem(strategy: str, accelerator: str, devices, nodes: int = 1) ->
 
 def backend_problem(strategy: str, accelerator: str, backend: str) -> str | None:
     """Why `backend` cannot serve `strategy` on `accelerator` (the schema's or the strategy's words)."""
-    from engine import config as cfgmod
-    from engine.strategies import get_strategy
+    from ...engine import config as cfgmod
+    from ...engine.strategies import get_strategy
 
     if backend == "nccl" and accelerator != "cuda":
         return "nccl needs CUDA GPUs"
@@ -673,7 +673,7 @@ def backend_problem(strategy: str, accelerator: str, backend: str) -> str | None
 
 def no_gpu_picked(strategy: str) -> str:
     """devices under accelerator cuda with no GPU picked: what the strategy needs (dp two, not one)."""
-    from engine.strategies import names
+    from ...engine.strategies import names
 
     one = devices_problem(strategy, "cuda", [0]) if strategy in names() else None
     return f"no GPU picked: {one}" if one else "pick at least one GPU"

@@ -10,19 +10,19 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Static
 
-from app.configure import summary
-from app.keybar import KeyBar
-from app.configure.fields import BY_PATH, FIELDS, GROUPS
-from app.configure.form import ConfigForm, group_id
-from engine import config as cfgmod
-from engine import preflight
-from engine.config import ConfigError
-from engine.hardware import Hardware
+from . import summary
+from ..keybar import KeyBar
+from .fields import BY_PATH, FIELDS, GROUPS
+from .form import ConfigForm, group_id
+from ...engine import config as cfgmod
+from ...engine import preflight
+from ...engine.config import ConfigError
+from ...engine.hardware import Hardware
 
 
 def preset_label(path: Path) -> str:
     """How the headless command names a preset: its name when it is a known one, else its path."""
-    from engine.presets import shipped_presets_dir, user_presets_dir
+    from ...engine.presets import shipped_presets_dir, user_presets_dir
 
     path = Path(path).resolve()
     for folder in (shipped_presets_dir(), user_presets_dir()):
@@ -36,7 +36,7 @@ def preset_label(path: Path) -> str:
 
 def preset_source(path: Path) -> str:
     """user | shipped | file: where a preset comes from, for the preset bar."""
-    from engine.presets import user_presets_dir
+    from ...engine.presets import user_presets_dir
 
     if preset_label(path) == str(Path(path).resolve()):
         return "file"
@@ -59,7 +59,7 @@ def find_problems(data: dict, hw: Hardware, baseline: dict) -> tuple:
     problem turns up: every problem at once, each with the schema's own words."""
     import copy
 
-    from app.configure.fields import get_path, set_path
+    from .fields import get_path, set_path
 
     problems: dict[str, str] = {}
     trial = data
@@ -143,7 +143,7 @@ class ConfigureScreen(Screen):
 
     def _read_initial(self) -> tuple:
         """(data, path, source, name) of the preset to open with; the defaults when it is broken."""
-        from engine.presets import DEFAULT_PRESET, resolve
+        from ...engine.presets import DEFAULT_PRESET, resolve
 
         self._initial_error = ""
         try:
@@ -177,7 +177,7 @@ class ConfigureScreen(Screen):
     # ------------------------------------------------------------------ GPUs (thread: NVML may be slow)
     @work(thread=True, exclusive=True, group="gpus")
     def _probe_gpus(self) -> None:
-        from engine.hardware import mpi_available
+        from ...engine.hardware import mpi_available
 
         src = self.app.gpu_source
         try:
@@ -227,7 +227,7 @@ class ConfigureScreen(Screen):
         self.revalidate()
 
     def action_load_preset(self) -> None:
-        from app.configure.dialogs import ConfirmDialog, LoadPresetDialog  # not needed for the first frame
+        from .dialogs import ConfirmDialog, LoadPresetDialog  # not needed for the first frame
 
         def load(info) -> None:
             if self.load_preset(info.path):
@@ -252,7 +252,7 @@ class ConfigureScreen(Screen):
             field, why = exc.problems[0]
             self.notify(f"Cannot save: {field}: {why}" if field else f"Cannot save: {why}", severity="error")
             return
-        from app.configure.dialogs import SavePresetDialog
+        from .dialogs import SavePresetDialog
 
         if self.preset_source == "deleted":
             suggested = self.deleted_name
@@ -288,12 +288,12 @@ class ConfigureScreen(Screen):
         return f"{name}: {origin}, with " + (", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0])
 
     def save_as(self, cfg: cfgmod.RunConfig, name: str, overwrite: bool = False) -> None:
-        from engine.presets import PresetExists, save_user_preset
+        from ...engine.presets import PresetExists, save_user_preset
 
         try:
             path = save_user_preset(cfg, name, overwrite=overwrite)
         except PresetExists:
-            from app.configure.dialogs import ConfirmDialog
+            from .dialogs import ConfirmDialog
 
             def answer(yes: bool | None) -> None:
                 if yes:
@@ -319,7 +319,7 @@ class ConfigureScreen(Screen):
         data = self.form.to_dict()
         self.cfg, problems = find_problems(data, self.hw, self.baseline)
         if "devices" in problems and data.get("accelerator") == "cuda" and data.get("devices") == []:
-            from app.configure.form import no_gpu_picked
+            from .form import no_gpu_picked
 
             problems["devices"] = no_gpu_picked(data.get("strategy"))  # dp: two GPUs, not "at least one"
         if self.cfg is not None:
@@ -404,7 +404,7 @@ class ConfigureScreen(Screen):
             path = Path(tmp) / "config.yaml"
             try:
                 cfgmod.save(cfg, path)
-                out = subprocess.run([sys.executable, "-m", "engine.memory", str(path)], capture_output=True,
+                out = subprocess.run([sys.executable, "-m", "torchdeck.engine.memory", str(path)], capture_output=True,
                                      text=True, timeout=300, stdin=subprocess.DEVNULL)
                 found = out.stdout.strip().splitlines() if out.returncode == 0 else \
                     [(out.stderr.strip().splitlines() or [f"memory: the estimate failed (exit {out.returncode})"])[-1]]
@@ -425,7 +425,7 @@ class ConfigureScreen(Screen):
         """torchrun per node and an sbatch script for the form, as `torchdeck export` prints them."""
         if self._refused("export"):
             return
-        from app.configure.export import ExportDialog, build
+        from .export import ExportDialog, build
 
         try:
             exp = build(self.cfg, self.form.to_dict(), self.base, self.preset_path, self.preset_name,
@@ -438,7 +438,7 @@ class ConfigureScreen(Screen):
     def action_launch(self) -> None:
         if self._refused("launch"):
             return
-        from engine.runs import control
+        from ...engine.runs import control
 
         origin = {"preset": self.preset_name or str(self.preset_path or ""),
                   "overrides": summary.overrides(self.form.to_dict(), self.base)}
@@ -448,7 +448,7 @@ class ConfigureScreen(Screen):
             self.notify(f"Cannot launch: {exc}", severity="error", timeout=10)
             return
         self.app.last_run = run.path
-        from app.monitor.screen import MonitorScreen  # imported on first launch, not on the first frame
+        from ..monitor.screen import MonitorScreen  # imported on first launch, not on the first frame
 
         self.app.push_screen(MonitorScreen(run.path))
 
@@ -456,15 +456,15 @@ class ConfigureScreen(Screen):
         """The form's job under several strategies, one after another, watched in the Compare screen."""
         if self._refused("compare"):
             return
-        from app.compare.dialog import CompareDialog
+        from ..compare.dialog import CompareDialog
 
         cfg = self.cfg
 
         def picked(choice: dict | None) -> None:
             if not choice:
                 return
-            from engine.errors import TorchdeckError
-            from engine.runs import compare
+            from ...engine.errors import TorchdeckError
+            from ...engine.runs import compare
 
             try:
                 path = compare.launch(cfg, choice["strategies"], steps=choice["steps"], target=choice["target"],
@@ -472,7 +472,7 @@ class ConfigureScreen(Screen):
             except (TorchdeckError, OSError) as exc:
                 self.notify(f"Cannot compare: {exc}", severity="error", timeout=10)
                 return
-            from app.compare.screen import CompareScreen
+            from ..compare.screen import CompareScreen
 
             self.app.push_screen(CompareScreen(comparison=path))
 
@@ -520,7 +520,7 @@ class ConfigureScreen(Screen):
         self._update_sections()
 
     def action_sections(self) -> None:
-        from app.configure.dialogs import SectionsDialog
+        from .dialogs import SectionsDialog
 
         here = self.form.group_of(self.focused) if self.focused else None
         self.app.push_screen(SectionsDialog(self.sections(), here),

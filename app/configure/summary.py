@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from app.configure.fields import flatten, override_text
-from engine.config import RunConfig
+from .fields import flatten, override_text
+from ...engine.config import RunConfig
 
 
 def problems_line(problems: dict[str, str], most: int = 4) -> str:
@@ -28,14 +28,14 @@ def count(n: int) -> str:
     nothing, and importing it (with engine.runs, ~5 ms) is kept off the first frame then."""
     if abs(n) < 1000:
         return str(n)
-    from engine.runs import fmt
+    from ...engine.runs import fmt
 
     return fmt.num(n, ",")
 
 
 def rank_devices(cfg: RunConfig) -> list[list[str]]:
     """Devices each local rank uses, as the strategy sees it."""
-    from engine.strategies import get_strategy, nproc_per_node
+    from ...engine.strategies import get_strategy, nproc_per_node
 
     strat = get_strategy(cfg.strategy)
     return [strat.local_devices(cfg, r) for r in range(nproc_per_node(cfg))]
@@ -48,7 +48,7 @@ def describe(cfg: RunConfig) -> str:
         devs = "  ".join(f"r{r}:{','.join(d)}" for r, d in enumerate(per_rank))
     else:  # many ranks: say the pattern, not every rank
         devs = f"r0:{','.join(per_rank[0])} … r{len(per_rank) - 1}:{','.join(per_rank[-1])}"
-    from engine.strategies import global_batch, world_size
+    from ...engine.strategies import global_batch, world_size
 
     n = len(per_rank)
     nodes = ""
@@ -63,15 +63,15 @@ def describe(cfg: RunConfig) -> str:
 
 def data_line(cfg: RunConfig) -> str:
     """Where the data lives during the run: decoded in RAM within the node's budget, or streamed."""
-    from engine.cache import plan
-    from engine.strategies import nproc_per_node
+    from ...engine.cache import plan
+    from ...engine.strategies import nproc_per_node
 
     return plan(cfg, nproc_per_node(cfg)).line
 
 
 def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     """The same facts one per line, for the side panel of a wide terminal (plain text)."""
-    from engine.strategies import global_batch, nproc_per_node, world_size
+    from ...engine.strategies import global_batch, nproc_per_node, world_size
 
     n, nodes, world = nproc_per_node(cfg), cfg.nodes.num_nodes, world_size(cfg)
     first = cfg.nodes.node_rank * n  # global rank = node_rank x nproc_per_node + local rank

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
-from engine.runs import fmt
-from engine.runs.view import RunView
+from ...engine.runs import fmt
+from ...engine.runs.view import RunView
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about

@@ -21,9 +21,9 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from app.monitor.panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
+from .panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
                                host_text)
-from engine.runs.view import RunView
+from ...engine.runs.view import RunView
 
 POLL_S = 0.05  # events file poll while events are coming
 IDLE_POLL_S = 0.1
@@ -87,7 +87,7 @@ class MonitorScreen(Screen):
 
     def __init__(self, run_path: str | Path, now: Callable[[], float] | None = None,
                  sample_every: float = SAMPLE_EVERY_S):
-        from engine.runs.layout import RunDir
+        from ...engine.runs.layout import RunDir
 
         super().__init__()  # no id: the runs list may stack a second Monitor of another run
         self.run_dir = RunDir(Path(run_path))
@@ -135,7 +135,7 @@ class MonitorScreen(Screen):
     def _read_events(self) -> None:
         """Follow the run, post a snapshot when something changed (at most every POST_EVERY_S).
         A finished run's whole file is read in one go here."""
-        from engine.runs.follow import Follower
+        from ...engine.runs.follow import Follower
 
         worker = get_current_worker()
         follower = Follower(self.run_dir)
@@ -173,7 +173,7 @@ class MonitorScreen(Screen):
                     ok, reason = False, f"GPU sampling failed: {exc}"
             if gpus:
                 try:
-                    from app.sources.nvml import pid_namespace_warning
+                    from ..sources.nvml import pid_namespace_warning
 
                     warn = pid_namespace_warning(gpus)
                 except Exception:
@@ -253,12 +253,12 @@ class MonitorScreen(Screen):
     def action_stop(self) -> None:
         if not self._live("stop"):
             return
-        from app.configure.dialogs import ConfirmDialog
+        from ..configure.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if not yes:
                 return
-            from engine.runs.control import request_stop
+            from ...engine.runs.control import request_stop
 
             try:
                 request_stop(self.run_dir)
@@ -275,7 +275,7 @@ class MonitorScreen(Screen):
     def action_kill(self) -> None:
         if not self._live("kill"):
             return
-        from app.configure.dialogs import ConfirmDialog
+        from ..configure.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:
@@ -286,7 +286,7 @@ class MonitorScreen(Screen):
 
     @work(thread=True, exclusive=True, group="monitor-kill")
     def _kill(self) -> None:
-        from engine.runs.control import kill
+        from ...engine.runs.control import kill
 
         try:
             pids = kill(self.run_dir)
@@ -296,7 +296,7 @@ class MonitorScreen(Screen):
         self.app.call_from_thread(self.notify, f"Killed {len(pids)} process(es) of the run", severity="warning")
 
     def action_stacks(self) -> None:
-        from app.monitor.stacks import StacksScreen
+        from .stacks import StacksScreen
 
         self.app.push_screen(StacksScreen(self.run_dir, self.run_state.stacks))
 

@@ -19,7 +19,7 @@ from textual.widgets import Static
 
 
 def stacks_text(groups: list, heading: str, live: bool = True) -> Text:
-    from engine.runs.stacks import render
+    from ...engine.runs.stacks import render
 
     t = Text(heading + "\n", style="bold")
     if not groups:
@@ -79,7 +79,7 @@ class StacksScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="stacks")
     def _last_recorded(self) -> None:
-        from engine.runs.stacks import last_recorded
+        from ...engine.runs.stacks import last_recorded
 
         try:
             last = last_recorded(self.run_dir)
@@ -93,7 +93,7 @@ class StacksScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="stacks")
     def _take(self) -> None:
-        from engine.runs.stacks import take
+        from ...engine.runs.stacks import take
 
         try:
             groups, taken = take(self.run_dir)

@@ -16,9 +16,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable
-from engine.runs.fmt import fit_columns
-from engine.runs.layout import runs_root
+from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable
+from ...engine.runs.fmt import fit_columns
+from ...engine.runs.layout import runs_root
 
 REFRESH_S = 2.0
 STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
@@ -266,7 +266,7 @@ class RunsScreen(Screen):
             self.notify("no run selected", severity="warning")
             return
         try:
-            from app.monitor.screen import MonitorScreen  # noqa: F401
+            from ..monitor.screen import MonitorScreen  # noqa: F401
         except ImportError as exc:
             self.notify(f"cannot open {r.key}: the Monitor screen is not available ({exc})",
                         severity="error", timeout=8)
@@ -283,7 +283,7 @@ class RunsScreen(Screen):
     def action_compare(self) -> None:
         """The marked runs side by side; with none marked, the comparison the run under the cursor
         was part of (`torchdeck compare`)."""
-        from engine.runs.layout import RunDir, comparison_of
+        from ...engine.runs.layout import RunDir, comparison_of
 
         picked = [r.path for r in self.rows if r.key in self.marked]
         if len(picked) >= 2:
@@ -313,7 +313,7 @@ class RunsScreen(Screen):
         if why:
             self.notify(f"Not deleted: {why}", severity="error", timeout=8)
             return
-        from app.configure.dialogs import ConfirmDialog
+        from ..configure.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:

@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.nvml import NOT_INSTALLED, NVML, MiB, number
-from engine.procs import pid_alive
+from ...engine.nvml import NOT_INSTALLED, NVML, MiB, number
+from ...engine.procs import pid_alive
 
 
 @dataclass(frozen=True)

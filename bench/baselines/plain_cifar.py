@@ -47,8 +47,8 @@ def worker(rank, a, port, out_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from engine.data import DataInfo
-    from engine.models import cnn
+    from torchdeck.engine.data import DataInfo
+    from torchdeck.engine.models import cnn
 
     threads = max(1, (os.cpu_count() or 1) // a.ranks)
     if a.pin:  # what torchdeck's train.cpu_affinity auto does: rank r on its own cores

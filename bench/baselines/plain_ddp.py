@@ -30,8 +30,8 @@ def worker(rank, a, port, out_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from engine.data import DataInfo, synthetic
-    from engine.models import cnn
+    from torchdeck.engine.data import DataInfo, synthetic
+    from torchdeck.engine.models import cnn
 
     if a.threads == "per-rank":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))

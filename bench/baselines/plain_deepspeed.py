@@ -31,8 +31,8 @@ def worker(rank, a, port, out_path):
     import torch.nn as nn
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from engine.data import DataInfo, synthetic
-    from engine.models import cnn
+    from torchdeck.engine.data import DataInfo, synthetic
+    from torchdeck.engine.models import cnn
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),

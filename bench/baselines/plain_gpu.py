@@ -29,8 +29,8 @@ def main(argv=None) -> None:
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    from engine.data import DataInfo, synthetic
-    from engine.models import resnet18
+    from torchdeck.engine.data import DataInfo, synthetic
+    from torchdeck.engine.models import resnet18
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True

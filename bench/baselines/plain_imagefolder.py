@@ -51,8 +51,8 @@ def worker(rank, a, port, out_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-    from engine.data import DataInfo
-    from engine.models import cnn
+    from torchdeck.engine.data import DataInfo
+    from torchdeck.engine.models import cnn
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

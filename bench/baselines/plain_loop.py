@@ -32,8 +32,8 @@ def main(argv=None) -> None:
     import torch.nn as nn
     from torch.utils.data import DataLoader
 
-    from engine.data import DataInfo, synthetic
-    from engine.models import cnn
+    from torchdeck.engine.data import DataInfo, synthetic
+    from torchdeck.engine.models import cnn
 
     torch.manual_seed(0)
     train, _val = synthetic(a.train_size, a.val_size, 10, 32)

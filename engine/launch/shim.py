@@ -1,7 +1,7 @@
 """What a rank of `torchdeck launch` runs: the user's script or module, unchanged, with the stack
 dump, the step hook and the rank's event channel around it.
 
-    python -P -m engine.launch.shim [--module] TARGET [args...]   (engine.launch.shim_argv)
+    python -P -m torchdeck.engine.launch.shim [--module] TARGET [args...]   (engine.launch.shim_argv)
 
 Environment (set by the supervisor): RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them;
 TORCHDECK_EVENTS_FD (engine.launch.channel); TORCHDECK_STACKS_FILE (the file faulthandler
@@ -34,7 +34,7 @@ from pathlib import Path
 from ..runs import stacks
 from . import channel, report
 
-USAGE = "usage: python -m engine.launch.shim [--module] TARGET [args...]"
+USAGE = "usage: python -m torchdeck.engine.launch.shim [--module] TARGET [args...]"
 _OURS = {os.path.abspath(__file__), getattr(runpy, "__file__", None), "<frozen runpy>"}
 
 

@@ -4,7 +4,7 @@ catalog of runs (`catalog`), control (`control`: start, stop, kill, wait) and th
 numbers are written in (`fmt`). `torchdeck run/attach/runs`, the Monitor and the Runs screen
 render this; none of them writes into it.
 """
-from engine.runs.layout import RunDir, list_runs, runs_root
-from engine.runs.status import FINAL, Status
+from .layout import RunDir, list_runs, runs_root
+from .status import FINAL, Status
 
 __all__ = ["RunDir", "list_runs", "runs_root", "Status", "FINAL"]

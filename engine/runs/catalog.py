@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import UsageError
-from engine.runs import fmt
-from engine.runs.follow import EventTail
-from engine.runs.layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
-from engine.runs.status import Status
-from engine.runs.view import RunView
-from engine.strategies import world_size
+from ..errors import UsageError
+from . import fmt
+from .follow import EventTail
+from .layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
+from .status import Status
+from .view import RunView
+from ..strategies import world_size
 
 HEAD_BYTES = 16 * 1024  # run_started is the first event
 TAIL_BYTES = 64 * 1024  # enough for the last step and epoch_end of any run

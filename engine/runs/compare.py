@@ -22,11 +22,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine import events
-from engine.runs import fmt
-from engine.runs.layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
-from engine.runs.view import RunView
-from engine.strategies import global_batch, world_size
+from .. import events
+from . import fmt
+from .layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
+from .view import RunView
+from ..strategies import global_batch, world_size
 
 PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
 ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
@@ -399,9 +399,9 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     with `overrides` must itself be valid (ConfigError, UsageError otherwise: nothing starts);
     a strategy this host cannot run, or whose config the preflight refuses, is an Entry with the
     reason it is skipped."""
-    from engine import config as cfgmod
-    from engine import preflight
-    from engine.errors import UsageError
+    from .. import config as cfgmod
+    from .. import preflight
+    from ..errors import UsageError
 
     bad = [s for s in strategies if s not in ALL_STRATEGIES]
     if bad or not strategies:
@@ -410,7 +410,7 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     if steps is not None and epochs is not None:
         raise UsageError("give --steps or --epochs, not both")
     if hw is None:
-        from engine.hardware import detect_hardware
+        from ..hardware import detect_hardware
 
         hw = detect_hardware()
     overrides = list(overrides or [])
@@ -490,7 +490,7 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
     (`request_stop`: the app's Compare screen)."""
     import threading
 
-    from engine.runs import control
+    from . import control
 
     stop_file = path / STOP_FILE
     current: list = []
@@ -533,14 +533,14 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
 def launch(job, strategies: list[str], steps: int | None = None, epochs: int | None = None,
            target: float | None = None, root: Path | None = None, hw=None) -> Path:
     """Start a comparison of the config `job` that outlives the caller (the app): the plan is made
-    here, so a refusal is an exception and nothing starts; then `python -m engine.runs.compare DIR`
+    here, so a refusal is an exception and nothing starts; then `python -m torchdeck.engine.runs.compare DIR`
     runs it in its own session. Returns the comparison directory."""
     import shutil
     import subprocess
     import sys
     import threading
 
-    from engine import config as cfgmod
+    from .. import config as cfgmod
 
     path = new_dir(job.name, root)
     try:
@@ -552,7 +552,7 @@ def launch(job, strategies: list[str], steps: int | None = None, epochs: int | N
     facts.update(preset=job.name, job=JOB_FILE, steps=steps, epochs=epochs)
     write_plan(path, facts, entries, target)
     with open(path / LOG_FILE, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.runs.compare", str(path)], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.runs.compare", str(path)], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
     return path
@@ -564,7 +564,7 @@ def request_stop(path) -> None:
 
 
 def _run_detached(path: Path) -> int:
-    """The body of `python -m engine.runs.compare DIR`: the plan written by `launch`, run."""
+    """The body of `python -m torchdeck.engine.runs.compare DIR`: the plan written by `launch`, run."""
     facts = read_plan(path)
     _, entries = plan(str(path / facts.get("job", JOB_FILE)), list(facts.get("strategies") or []), [],
                       facts.get("steps"), facts.get("epochs"))

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import psutil
 
-from engine.runs.layout import RunDir
-from engine.runs.status import Status
+from .layout import RunDir
+from .status import Status
 
 
 def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None) -> RunDir:
-    """Create the run directory and start `python -m engine.supervisor RUN_DIR` in its own session.
+    """Create the run directory and start `python -m torchdeck.engine.supervisor RUN_DIR` in its own session.
     `origin` ({"preset", "overrides"}) is kept beside the config, to tell runs apart later."""
     # where it was started from: the run's own code (model.name: mod:fn) is looked up there
     # later too, by `torchdeck eval` run elsewhere (engine.usercode)
@@ -33,7 +33,7 @@ def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(run.supervisor_log, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.supervisor", str(run.path)],
+            [sys.executable, "-m", "torchdeck.engine.supervisor", str(run.path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, close_fds=True,
         )
@@ -49,7 +49,7 @@ def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None
 def resume_point(run) -> tuple[int, Path]:
     """(step, checkpoint) a run would resume from: its newest checkpoint; UsageError if it has none
     or is still going."""
-    from engine.errors import UsageError
+    from ..errors import UsageError
 
     run = _as_run(run)
     status = run.status()
@@ -66,8 +66,8 @@ def resume_point(run) -> tuple[int, Path]:
 def checkpoint_position(run, step: int, ckpt: Path) -> tuple[int | None, int | None]:
     """(epoch index, batches done) of a run's checkpoint at `step`, from its `checkpoint` event
     (torch-free: the app asks from its event loop); (None, None) when the events do not say."""
-    from engine.runs.catalog import read_head_tail
-    from engine.runs.follow import iter_events
+    from .catalog import read_head_tail
+    from .follow import iter_events
 
     def find(evs):
         hit = None
@@ -90,7 +90,7 @@ def nothing_left(cfg, step: int, epoch: int | None, batches_done: int | None = N
     done), or None when it has steps left. `epoch` is the engine's 0-based index (as events and
     checkpoints carry it; at an epoch's end, the epochs done). The one rule `torchdeck resume`,
     `torchdeck run --resume` and the app's Resume all apply before they create anything."""
-    from engine.runs.fmt import epoch_at
+    from .fmt import epoch_at
 
     t = cfg.train
     ends, raise_ = [], []
@@ -112,7 +112,7 @@ def nothing_left(cfg, step: int, epoch: int | None, batches_done: int | None = N
 
 def check_left(run, cfg, step: int, ckpt: Path) -> None:
     """UsageError (exit 2, nothing created) when resuming `run` from `ckpt` under `cfg` would train nothing."""
-    from engine.errors import UsageError
+    from ..errors import UsageError
 
     epoch, done = checkpoint_position(run, step, ckpt)
     why = nothing_left(cfg, step, epoch, done)
@@ -136,8 +136,8 @@ def resume_config(run, overrides: list[str] | None = None):
     at its newest checkpoint, checked as any launch is and refused when it would train nothing
     (TorchdeckError with the reasons otherwise). Returns (cfg, origin, step, checkpoint); `start(cfg, run.path.parent, origin)`
     launches it. The CLI's `torchdeck resume` and the app's Resume both come here."""
-    from engine import preflight
-    from engine.errors import UsageError
+    from .. import preflight
+    from ..errors import UsageError
 
     run = _as_run(run)
     step, ckpt = resume_point(run)

@@ -9,10 +9,10 @@ import re
 import time
 from pathlib import Path
 
-from engine import events
-from engine.events import iter_events  # noqa: F401  (importers take it from here too)
-from engine.runs.layout import RunDir, checkpoint_step, pid_alive
-from engine.runs.view import RunView
+from .. import events
+from ..events import iter_events  # noqa: F401  (importers take it from here too)
+from .layout import RunDir, checkpoint_step, pid_alive
+from .view import RunView
 
 STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives
 OUTPUT_EVERY_S = 0.5  # how often the log files are read

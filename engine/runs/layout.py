@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import events
-from engine.files import write_atomic  # noqa: F401  (readers never see half a file; importers take it from here)
-from engine.procs import pid_alive
-from engine.runs.status import Status, decide
+from .. import events
+from ..files import write_atomic  # noqa: F401  (readers never see half a file; importers take it from here)
+from ..procs import pid_alive
+from .status import Status, decide
 
 _STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
 
@@ -114,7 +114,7 @@ class RunDir:
     @classmethod
     def create(cls, cfg, root: Path | None = None, origin: dict | None = None) -> "RunDir":
         """A new, uniquely named directory holding the resolved config (and where it came from)."""
-        from engine import config as cfgmod
+        from .. import config as cfgmod
 
         root = Path(root) if root else runs_root()
         root.mkdir(parents=True, exist_ok=True)
@@ -205,7 +205,7 @@ class RunDir:
 
     # ---------------------------------------------------------------- reading
     def config(self):
-        from engine import config as cfgmod
+        from .. import config as cfgmod
 
         return cfgmod.load(self.config_path)
 

@@ -16,9 +16,9 @@ import statistics
 import sys
 import time
 
-from engine.runs import fmt
-from engine.runs.status import Status
-from engine.runs.view import RankState, RunView
+from . import fmt
+from .status import Status
+from .view import RankState, RunView
 
 COMPACT_ABOVE = 8  # ranks; beyond this one line per rank is too much to read
 LOG_LEVELS = ("info", "warning", "error")  # "output" lines (what ranks print) stay in rank<N>.log

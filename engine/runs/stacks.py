@@ -222,7 +222,7 @@ def run_targets(rd) -> list[tuple[str, int | None, int, Path]]:
 
     import psutil
 
-    from engine import events
+    from .. import events
 
     host = socket.gethostname()
     out = []
@@ -290,7 +290,7 @@ def last_recorded(rd, evs=None) -> dict | None:
     """What `torchdeck stacks` shows of a run that is over: the newer of its last `stacks` event
     (the watchdog's, with its reason) and the dumps its files hold; {"t", "reason", "groups",
     "files"} or None when it never took any."""
-    from engine import events
+    from .. import events
 
     evs = events.read_all(rd.events_path) if evs is None else evs
     last = next((e for e in reversed(evs) if isinstance(e, dict) and e.get("kind") == "stacks"), None)

@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine import events
-from engine.runs.layout import RunDir, new_group_dir, write_atomic
+from .. import events
+from .layout import RunDir, new_group_dir, write_atomic
 
 RESULT_FILE = "tune.json"
 OOM_WORDS = ("OutOfMemoryError", "out of memory", "CUDA_ERROR_OUT_OF_MEMORY")
@@ -88,7 +88,7 @@ def _capped(text: str) -> bool:
 def peak_mem(run: RunDir) -> list:
     """Each rank's peak memory from its rank_reports (max_memory_allocated on a GPU), as the
     shared reducer keeps it."""
-    from engine.runs.view import RunView
+    from .view import RunView
 
     view = RunView()
     view.feed_all(events.read_all(run.events_path))
@@ -103,7 +103,7 @@ def trial_overrides(batch: int, steps: int) -> list[str]:
 
 def run_trial(cfg, path: Path, origin: dict, watch=None) -> Trial:
     """One trial: the config (already at its batch) as an ordinary run under `path`."""
-    from engine.runs import control
+    from . import control
 
     t0 = time.monotonic()
     run = control.start(cfg, root=path, origin=origin)
@@ -132,9 +132,9 @@ def search(preset: str, overrides: list[str] | None = None, steps: int = 3, max_
     """Find the largest batch per process that trains `steps` steps without running out of
     memory on any rank. Returns (the tune directory, its result). UsageError before anything
     starts: the preset is invalid, or (require_gpu) it does not train on GPUs."""
-    from engine import preflight
-    from engine.errors import UsageError
-    from engine.strategies import world_size
+    from .. import preflight
+    from ..errors import UsageError
+    from ..strategies import world_size
 
     overrides = list(overrides or [])
     base, _ = preflight.load_config(preset, overrides, hw=hw)

@@ -15,9 +15,9 @@ import copy
 import time
 from dataclasses import dataclass, field
 
-from engine.events import epoch_number
-from engine.runs import fmt
-from engine.runs.status import FINAL, Status, decide
+from ..events import epoch_number
+from . import fmt
+from .status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
 STALE_INTERVALS = 5

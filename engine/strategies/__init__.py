@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import importlib
 
-from engine.strategies.base import Strategy
+from .base import Strategy
 
 _MODULES = {
-    "cpu": "engine.strategies.cpu",
-    "gpu": "engine.strategies.gpu",
-    "dp": "engine.strategies.dp",
-    "ddp": "engine.strategies.ddp",
-    "model-parallel": "engine.strategies.model_parallel",
-    "fsdp": "engine.strategies.fsdp",
-    "zero": "engine.strategies.zero",
-    "deepspeed": "engine.strategies.deepspeed",
+    "cpu": "torchdeck.engine.strategies.cpu",
+    "gpu": "torchdeck.engine.strategies.gpu",
+    "dp": "torchdeck.engine.strategies.dp",
+    "ddp": "torchdeck.engine.strategies.ddp",
+    "model-parallel": "torchdeck.engine.strategies.model_parallel",
+    "fsdp": "torchdeck.engine.strategies.fsdp",
+    "zero": "torchdeck.engine.strategies.zero",
+    "deepspeed": "torchdeck.engine.strategies.deepspeed",
 }
 _cache: dict[str, Strategy] = {}
 

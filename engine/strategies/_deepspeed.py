@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from engine import checkpoint as ckpt
+from .. import checkpoint as ckpt
 
 # Classes DeepSpeed pickles into its checkpoints besides tensors and containers: allowed by name,
 # so every file is still read with weights_only=True (nothing else can run code on load).
@@ -41,7 +41,7 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     rendezvous); returns what the loop drives: (engine, optimizer view, scheduler view, step)."""
     import deepspeed
 
-    from engine.optim import build_scheduler
+    from ..optim import build_scheduler
 
     _quiet()
     cfg = ctx.cfg

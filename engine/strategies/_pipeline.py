@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models import ModelError
+from ..models import ModelError
 
 
 def layers_of(model: nn.Module) -> list[nn.Module]:

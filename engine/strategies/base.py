@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import combination
+from ..config import combination
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Strategy:
     def setup(self, model, ctx: RankContext, total_steps: int, steps_per_epoch: int):
         """(model to train, optimizer, LR scheduler, precision): the parts of a training step.
         DeepSpeed builds all four at once; every other strategy wraps, then builds the rest."""
-        from engine.optim import Precision, build_optimizer, build_scheduler
+        from ..optim import Precision, build_optimizer, build_scheduler
 
         model = self.wrap(model, ctx)
         optimizer = build_optimizer(ctx.cfg, self, model)
@@ -102,7 +102,7 @@ class Strategy:
     def save_checkpoint(self, trainer, meta: dict):
         """Called on every rank (sharded strategies gather first); rank 0 writes one file with meta
         (epoch, step, RNG, config...) and the full states. Returns its path on rank 0, else None."""
-        from engine import checkpoint as ckpt
+        from .. import checkpoint as ckpt
 
         c = trainer.ctx
         model_state = self.model_state(trainer.model, c)

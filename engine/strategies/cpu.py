@@ -1,6 +1,6 @@
 """One process on the CPU: the quick-start baseline every other strategy is compared with."""
-from engine.config import combination
-from engine.strategies.base import Strategy
+from ..config import combination
+from .base import Strategy
 
 
 class CPUStrategy(Strategy):

@@ -1,5 +1,5 @@
 """DistributedDataParallel: one process per device, gradients all-reduced in buckets."""
-from engine.strategies.process_group import ProcessGroupStrategy
+from .process_group import ProcessGroupStrategy
 
 
 class DDPStrategy(ProcessGroupStrategy):

@@ -15,12 +15,12 @@ import os
 import sys
 from pathlib import Path
 
-from engine.config import combination
-from engine.errors import TorchdeckError
-from engine.files import write_atomic
-from engine.runs.layout import CHECKPOINT_META  # torch-free: the one rule for checkpoint names
-from engine.strategies import world_size as world_size_of
-from engine.strategies.process_group import ProcessGroupStrategy
+from ..config import combination
+from ..errors import TorchdeckError
+from ..files import write_atomic
+from ..runs.layout import CHECKPOINT_META  # torch-free: the one rule for checkpoint names
+from . import world_size as world_size_of
+from .process_group import ProcessGroupStrategy
 
 INSTALL_HINT = "not installed: pip install 'torchdeck[deepspeed]'"
 GENERATED_NAME = "ds_config.json"  # what the run used, in its run directory
@@ -393,7 +393,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     # ------------------------------------------------------------ runtime (torch, deepspeed)
     def setup(self, model, ctx, total_steps: int, steps_per_epoch: int):
-        from engine.strategies import _deepspeed
+        from . import _deepspeed
 
         return _deepspeed.setup(model, ctx, resolve(ctx.cfg, ctx.world_size), total_steps, steps_per_epoch)
 
@@ -401,17 +401,17 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         return getattr(model, "module", model)
 
     def no_sync(self, model):
-        from engine.strategies import _deepspeed
+        from . import _deepspeed
 
         return _deepspeed.micro_step(model)
 
     def save_checkpoint(self, trainer, meta: dict):
-        from engine.strategies import _deepspeed
+        from . import _deepspeed
 
         return _deepspeed.save(trainer.model, trainer.ckpt_dir, meta, trainer.cfg, trainer.ctx)
 
     def load_checkpoint(self, trainer, path, meta: dict) -> None:
-        from engine.strategies import _deepspeed
+        from . import _deepspeed
 
         _deepspeed.load(trainer.model, path, meta, trainer.ctx)
 

@@ -1,6 +1,6 @@
 """nn.DataParallel: one process scatters each batch over its GPUs; GPU 0 gathers (and is heavier)."""
-from engine.config import combination
-from engine.strategies.base import Strategy
+from ..config import combination
+from .base import Strategy
 
 
 class DPStrategy(Strategy):

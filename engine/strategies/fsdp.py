@@ -1,8 +1,8 @@
 """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks."""
 import contextlib
 
-from engine.config import combination
-from engine.strategies.process_group import ProcessGroupStrategy
+from ..config import combination
+from .process_group import ProcessGroupStrategy
 
 
 class FSDPStrategy(ProcessGroupStrategy):

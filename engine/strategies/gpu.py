@@ -1,6 +1,6 @@
 """One process on one CUDA device."""
-from engine.config import combination
-from engine.strategies.base import Strategy
+from ..config import combination
+from .base import Strategy
 
 
 class GPUStrategy(Strategy):

@@ -1,5 +1,5 @@
 """Model (pipeline) parallel in one process: consecutive layers on consecutive devices."""
-from engine.strategies.base import Strategy
+from .base import Strategy
 
 
 class ModelParallelStrategy(Strategy):
@@ -33,7 +33,7 @@ class ModelParallelStrategy(Strategy):
 
     # ------------------------------------------------------------ runtime
     def wrap(self, model, ctx):
-        from engine.strategies._pipeline import Pipeline
+        from ._pipeline import Pipeline
 
         mp = ctx.cfg.model_parallel
         return Pipeline(model, self.local_devices(ctx.cfg, ctx.local_rank),

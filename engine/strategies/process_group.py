@@ -1,7 +1,7 @@
 """ProcessGroupStrategy: what the strategies with one process per device and a process group
 (ddp, zero, fsdp, deepspeed) share: how many processes, their config rule, data sharding."""
-from engine.config import combination
-from engine.strategies.base import Strategy
+from ..config import combination
+from .base import Strategy
 
 
 class ProcessGroupStrategy(Strategy):
@@ -11,7 +11,7 @@ class ProcessGroupStrategy(Strategy):
     def nprocs(self, cfg) -> int:
         if cfg.accelerator == "cpu":
             return cfg.devices if isinstance(cfg.devices, int) else 1
-        from engine.config import free_gpus_asked
+        from ..config import free_gpus_asked
 
         return len(cfg.devices) if isinstance(cfg.devices, list) else (free_gpus_asked(cfg.devices) or 1)
 

@@ -1,5 +1,5 @@
 """DDP with ZeroRedundancyOptimizer: the optimizer state is sharded across ranks."""
-from engine.strategies.ddp import DDPStrategy
+from .ddp import DDPStrategy
 
 
 class ZeroStrategy(DDPStrategy):

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from app.compare.screen import CompareScreen
-from app.main import TorchdeckApp
-from app.runs.screen import RunsScreen
-from app.sources.nvml import FakeGPUSource
-from engine import config as cfgmod
-from engine import events
-from engine.runs import compare
-from engine.runs.catalog import deletable
-from engine.runs.layout import RunDir
+from torchdeck.app.compare.screen import CompareScreen
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.runs.screen import RunsScreen
+from torchdeck.app.sources.nvml import FakeGPUSource
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs import compare
+from torchdeck.engine.runs.catalog import deletable
+from torchdeck.engine.runs.layout import RunDir
 from tests.app.screen_helpers import screen_text, until
 
 T0 = 1_761_998_400.0
@@ -173,7 +173,7 @@ async def test_configure_compare_strategies_launches_a_comparison_and_shows_its_
     the background, dp is skipped on this host; the Compare screen follows it to the end."""
     from textual.widgets import Checkbox, Input
 
-    from app.compare.dialog import CompareDialog
+    from torchdeck.app.compare.dialog import CompareDialog
 
     monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
     preset = tmp_path / "tiny.yaml"
@@ -254,7 +254,7 @@ async def test_the_compare_dialog_reads_whole_at_80_columns_and_says_on_or_off(t
     and every checkbox showed the same ▐X▌, on or off, told apart by colour alone (lost over SSH)."""
     from textual.widgets import Checkbox
 
-    from app.compare.dialog import CompareDialog
+    from torchdeck.app.compare.dialog import CompareDialog
 
     monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
     app = TorchdeckApp(gpu_source=FakeGPUSource([]), runs_root=tmp_path / "runs")

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.configure.fields import FIELDS, GROUPS, flatten
-from app.configure.form import group_id
-from app.main import TorchdeckApp
-from engine import config as cfgmod
-from engine.presets import resolve
-from engine.strategies import world_size
+from torchdeck.app.configure.fields import FIELDS, GROUPS, flatten
+from torchdeck.app.configure.form import group_id
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine.presets import resolve
+from torchdeck.engine.strategies import world_size
 from textual.widgets import Input, Select, SelectionList
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ SIZE = (120, 40)
 
 
 def gpu(i, used, pids):
-    from app.sources.nvml import GPUSample
+    from torchdeck.app.sources.nvml import GPUSample
 
     return GPUSample(index=i, name="NVIDIA A100-SXM4-40GB", util=0.0, mem_used_mb=used, mem_total_mb=40960,
                      temp_c=40, power_w=60.0, power_limit_w=300.0, pids=pids)
@@ -33,13 +33,13 @@ def gpu(i, used, pids):
 
 def two_fake_gpus():
     """Two GPUs, the second busy (this machine has none: the only fake is the hardware)."""
-    from app.sources.nvml import FakeGPUSource
+    from torchdeck.app.sources.nvml import FakeGPUSource
 
     return FakeGPUSource([gpu(0, 512, []), gpu(1, 20480, [4242])])
 
 
 def no_gpus():
-    from app.sources.nvml import FakeGPUSource
+    from torchdeck.app.sources.nvml import FakeGPUSource
 
     return FakeGPUSource([], reason="no NVIDIA driver library (libnvidia-ml) on this host")
 
@@ -383,7 +383,7 @@ def test_app_imports_no_torch():
     """The first frame must not wait for torch: importing and starting the app never imports it."""
     code = (
         "import sys, asyncio\n"
-        "from app.main import TorchdeckApp\n"
+        "from torchdeck.app.main import TorchdeckApp\n"
         "async def main():\n"
         "    app = TorchdeckApp()\n"
         "    async with app.run_test() as pilot:\n"
@@ -393,7 +393,7 @@ def test_app_imports_no_torch():
         "            await pilot.pause(0.05)\n"
         "        assert type(app.screen).__name__ == 'ConfigureScreen' and app.screen.form.complete\n"
         "asyncio.run(main())\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'engine.worker', 'engine.supervisor')))\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'torchdeck.engine.worker', 'torchdeck.engine.supervisor')))\n"
         "print('BAD', bad)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -442,8 +442,8 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
         assert app.last_run is not None and app.last_run.parent == tmp_path / "runs"
         launched = cfgmod.load(app.last_run / "config.yaml")
         assert launched.train.epochs == 1 and launched.data.train_size == 1024
-        from app.monitor.screen import MonitorScreen
-        from engine.runs.layout import RunDir
+        from torchdeck.app.monitor.screen import MonitorScreen
+        from torchdeck.engine.runs.layout import RunDir
 
         monitor = app.screen
         assert isinstance(monitor, MonitorScreen) and monitor.run_dir.path == app.last_run
@@ -497,7 +497,7 @@ async def test_a_revalidation_while_a_section_mounts_reads_the_loaded_values(tmp
     while a section was being mounted, read its not yet mounted Selects as blank (problems) and
     tried to mount their messages into a grid with no parent. Here every section mount is
     interrupted by a revalidation, as that answer did."""
-    from app.configure.form import ConfigForm
+    from torchdeck.app.configure.form import ConfigForm
 
     real = ConfigForm.mount_all
 
@@ -548,7 +548,7 @@ async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
 
 def cli(*args: str, cwd: Path) -> str:
     """`torchdeck ARGS` as a user runs it (same presets dir: the fixture sets it in the env)."""
-    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "torchdeck.cli", *args], cwd=cwd, capture_output=True,
                          text=True, timeout=180, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -611,7 +611,7 @@ async def test_export_of_deepspeed_adds_its_launcher(tmp_path, presets_dir, monk
         dialog = app.screen
         launcher = cli("export", "deepspeed", "--deepspeed", cwd=work)
         assert shown(dialog, "export-deepspeed") + "\n" == launcher
-        assert "cat > deepspeed.hostfile <<'EOF'" in launcher and "--module engine.worker" in launcher
+        assert "cat > deepspeed.hostfile <<'EOF'" in launcher and "--module torchdeck.engine.worker" in launcher
         await pilot.press("w")
         await pilot.pause(0.3)
         assert sorted(p.name for p in work.iterdir()) == ["deepspeed.deepspeed.sh", "deepspeed.sbatch",
@@ -773,7 +773,7 @@ async def test_deleting_the_loaded_preset_unties_the_form_from_it(tmp_path, pres
         await pilot.pause(0.3)
         exp = app.screen
         config = work / "mine.yaml"
-        assert f"-m engine.worker {config}" in shown(exp, "export-torchrun")
+        assert f"-m torchdeck.engine.worker {config}" in shown(exp, "export-torchrun")
         await pilot.press("w")
         await pilot.pause(0.3)
         assert config.is_file() and (work / "mine.torchrun.sh").is_file()
@@ -794,7 +794,7 @@ async def test_export_writes_the_form_when_its_preset_file_went_away(tmp_path, p
         (presets_dir / "ext.yaml").unlink()
         await pilot.press("f6")
         await pilot.pause(0.3)
-        assert f"-m engine.worker {work / 'ext.yaml'}" in shown(app.screen, "export-torchrun")
+        assert f"-m torchdeck.engine.worker {work / 'ext.yaml'}" in shown(app.screen, "export-torchrun")
         await pilot.press("w")
         await pilot.pause(0.3)
         assert cfgmod.load(work / "ext.yaml").to_dict() == screen.cfg.to_dict()
@@ -1035,7 +1035,7 @@ async def test_a_hint_that_fits_takes_one_row_at_80_columns(tmp_path, presets_di
 
 async def test_pick_free_gpus_takes_the_least_used_idle_ones_or_says_who_is_busy(tmp_path, presets_dir):
     """The palette's "Pick free GPUs" follows devices: free:N (issue 19): as many as are picked now."""
-    from app.sources.nvml import FakeGPUSource
+    from torchdeck.app.sources.nvml import FakeGPUSource
 
     board = FakeGPUSource([gpu(0, 9000, []), gpu(1, 20480, [4242]), gpu(2, 300, [])])
     app = make_app(tmp_path, gpus=board)
@@ -1077,8 +1077,8 @@ def test_quitting_at_the_first_frame_exits_cleanly(tmp_path, presets_dir):
 async def test_key_bar_draws_the_keys_on_one_line_and_a_click_presses_one(tmp_path, presets_dir):
     """The key bar is one widget (Textual's Footer is one per key: a tenth of the first frame): the
     same line as the compact footer, and a click on a key runs it (disabled keys would ring)."""
-    from app.configure.dialogs import LoadPresetDialog
-    from app.keybar import KeyBar
+    from torchdeck.app.configure.dialogs import LoadPresetDialog
+    from torchdeck.app.keybar import KeyBar
 
     app = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -1129,7 +1129,7 @@ async def test_every_problem_is_marked_and_counted_at_once(tmp_path, presets_dir
 
 
 def test_the_problem_count_names_each_problem_or_how_many_more():
-    from app.configure.summary import problems_line
+    from torchdeck.app.configure.summary import problems_line
 
     two = problems_line({"devices": "strategy cpu runs one process", "accelerator": "cuda needs a GPU"})
     assert two == "2 problems: devices: strategy cpu runs one process\nalso accelerator"
@@ -1254,7 +1254,7 @@ async def test_more_cpu_ranks_than_cores_is_warned_with_the_numbers(tmp_path, pr
     """Issue 27: `devices 99` on a 2-core host passed without a word (99 ranks x 120 MiB of data).
     The form and `torchdeck validate` warn from one rule (engine.preflight.advice); the global
     batch is written with a thousands separator."""
-    from engine.affinity import usable_cpus
+    from torchdeck.engine.affinity import usable_cpus
 
     cores, ranks = usable_cpus(), usable_cpus() + 1
     app = make_app(tmp_path)

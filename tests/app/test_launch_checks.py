@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.main import TorchdeckApp
-from app.sources.nvml import FakeGPUSource
-from cli import main as cli
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.sources.nvml import FakeGPUSource
+from torchdeck.cli import main as cli
 
 PRESET = """\
 name: checked

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from app.main import TorchdeckApp
-from app.sources.host import FakeHostSource, HostSample, ProcSample
-from app.sources.nvml import FakeGPUSource, GPUSample
-from engine import events
-from engine.config import from_dict
-from engine.runs.layout import RunDir
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.sources.host import FakeHostSource, HostSample, ProcSample
+from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample
+from torchdeck.engine import events
+from torchdeck.engine.config import from_dict
+from torchdeck.engine.runs.layout import RunDir
 from tests.app.screen_helpers import screen_text
 from tests.run_events import T0, ev, started, step
 
@@ -60,7 +60,7 @@ async def form_mounted(pilot, app):
 
 
 def launch(tmp_path, **over):
-    from engine.runs import control as L
+    from torchdeck.engine.runs import control as L
 
     data = {**TINY, **over}
     return L.start(from_dict(data), tmp_path / "runs")
@@ -70,7 +70,7 @@ def launch(tmp_path, **over):
 def cleanup():
     runs = []
     yield runs
-    from engine.runs.control import kill
+    from torchdeck.engine.runs.control import kill
 
     for run in runs:
         if run.is_live():
@@ -80,13 +80,13 @@ def cleanup():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cleanup):
-    from engine.runs.control import wait
+    from torchdeck.engine.runs.control import wait
 
     run = launch(tmp_path)
     cleanup.append(run)
     final = wait(run, timeout=180)
     assert final is not None and final["status"] == "finished", final
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -107,7 +107,7 @@ async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cle
             row = next(ln for ln in text.splitlines() if ln.startswith(f"│ {r}    cpu"))
             assert "4/4" in row
         assert "epoch 1/1 done at step 4" in text  # the log pane replayed the history (epochs from 1)
-        from app.monitor.panes import LogPane
+        from torchdeck.app.monitor.panes import LogPane
 
         logged = [strip.text for strip in screen.query_one(LogPane).lines]
         first = lambda word: next(i for i, ln in enumerate(logged) if word in ln)  # noqa: E731
@@ -123,7 +123,7 @@ async def test_finished_real_run_shows_every_rank_at_its_last_step(tmp_path, cle
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monkeypatch):
-    from engine.runs.control import wait
+    from torchdeck.engine.runs.control import wait
 
     (tmp_path / "badmodel_mon.py").write_text(textwrap.dedent("""\
         def build(info, **kw):
@@ -134,7 +134,7 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
     cleanup.append(run)
     final = wait(run, timeout=180)
     assert final is not None and final["status"] == "failed", final
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -153,7 +153,7 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
         assert "FAILED" in text
         assert "RuntimeError" in text
         err = st.errors[0]
-        from app.monitor.panes import LogPane
+        from torchdeck.app.monitor.panes import LogPane
 
         logged = "\n".join(strip.text for strip in screen.query_one(LogPane).lines)  # scrolled-off lines too
         assert f"[error] rank {err.rank}: rank {err.rank} on " in logged
@@ -167,7 +167,7 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
 async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
     run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
     cleanup.append(run)
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -196,11 +196,11 @@ async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_kill_key_kills_every_process_of_a_live_real_run(tmp_path, cleanup):
-    from engine.runs.control import run_processes
+    from torchdeck.engine.runs.control import run_processes
 
     run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
     cleanup.append(run)
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -225,7 +225,7 @@ async def test_kill_key_kills_every_process_of_a_live_real_run(tmp_path, cleanup
 
 async def test_live_events_appear_on_screen(tmp_path):
     """A run directory whose events the test writes as it goes: each new one shows up."""
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     cfg = from_dict({"name": "live", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"})
     run = RunDir.create(cfg, tmp_path / "runs")
@@ -267,7 +267,7 @@ async def test_live_events_appear_on_screen(tmp_path):
 
 
 async def test_stop_and_kill_refuse_a_run_that_is_over(tmp_path):
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     cfg = from_dict({"name": "over", "strategy": "cpu"})
     run = RunDir.create(cfg, tmp_path / "runs")
@@ -294,7 +294,7 @@ async def test_stop_and_kill_refuse_a_run_that_is_over(tmp_path):
 
 
 async def test_palette_lists_the_monitor_actions(tmp_path):
-    from app.monitor.screen import MonitorCommands, MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorCommands, MonitorScreen
 
     cfg = from_dict({"name": "pal", "strategy": "cpu"})
     run = RunDir.create(cfg, tmp_path / "runs")
@@ -320,7 +320,7 @@ async def test_palette_lists_the_monitor_actions(tmp_path):
 
 
 async def test_without_nvml_the_gpu_pane_says_why(tmp_path):
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     cfg = from_dict({"name": "nogpu", "strategy": "cpu"})
     run = RunDir.create(cfg, tmp_path / "runs")
@@ -339,13 +339,14 @@ def test_monitor_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, app.monitor.screen, app.monitor.panes, engine.runs.view, engine.runs.follow\n"
+    code = ("import sys, torchdeck.app.monitor.screen, torchdeck.app.monitor.panes, torchdeck.engine.runs.view, "
+            "torchdeck.engine.runs.follow\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "[]"
-    code = "import sys, engine.runs.view, engine.runs.follow; print('textual' in sys.modules)"  # UI-free core
+    code = "import sys, torchdeck.engine.runs.view, torchdeck.engine.runs.follow; print('textual' in sys.modules)"  # UI-free core
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False", out.stderr
@@ -354,8 +355,8 @@ def test_monitor_modules_do_not_import_torch():
 async def test_log_lines_rewrap_when_the_terminal_is_resized_at_80x24(tmp_path):
     """Lines wrapped at the old width were cut when the window shrank (issue 14): every word of a
     long log line is still in the pane after a resize to 80x24 and back."""
-    from app.monitor.panes import LogPane
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.panes import LogPane
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     run = RunDir.create(from_dict({"name": "wrap", "strategy": "cpu"}), tmp_path / "runs")
     long = ("epoch 3 is over and this line is long enough to wrap at eighty columns: train loss 0.0123 "
@@ -385,8 +386,8 @@ async def test_log_lines_rewrap_when_the_terminal_is_resized_at_80x24(tmp_path):
 
 
 def test_a_lost_runs_ranks_are_marked_gone_and_a_stale_rank_stops_the_header():
-    from app.monitor.panes import header_text, rank_text
-    from engine.runs.view import RunView
+    from torchdeck.app.monitor.panes import header_text, rank_text
+    from torchdeck.engine.runs.view import RunView
 
     st = RunView()
     st.feed_all([started(), step(0, 5, 10), step(1, 5, 10)])
@@ -404,9 +405,9 @@ def test_each_final_status_says_one_thing_in_the_header_the_exit_code_and_the_ru
     """Issue 28: three lists of statuses disagreed: the Monitor's header left out a preempted run's
     cause (which `torchdeck runs` prints, and `torchdeck stop --wait` exits 0 on). One rule now,
     engine.runs.status.Status: the cause of a run that ended early is said, red when it went wrong."""
-    from app.monitor.panes import header_text
-    from cli.main import _exit_for
-    from engine.runs.view import RunView
+    from torchdeck.app.monitor.panes import header_text
+    from torchdeck.cli.main import _exit_for
+    from torchdeck.engine.runs.view import RunView
 
     for status, style, code in (("failed", "red", 1), ("stopped", "yellow", 0), ("preempted", "yellow", 0),
                                 ("finished", None, 0)):
@@ -420,7 +421,7 @@ def test_each_final_status_says_one_thing_in_the_header_the_exit_code_and_the_ru
 
 
 def test_curve_ticks_are_whole_steps():
-    from app.monitor.panes import step_ticks
+    from torchdeck.app.monitor.panes import step_ticks
 
     for lo, hi in ((1, 4), (1, 10), (3, 300), (1, 187), (100, 107), (1, 123_456)):
         ticks = step_ticks(lo, hi)
@@ -433,9 +434,9 @@ async def test_stacks_of_a_run_that_is_over_are_what_torchdeck_stacks_prints(tmp
     """Issue 27: `t` on a run that is over showed only the watchdog's stacks event, while
     `torchdeck stacks` prints the newer of that event and the files an earlier `t` left
     (engine.runs.stacks.last_recorded). One question, one answer: both read this run directory."""
-    from app.monitor.screen import MonitorScreen
-    from app.monitor.stacks import StacksScreen
-    from cli import main as cli
+    from torchdeck.app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.stacks import StacksScreen
+    from torchdeck.cli import main as cli
     from tests.engine.test_stacks import DUMP
 
     cfg = from_dict({"name": "over", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"})
@@ -478,7 +479,7 @@ async def test_starting_ranks_balance_line_says_what_is_true(tmp_path, strategy,
     """Issue 27: with both ranks listed and starting, the Monitor said 'fewer than two ranks
     reporting'. The truth: no rank has stepped yet, and only DDP (ddp, zero) on the CPU times its
     all-reduce wait (the a-red column), so other strategies' balance is their rates alone."""
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     cfg = from_dict({"name": "starting", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "backend": "gloo"})
     run = RunDir.create(cfg, tmp_path / "runs")

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from app.main import TorchdeckApp
-from app.runs.screen import RunsScreen
-from app.sources.nvml import FakeGPUSource
-from engine import config as cfgmod
-from engine import events
-from engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
-from engine.runs.layout import RunDir
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.runs.screen import RunsScreen
+from torchdeck.app.sources.nvml import FakeGPUSource
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
+from torchdeck.engine.runs.layout import RunDir
 from tests.app.screen_helpers import screen_text, until
 
 SIZE = (80, 24)  # the smallest terminal we promise to be usable in
@@ -45,7 +45,7 @@ def tiny_cfg(name: str) -> cfgmod.RunConfig:
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A real finished run, made once for the module: (runs root, run path)."""
-    from engine.runs import control
+    from torchdeck.engine.runs import control
 
     root = tmp_path_factory.mktemp("real") / "runs"
     run = control.start(tiny_cfg("real-tiny"), root)
@@ -261,14 +261,14 @@ async def test_enter_opens_the_run_in_the_monitor(tmp_path, sleeper):
         await pilot.press("enter")
         await pilot.pause(0.3)
         try:
-            have_monitor = importlib.util.find_spec("app.monitor.screen") is not None
+            have_monitor = importlib.util.find_spec("torchdeck.app.monitor.screen") is not None
         except ImportError:
             have_monitor = False
         if not have_monitor:
             assert app.screen is screen
             assert any("Monitor screen is not available" in n for n in notes(app))
             pytest.skip("app.monitor.screen is not importable yet: only the message was checked")
-        from app.monitor.screen import MonitorScreen
+        from torchdeck.app.monitor.screen import MonitorScreen
 
         assert await until(pilot, lambda: isinstance(app.screen, MonitorScreen))
         shown = getattr(app.screen, "run_path", None) or getattr(getattr(app.screen, "run_dir", None), "path", None)
@@ -398,7 +398,7 @@ def test_runs_screen_80x24(snap_compare, snapshot_app):
 async def test_torchdeck_runs_and_the_runs_screen_say_the_same_of_every_run(tmp_path, sleeper, capsys):
     """One run of each status in one directory: the CLI's table and the app's rows agree on each
     (one catalog, one status rule, one formatter)."""
-    from cli.main import main
+    from torchdeck.cli.main import main
 
     root = tmp_path / "runs"
     made = make_runs(root, sleeper.pid)
@@ -466,7 +466,7 @@ async def test_r_from_a_monitor_goes_back_to_the_runs_list_it_came_from(tmp_path
     """F2, enter on a run, r: the app pushed a second Runs list, whose id the first one holds, and
     died (DuplicateIds). r now goes back to the list on the stack; enter on a run whose Monitor is
     on the stack goes back to that Monitor."""
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     root = tmp_path / "runs"
     made = make_runs(root, sleeper.pid)
@@ -543,10 +543,10 @@ def test_an_app_that_stops_on_an_error_exits_non_zero(tmp_path):
     """The crash above left the shell with exit status 0: `torchdeck app`'s status is the app's
     own (Textual prints the traceback and sets return_code; run() returns normally). A real
     terminal (a pty); the error is planted in the app's mount."""
-    code = ("import sys, app.main as m\n"
+    code = ("import sys, torchdeck.app.main as m\n"
             "def boom(self):\n    raise RuntimeError('planted for the test')\n"
             "m.TorchdeckApp.on_mount = boom\n"
-            "from cli.main import main\nsys.exit(main(['app', 'quickstart']))\n")
+            "from torchdeck.cli.main import main\nsys.exit(main(['app', 'quickstart']))\n")
     rc, text = _in_a_terminal([sys.executable, "-c", code], _env(tmp_path))
     assert "planted for the test" in text, text[-2000:]
     assert rc == 1, (rc, text[-2000:])
@@ -559,7 +559,7 @@ async def test_resume_from_a_monitor_takes_the_monitors_place(tmp_path, real_run
     resumed run's Monitor now takes the place of the one it was resumed from."""
     import shutil
 
-    from app.monitor.screen import MonitorScreen
+    from torchdeck.app.monitor.screen import MonitorScreen
 
     _, real_path = real_run
     root = tmp_path / "runs"
@@ -585,8 +585,8 @@ async def test_the_runs_list_at_80_columns_leaves_columns_out_and_says_which(tmp
     1500/150  99.1% ('), and later opens pushed progress, val acc and --set off screen. Columns
     are left out in the order `torchdeck runs` leaves them out, a line says which, and what is
     shown is whole; at 140 columns more of them come back."""
-    from app.monitor.screen import MonitorScreen
-    from engine.runs.catalog import NARROW_DROP
+    from torchdeck.app.monitor.screen import MonitorScreen
+    from torchdeck.engine.runs.catalog import NARROW_DROP
 
     root = tmp_path / "runs"
     t0 = time.time() - 3600

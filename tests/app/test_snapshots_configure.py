@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.main import TorchdeckApp
-from app.sources.nvml import FakeGPUSource, GPUSample
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample
 
 
 def fake_gpus():

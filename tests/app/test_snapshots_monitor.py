@@ -11,12 +11,12 @@ import os
 
 import pytest
 
-from app.main import TorchdeckApp
-from app.sources.host import FakeHostSource, HostSample, ProcSample
-from app.sources.nvml import FakeGPUSource, GPUSample
-from engine import config as cfgmod
-from engine import events
-from engine.runs.layout import RunDir
+from torchdeck.app.main import TorchdeckApp
+from torchdeck.app.sources.host import FakeHostSource, HostSample, ProcSample
+from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs.layout import RunDir
 
 T0 = 1_750_000_000.0
 NOW = T0 + 95.0  # the frozen clock: 95 s into the run
@@ -100,7 +100,7 @@ def show(run_dir):
     run, n_events = run_dir
 
     async def run_before(pilot):
-        from app.monitor.screen import MonitorScreen
+        from torchdeck.app.monitor.screen import MonitorScreen
 
         screen = MonitorScreen(run.path, now=lambda: NOW, sample_every=3600)  # one sample: no moving history
         await pilot.app.push_screen(screen)
@@ -153,7 +153,7 @@ def test_stacks_view_80x24(snap_compare, app, tmp_path, monkeypatch):
         fh.write(events.dumps(ev) + "\n")
 
     async def run_before(pilot):
-        from app.monitor.stacks import StacksScreen
+        from torchdeck.app.monitor.stacks import StacksScreen
 
         await show((run, n + 1))(pilot)
         await pilot.press("t")

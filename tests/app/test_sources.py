@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from app.sources.host import FakeHostSource, HostSample, HostSource
-from app.sources.nvml import FakeGPUSource, GPUSample, GPUSource, pid_namespace_warning
+from torchdeck.app.sources.host import FakeHostSource, HostSample, HostSource
+from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample, GPUSource, pid_namespace_warning
 
 
 def _nvidia_smi_gpus() -> list[str]:
@@ -204,8 +204,8 @@ def test_launch_checks_and_the_gpu_pane_say_one_reason(monkeypatch, code):
     type, engine.nvml.NVML, now starts it for both."""
     import pynvml as nv
 
-    from engine import hardware
-    from engine.nvml import NVML
+    from torchdeck.engine import hardware
+    from torchdeck.engine.nvml import NVML
 
     def init():
         raise nv.NVMLError(getattr(nv, code))

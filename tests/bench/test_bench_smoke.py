@@ -71,12 +71,12 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     assert all(_positive(r["events_mb_per_hour"]) for _, rs in sc["by_ranks"] for r in rs)
 
     app = res["app"]
-    if importlib.util.find_spec("app.main") is None:
+    if importlib.util.find_spec("torchdeck.app.main") is None:
         assert "skipped" in app
     else:
         assert not any(r["torch_imported"] for r in app["import"])  # first frame must not pay for torch
         assert _positive(app["first_screen"][0]["first_paint_s"])
-        if importlib.util.find_spec("app.monitor") is not None:
+        if importlib.util.find_spec("torchdeck.app.monitor") is not None:
             assert app["live"]["events_timed"] > 0 and _positive(app["live"]["cpu_fraction_of_core"])
         else:  # measured on `torchdeck attach` instead, and said so
             assert "NOT RUN" in app["text"] and app["attach"]["events_timed"] > 0
@@ -115,7 +115,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 def test_bench_quick_deepspeed(tmp_path):
     """deepspeed_vs_plain on its own (it starts six DeepSpeed runs): throughput of torchdeck and of
     the tutorial-style script, and each rank's memory that grows with the model, for DDP and ZeRO-3."""
-    from engine.strategies.deepspeed import installed
+    from torchdeck.engine.strategies.deepspeed import installed
 
     out = tmp_path / "bench.json"
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
@@ -141,9 +141,9 @@ def test_gpu_bench_pieces_work_before_a_gpu_is_found(tmp_path):
     2 GPUs, and the plain GPU script trains (bf16 autocast, channels_last) on --device cpu."""
     from bench import common as C
     from bench import gpu
-    from engine.hardware import Hardware
-    from engine.preflight import from_dict
-    from engine.strategies import world_size
+    from torchdeck.engine.hardware import Hardware
+    from torchdeck.engine.preflight import from_dict
+    from torchdeck.engine.strategies import world_size
 
     s = dict(steps=4, warm=2, batch=8, train=64)
     hw = Hardware(gpu_count=2, mpi_available=False)

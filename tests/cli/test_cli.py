@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cli import main as cli
-from engine.events import read_all
-from engine.strategies import world_size
+from torchdeck.cli import main as cli
+from torchdeck.engine.events import read_all
+from torchdeck.engine.strategies import world_size
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 TINY = """\
@@ -24,7 +24,7 @@ train: {batch_size: 32, epochs: 1, log_every_n_steps: 1}
 
 
 def torchdeck(*args, cwd, env=None, timeout=180):
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     full_env = dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs"), **(env or {}))
     return subprocess.run(cmd + list(args), cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
@@ -87,7 +87,7 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     steps = [e["step"] for e in read_all(new / "events.jsonl") if e["kind"] == "step"]
     assert steps and min(steps) == 6 and max(steps) == 8  # continued, not restarted
     assert "resumed from" in r.stdout and "end of epoch" not in r.stdout.split("resumed from")[1][:60]
-    from engine.runs.follow import Follower
+    from torchdeck.engine.runs.follow import Follower
 
     f = Follower(new)
     f.poll(force=True)
@@ -193,7 +193,7 @@ def test_presets_command_lists_shipped(tmp_path, capsys, monkeypatch):
 
 def test_validate_gpu_preset_says_why_it_cannot_run_here(capsys):
     """Refused, naming accelerator, on a host without a GPU; valid on one with a GPU (devices: [0])."""
-    from engine.hardware import detect_hardware
+    from torchdeck.engine.hardware import detect_hardware
 
     code = cli.main(["validate", "gpu"])
     err = capsys.readouterr().err
@@ -216,16 +216,16 @@ def test_help_is_fast_and_lists_commands(tmp_path):
     assert r.returncode == 0
     for c in ("run", "attach", "runs", "stop", "presets", "validate", "eval", "env", "export"):
         assert c in r.stdout
-    code = ("import sys, cli.main; cli.main.build_parser(); "
+    code = ("import sys, torchdeck.cli.main; torchdeck.cli.main.build_parser(); "
             "assert 'torch' not in sys.modules and 'textual' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     """attach replays a finished run from its events alone; runs lists it."""
-    from engine import config as c
-    from engine import events
-    from engine.runs.layout import RunDir
+    from torchdeck.engine import config as c
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.layout import RunDir
 
     run = RunDir.create(c.from_dict({"name": "old"}), tmp_path)
     evs = [events.make("run_started", strategy="cpu", world_size=1, total_steps=2, global_batch=64, devices=["cpu"]),
@@ -262,7 +262,7 @@ def _free_port():
 def test_export_sbatch_is_valid_bash_and_embeds_the_validated_config(tmp_path, capsys):
     import re
 
-    from engine import config as c
+    from torchdeck.engine import config as c
 
     assert cli.main(["export", "quickstart", "--sbatch", "--set", "nodes.num_nodes=2",
                      "--set", "nodes.master_port=29411", "--set", "nodes.ifname=eth0"]) == 0
@@ -282,7 +282,7 @@ def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys)
     assert "--write-config" in capsys.readouterr().err
     assert cli.main(["export", "quickstart", "--torchrun"]) == 0
     out = capsys.readouterr().out
-    assert "torchrun --standalone --nnodes 1 --nproc-per-node 2 -m engine.worker" in out
+    assert "torchrun --standalone --nnodes 1 --nproc-per-node 2 -m torchdeck.engine.worker" in out
     assert 'presets/quickstart.yaml --run-dir "runs/$(date +%Y%m%d-%H%M%S)-quickstart-node0"' in out
 
 
@@ -330,7 +330,7 @@ def test_export_a_gpu_preset_from_a_host_without_gpus(capsys):
     (which the job's nodes have, not this host); devices -1 cannot be exported, it names no count."""
     import re
 
-    from engine import config as c
+    from torchdeck.engine import config as c
 
     assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "nodes.num_nodes=2",
                      "--set", "nodes.master_port=29411", "--set", "devices=[0,1,2,3]"]) == 0
@@ -399,7 +399,7 @@ def test_exported_two_node_torchrun_commands_run_and_match_the_supervisor(tmp_pa
 # ----------------------------------------------------------------------------- hardware probe
 
 def test_hardware_probe_never_raises_and_explains_a_missing_gpu(monkeypatch):
-    from engine import hardware
+    from torchdeck.engine import hardware
 
     ok, why = hardware.nvml_status()
     hw = hardware.detect_hardware()
@@ -422,7 +422,7 @@ def test_hardware_probe_never_raises_and_explains_a_missing_gpu(monkeypatch):
 
 def test_hardware_probe_without_nvidia_ml_py():
     code = ("import sys; sys.modules['pynvml'] = None\n"
-            "from engine import hardware\n"
+            "from torchdeck.engine import hardware\n"
             "print(hardware.nvml_status(), hardware.detect_hardware().gpu_count, hardware.list_gpus())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -431,7 +431,7 @@ def test_hardware_probe_without_nvidia_ml_py():
 
 # ----------------------------------------------------------------------------- MPI, found without torch
 
-MPI_PROBE = ("import sys\nfrom engine import hardware\n"
+MPI_PROBE = ("import sys\nfrom torchdeck.engine import hardware\n"
              "print(hardware.detect_hardware().mpi_available, hardware.torch_links('libnccl'), 'torch' in sys.modules)")
 
 
@@ -453,7 +453,7 @@ def test_elf_reader_lists_what_readelf_lists():
     import re
     import shutil
 
-    from engine import hardware
+    from torchdeck.engine import hardware
 
     if shutil.which("readelf") is None:
         pytest.skip("no readelf here to compare with")
@@ -483,7 +483,7 @@ def test_mpi_probe_sees_a_torch_built_with_mpi(tmp_path):
                  "-l:libmpi.so.40"]):
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-    code = MPI_PROBE + ("\nfrom engine.preflight import from_dict\n"
+    code = MPI_PROBE + ("\nfrom torchdeck.engine.preflight import from_dict\n"
                         "print(from_dict({'strategy': 'ddp', 'devices': 2, 'backend': 'mpi'},"
                         " hw=hardware.detect_hardware()).backend)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -532,11 +532,11 @@ def test_a_set_typo_is_blamed_on_set_not_on_the_preset(capsys):
 
 def test_one_run_reads_the_same_duration_everywhere(tmp_path, capsys):
     """Issue 14: one run showed 00:12, 0:14 and 14.755 s. attach, runs and the reducer agree now."""
-    from engine import config as c
-    from engine import events
-    from engine.runs.catalog import collect
-    from engine.runs.follow import Follower
-    from engine.runs.layout import RunDir
+    from torchdeck.engine import config as c
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.catalog import collect
+    from torchdeck.engine.runs.follow import Follower
+    from torchdeck.engine.runs.layout import RunDir
 
     run = RunDir.create(c.from_dict({"name": "timed"}), tmp_path)
     t0 = 1_700_000_000.0
@@ -605,7 +605,7 @@ def _finished_run(root: Path, epochs: int = 1, max_steps: int = 0, step: int = 3
     its last epoch), status.json and the checkpoint file (refused before anything unpickles it)."""
     import zipfile
 
-    from engine import events
+    from torchdeck.engine import events
     from tests.run_events import ev, started
 
     run = root / "20260101-000000-done"
@@ -627,8 +627,8 @@ def test_resuming_a_run_with_nothing_left_is_refused_before_anything_starts(tmp_
     is done) launched a run that trained nothing (`finished at epoch 1, step 30`, then `step 0/30`),
     exit 0, with a new run directory. It is refused first: exit 2, nothing created, what is done
     and what to raise. `run --resume` and the app's Resume (control.resume_config) say the same."""
-    from engine.errors import UsageError
-    from engine.runs import control
+    from torchdeck.engine.errors import UsageError
+    from torchdeck.engine.runs import control
 
     run = _finished_run(tmp_path / "runs")
     before = run_dirs(tmp_path / "runs")
@@ -696,7 +696,7 @@ def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path, command):
     exit 1. The reader is gone before anything is written (its end closed at once, as head's is
     once it has its line): no words on stderr, and 141, the status a shell reports for cat or git
     cut short the same way."""
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     p = subprocess.Popen(cmd + [command], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, env=dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs")))
     p.stdout.close()
@@ -709,8 +709,8 @@ def test_the_exported_torchrun_line_prints_progress_as_torchdeck_run_does(tmp_pa
     """Issue 27: `torchdeck export X --torchrun`, then that line run: its worker printed nothing
     to the terminal. Global rank 0 now prints what it writes, through torchdeck run's plain-line
     renderer (engine.runs.progress): every log line a pipe would get, status lines, the summary."""
-    from engine.runs.progress import LOG_LEVELS, log_text
-    from engine.runs.view import RunView
+    from torchdeck.engine.runs.progress import LOG_LEVELS, log_text
+    from torchdeck.engine.runs.view import RunView
 
     assert cli.main(["export", str(tiny), "--torchrun", "--run-root", str(tmp_path / "tr")]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "torchrun" in ln and not ln.startswith("#")]

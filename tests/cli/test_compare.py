@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import config
-from engine.events import read_all
-from engine.runs import compare
+from torchdeck.engine import config
+from torchdeck.engine.events import read_all
+from torchdeck.engine.runs import compare
 from tests.run_events import T0, ev, started, step
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
@@ -28,7 +28,7 @@ train: {batch_size: 64, epochs: 1, seed: 3}
 def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"))
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     r = subprocess.run(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,ddp,fsdp,zero,dp", "--steps", "12",
                               "--target-acc", "0.01", "--save-best", "fastest"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
@@ -69,7 +69,7 @@ def test_the_stop_file_stops_the_running_strategy_and_starts_no_more(tmp_path):
     """What s on the Compare screen does to a `torchdeck compare` in a terminal."""
     (tmp_path / "tiny.yaml").write_text(TINY)
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     p = subprocess.Popen(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,ddp", "--steps", "5000"], cwd=tmp_path,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     try:
@@ -154,7 +154,7 @@ def test_a_strategy_listed_twice_reads_twice_told_apart_by_start_time(tmp_path, 
 
 
 def _cuda_gpus() -> int:
-    from engine.hardware import detect_hardware
+    from torchdeck.engine.hardware import detect_hardware
 
     return detect_hardware().gpu_count or 0
 
@@ -166,7 +166,7 @@ def test_compare_cpu_and_gpu_on_a_cuda_host(tmp_path):
     """On a GPU host: gpu runs on GPU 0 and reports max allocated memory; dp needs two GPUs."""
     (tmp_path / "tiny.yaml").write_text(TINY)
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
-    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     r = subprocess.run(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,gpu,dp", "--steps", "12"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,5 +1,5 @@
 """`torchdeck validate --explain`: every value that is not a default, and where it came from."""
-from cli import main as cli
+from torchdeck.cli import main as cli
 
 
 def test_explain_names_the_source_of_every_changed_value(tmp_path, capsys, monkeypatch):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import io
 import re
 
-from cli.progress import Display
-from engine import events
-from engine.runs.view import RunView
+from torchdeck.cli.progress import Display
+from torchdeck.engine import events
+from torchdeck.engine.runs.view import RunView
 
 REDRAW = re.compile(r"\x1b\[(\d+)F\x1b\[J")  # cursor up over the old block, clear to the end
 

@@ -76,8 +76,8 @@ def term(tmp_path):
     t = Tmux(env)
     yield t
     t.kill()
-    from engine.runs.control import kill
-    from engine.runs.layout import list_runs
+    from torchdeck.engine.runs.control import kill
+    from torchdeck.engine.runs.layout import list_runs
 
     for run in list_runs(tmp_path / "runs"):
         if run.is_live():

@@ -15,12 +15,12 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine import checkpoint as ckpt
-from engine import config as cfgmod
-from engine import events
-from engine.events import read_all
-from engine.runs import control
-from engine.runs.layout import RunDir
+from torchdeck.engine import checkpoint as ckpt
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.events import read_all
+from torchdeck.engine.runs import control
+from torchdeck.engine.runs.layout import RunDir
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,18 +47,18 @@ def small_cfg(**over) -> dict:
 
 
 def run_supervised(run_dir: Path, cfg: dict, timeout: float = 180, env: dict | None = None):
-    """The real thing: `python -m engine.supervisor RUN_DIR` in its own process."""
+    """The real thing: `python -m torchdeck.engine.supervisor RUN_DIR` in its own process."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfgmod.save(cfgmod.from_dict(cfg), run_dir / "config.yaml")
     full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "engine.supervisor", str(run_dir)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "torchdeck.engine.supervisor", str(run_dir)], cwd=ROOT,
                           env=full_env, timeout=timeout, capture_output=True, text=True)
     return proc
 
 
 def run_in_process(run_dir: Path, cfg: dict) -> list[dict]:
     """One process, no spawn: the same worker code the supervisor runs, for quick single-rank checks."""
-    from engine.worker import RankJob, train_rank
+    from torchdeck.engine.worker import RankJob, train_rank
 
     out: list[dict] = []
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def preset(tmp_path, name="life", epochs=100, max_steps=0, port=0):
 
 def cli_cmd():
     exe = Path(sys.executable).with_name("torchdeck")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torchdeck.cli"]
 
 
 def env_for(tmp_path):
@@ -212,7 +212,7 @@ def port_holders(port: int) -> list[tuple]:
 
 USER_MODELS = '''
 import os, time
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def failing(info, at=3, rank="1"):
@@ -279,7 +279,7 @@ class Run:
         self.dir.mkdir()
         cfgmod.save(cfgmod.from_dict(cfg), self.dir / "config.yaml")
         env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(self.dir)], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.supervisor", str(self.dir)], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True,
                                      # SIGHUP at its default, as from a terminal (the suite may run under nohup),

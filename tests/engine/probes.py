@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from engine.models import cnn, mlp
+from torchdeck.engine.models import cnn, mlp
 
 SEEN: list[dict] = []
 
@@ -63,7 +63,7 @@ def pointwise(info) -> torch.nn.Module:
 
 def _allowed(status: str) -> list[int] | None:
     """The CPUs a /proc status file says its process or thread may run on (None: it is gone)."""
-    from engine.affinity import parse_list
+    from torchdeck.engine.affinity import parse_list
 
     try:
         with open(status) as fh:

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from engine import affinity
-from engine.events import read_all
+from torchdeck.engine import affinity
+from torchdeck.engine.events import read_all
 from tests.engine.helpers import run_supervised, small_cfg
 
 CPUS = affinity.allowed_cpus()
@@ -110,8 +110,8 @@ def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(tmp_path):
 
 
 def test_exclusive_that_does_not_fit_is_refused_before_anything_starts():
-    from engine.hardware import Hardware
-    from engine.preflight import from_dict, validate
+    from torchdeck.engine.hardware import Hardware
+    from torchdeck.engine.preflight import from_dict, validate
 
     cfg = from_dict(small_cfg(strategy="ddp", devices=len(CPUS) + 1, **{"train.cpu_affinity": "exclusive"}))
     problems = validate(cfg, Hardware(gpu_count=0, cpu_count=len(CPUS)))

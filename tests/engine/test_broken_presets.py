@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli import main as cli
-from engine import config as c
-from engine.hardware import detect_hardware
+from torchdeck.cli import main as cli
+from torchdeck.engine import config as c
+from torchdeck.engine.hardware import detect_hardware
 
 BASE = {
     "name": "broken",
@@ -261,7 +261,7 @@ def test_broken_presets_via_real_subprocess(tmp_path, text, want):
     preset = tmp_path / "p.yaml"
     preset.write_text(text)
     exe = Path(sys.executable).with_name("torchdeck")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "torchdeck.cli"]
     r = subprocess.run(cmd + ["run", str(preset)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs")))
     assert r.returncode == 2

@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from engine import cache
-from engine import config as cfgmod
-from engine import events
-from engine.data import BatchPrep, ImageTensors, augment, build_datasets, list_folder
+from torchdeck.engine import cache
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.data import BatchPrep, ImageTensors, augment, build_datasets, list_folder
 from tests.engine.helpers import assert_same_weights, final_model, run_supervised, small_cfg
 
 
@@ -86,7 +86,7 @@ def test_budget_is_counted_for_the_node(tmp_path):
 
 
 def test_validate_states_where_the_data_lives(tmp_path, capsys):
-    from cli import main as cli
+    from torchdeck.cli import main as cli
 
     pngs(tmp_path / "train")
     assert cli.main(["validate", "quickstart", "--set", "data.dataset=imagefolder",
@@ -142,7 +142,7 @@ def write_cifar(root: Path, n_train=50, n_val=20) -> Path:
 def test_cifar10_files_are_checked_once_then_read_as_tensors(tmp_path):
     """torchvision's md5 check refuses files that are not the real CIFAR-10; once a set has been
     checked (the stamp torchdeck leaves), later runs read the arrays without it."""
-    from engine.data import DataError, _tv_stamp
+    from torchdeck.engine.data import DataError, _tv_stamp
 
     folder = write_cifar(tmp_path)
     with pytest.raises(DataError, match="cifar10 not found under"):

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as c
-from engine import preflight
-from engine.config import ConfigError
-from engine.hardware import Hardware
-from engine.strategies import global_batch, world_size
+from torchdeck.engine import config as c
+from torchdeck.engine import preflight
+from torchdeck.engine.config import ConfigError
+from torchdeck.engine.hardware import Hardware
+from torchdeck.engine.strategies import global_batch, world_size
 
 GPU8 = Hardware(gpu_count=8, mpi_available=False)
 NO_GPU = Hardware(gpu_count=0, mpi_available=False)
@@ -282,7 +282,7 @@ def _load_in_fresh_process(path, cache_dir) -> str:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom engine import preflight\n"  # as the app opens it
+    code = ("import sys\nfrom torchdeck.engine import preflight\n"  # as the app opens it
             f"cfg = preflight.load({str(path)!r}, cache=True)\n"
             "print(cfg.train.batch_size, 'yaml' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -15,9 +15,9 @@ import torchvision.datasets as tvd
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from engine.config import RunConfig
-from engine.data import DataError, DataInfo, build_datasets
-from engine.models import ModelError, build_model
+from torchdeck.engine.config import RunConfig
+from torchdeck.engine.data import DataError, DataInfo, build_datasets
+from torchdeck.engine.models import ModelError, build_model
 
 
 def _cfg(**data) -> RunConfig:
@@ -50,8 +50,8 @@ def test_synthetic_is_the_same_in_another_process():
     code = textwrap.dedent("""
         import hashlib, torch
         torch.manual_seed(12345)
-        from engine.config import RunConfig
-        from engine.data import build_datasets
+        from torchdeck.engine.config import RunConfig
+        from torchdeck.engine.data import build_datasets
         cfg = RunConfig(); cfg.data.train_size = 512; cfg.data.val_size = 128
         tr, va, _ = build_datasets(cfg)
         h = hashlib.sha256()

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine import config as cfgmod
-from engine import preflight
-from engine import events
-from engine.strategies import deepspeed as ds
+from torchdeck.engine import checkpoint as ckpt
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import preflight
+from torchdeck.engine import events
+from torchdeck.engine.strategies import deepspeed as ds
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_deepspeed = pytest.mark.skipif(not ds.installed(), reason=f"deepspeed {ds.INSTALL_HINT}")
@@ -167,7 +167,7 @@ def test_the_checkpoint_marker_name_is_one_name():
 
 
 def _cli(args, capsys) -> tuple[int, str]:
-    from cli.main import main
+    from torchdeck.cli.main import main
 
     code = main(args)
     out = capsys.readouterr()
@@ -250,10 +250,10 @@ RUN_DIR = {"zero3-resumed": "zero3-first"}  # a resume continues in the first ha
 
 
 def _scenario(name: str, rank: int, out: Path) -> None:
-    from engine.strategies import get_strategy
-    from engine.strategies.base import RankContext
-    from engine.train import Trainer
-    from engine.worker import seed_everything
+    from torchdeck.engine.strategies import get_strategy
+    from torchdeck.engine.strategies.base import RankContext
+    from torchdeck.engine.train import Trainer
+    from torchdeck.engine.worker import seed_everything
 
     cfg = cfgmod.from_dict(SCENARIOS[name])
     strategy = get_strategy(cfg.strategy)
@@ -313,7 +313,7 @@ def ranks(tmp_path_factory):
 
 def weights(out: Path, name: str) -> dict:
     """The final full weights: DDP's checkpoint file, or a DeepSpeed directory read the way eval reads it."""
-    from engine.evaluate import _deepspeed_state
+    from torchdeck.engine.evaluate import _deepspeed_state
 
     directory = out / RUN_DIR.get(name, name) / "checkpoints"
     if name.startswith("ddp"):
@@ -342,8 +342,8 @@ def test_zero_stages_equal_ddp(ranks, stage):
     assert report["threads"] == 1  # the rank's threads (cores / local ranks) survive deepspeed.initialize
     assert_same(got, ref)
     init = cfgmod.from_dict(cfg_dict("ddp"))
-    from engine.data import build_datasets
-    from engine.models import build_model
+    from torchdeck.engine.data import build_datasets
+    from torchdeck.engine.models import build_model
 
     torch.manual_seed(init.train.seed)
     start = build_model(init, build_datasets(init)[2]).state_dict()
@@ -389,7 +389,7 @@ def test_checkpoints_are_complete_directories_and_keep_last(ranks):
     meta = ckpt.load_meta(last)
     assert meta["step"] == 4 and meta["config"]["strategy"] == "deepspeed" and meta["world_size"] == 2
     total = sum(v.numel() for v in weights(ranks, "zero2-keep").values())
-    from engine.strategies._deepspeed import _safe_classes
+    from torchdeck.engine.strategies._deepspeed import _safe_classes
 
     with torch.serialization.safe_globals(_safe_classes()):
         shards = [torch.load(last / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=True)
@@ -447,7 +447,7 @@ def test_bf16_with_batchnorm_and_channels_last_trains(ranks):
 @pytest.mark.slow
 def test_eval_reads_a_deepspeed_checkpoint_as_full_weights(ranks, capsys):
     """`torchdeck eval` on a ZeRO-3 checkpoint directory gives what it gives on DDP's file."""
-    from cli.main import main
+    from torchdeck.cli.main import main
 
     got = []
     for path in (ckpt.latest(ranks / "zero3-straight" / "checkpoints", dirs=True)[0],
@@ -478,8 +478,8 @@ def test_a_checkpoint_that_would_run_code_is_refused(ranks, tmp_path):
     target = bad / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     marker = tmp_path / "ran"
     subprocess.run([sys.executable, "-c", EVIL.format(marker=marker, target=target)], check=True)
-    from engine.evaluate import EvalError, evaluate
-    from engine.strategies._deepspeed import check_weights_only
+    from torchdeck.engine.evaluate import EvalError, evaluate
+    from torchdeck.engine.strategies._deepspeed import check_weights_only
 
     with pytest.raises(ValueError, match="refused, it could run code"):
         check_weights_only(bad)
@@ -492,7 +492,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(ranks, tmp_path):
 
 SLOW_MODEL = """
 import time
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def build(info):
@@ -503,11 +503,11 @@ def build(info):
 
 
 def _supervise(run: Path, cfg: dict, env: dict, wait_steps: int | None = None) -> subprocess.CompletedProcess:
-    """`python -m engine.supervisor RUN` as launch.start does; with wait_steps, touch the stop file
+    """`python -m torchdeck.engine.supervisor RUN` as launch.start does; with wait_steps, touch the stop file
     once that many step events are in."""
     run.mkdir(parents=True, exist_ok=True)
     cfgmod.save(cfgmod.from_dict(cfg), run / "config.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.supervisor", str(run)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if wait_steps:
         deadline = time.monotonic() + 180
@@ -555,7 +555,7 @@ def test_stop_then_resume_latest_equals_uninterrupted_and_the_users_file_wins(tm
     path, meta = ckpt.latest(run / "checkpoints", dirs=True)
     assert meta["step"] == 32
 
-    from engine.evaluate import _deepspeed_state
+    from torchdeck.engine.evaluate import _deepspeed_state
     from tests.engine.helpers import final_model, run_in_process
 
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -585,7 +585,7 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
         code = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            from engine.runs import control
+            from torchdeck.engine.runs import control
 
             control.kill(run)
     out = log.read_text()
@@ -603,7 +603,7 @@ def test_a_killed_rank_fails_the_run_like_ddp(tmp_path):
 def test_export_for_deepspeeds_launcher_has_a_hostfile_and_a_line_per_node(tmp_path, capsys):
     """GPUs by index through --include (the launcher makes exactly those visible), no ssh, a new run
     directory per node and launch, the config every node reads."""
-    from cli.main import main
+    from torchdeck.cli.main import main
 
     preset = tmp_path / "p.yaml"
     preset.write_text(cfgmod.dumps(cfgmod.from_dict(cfg_dict(**{
@@ -617,7 +617,7 @@ def test_export_for_deepspeeds_launcher_has_a_hostfile_and_a_line_per_node(tmp_p
     for k, line in enumerate(lines):
         assert line.startswith(f"deepspeed --hostfile ds.hostfile --no_ssh --node_rank {k} --master_addr 10.0.0.1 "
                                "--master_port 29600 --include node0:6,7@node1:6,7 --no_local_rank --module "
-                               f"engine.worker {preset.resolve()} --run-dir ")
+                               f"torchdeck.engine.worker {preset.resolve()} --run-dir ")
         assert line.endswith(f'-ds-node{k}"') and "$(date +%Y%m%d-%H%M%S)" in line
 
 
@@ -628,7 +628,7 @@ def test_exported_deepspeed_launch_runs_as_two_nodes(tmp_path, capsys):
     launcher, without ssh): each node writes a run directory that says who launched it, every rank
     takes part, and the weights equal one process with the whole batch (eval reads them from node
     0's folder, which holds only its ranks' partitions)."""
-    from cli.main import main
+    from torchdeck.cli.main import main
     from tests.engine.helpers import assert_same_weights, final_model, run_in_process
 
     with socket.socket() as s:
@@ -667,7 +667,7 @@ def test_exported_deepspeed_launch_runs_as_two_nodes(tmp_path, capsys):
     assert sorted(ranks) == [0, 1]
     run_in_process(tmp_path / "one", cfg_dict("cpu", devices=1, **{"train.batch_size": 32, "train.grad_accum": 1}))
     path, _ = ckpt.latest(runs[0] / "checkpoints", dirs=True)
-    from engine.evaluate import _deepspeed_state
+    from torchdeck.engine.evaluate import _deepspeed_state
 
     assert_same_weights(_deepspeed_state(path)["model"], final_model(tmp_path / "one")["model"])
 

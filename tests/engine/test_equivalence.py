@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import config as cfgmod
-from engine import events
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
 from tests.engine.helpers import ROOT, assert_same_weights, assert_trained, final_model, run_in_process, run_supervised, small_cfg  # noqa: F401  (shared)
 
 
@@ -47,7 +47,7 @@ def test_single_process_sampler_is_distributed_sampler_order():
     """cpu/gpu read perm[0:2B] in the order two DDP ranks read perm[r::2] -- the basis of equivalence."""
     from torch.utils.data import DistributedSampler
 
-    from engine.data import default_sampler
+    from torchdeck.engine.data import default_sampler
 
     data = list(range(101))
     for epoch in (0, 3):
@@ -108,7 +108,7 @@ def test_ddp_nccl_two_gpus_equal_one_gpu_double_batch(tmp_path):
 
 
 def _lrs(sched_cfg: dict, total=20, per_epoch=5, opt="sgd"):
-    from engine.optim import build_scheduler
+    from torchdeck.engine.optim import build_scheduler
 
     cfg = cfgmod.from_dict(small_cfg(**{f"scheduler.{k}": v for k, v in sched_cfg.items()},
                                      **{"optimizer.lr": 0.1, "optimizer.name": opt}))
@@ -175,7 +175,7 @@ def test_batch_fetch_gives_the_same_batches():
     with data.on_device on the device): the batches equal the item-by-item default loader's."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from engine.data import BatchTensors, keep_batch
+    from torchdeck.engine.data import BatchTensors, keep_batch
 
     ds = TensorDataset(torch.randn(50, 3, 4, 4), torch.arange(50))
     sampler = list(torch.randperm(50, generator=torch.Generator().manual_seed(0)))

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from engine import events
-from engine.evaluate import EvalError, evaluate
+from torchdeck.engine import events
+from torchdeck.engine.evaluate import EvalError, evaluate
 
 
 @pytest.mark.slow
@@ -99,7 +99,7 @@ def test_event_writer_keeps_up_with_many_ranks(tmp_path):
     """4 producer processes put 40,000 events; every one lands, in order per rank, none blocks."""
     import multiprocessing as mp
 
-    from engine.supervisor import EventWriter
+    from torchdeck.engine.supervisor import EventWriter
 
     ctx = mp.get_context("spawn")
     q, go = ctx.Queue(), ctx.Event()
@@ -125,20 +125,20 @@ def test_event_writer_keeps_up_with_many_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_worker_runs_under_torchrun(tmp_path):
-    """`torchrun --standalone --nproc-per-node 2 -m engine.worker CONFIG --run-dir DIR`: events per
+    """`torchrun --standalone --nproc-per-node 2 -m torchdeck.engine.worker CONFIG --run-dir DIR`: events per
     rank in the run dir, and the same weights as one process with the doubled batch."""
     import os
     import subprocess
     import sys
 
-    from engine import config as cfgmod
+    from torchdeck.engine import config as cfgmod
     from tests.engine.helpers import ROOT, assert_same_weights, final_model, run_in_process, small_cfg
 
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.batch_size": 16})
     cfgmod.save(cfgmod.from_dict(cfg), tmp_path / "c.yaml")
     run = tmp_path / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                "--nproc-per-node", "2", "-m", "engine.worker", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
+                "--nproc-per-node", "2", "-m", "torchdeck.engine.worker", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
     proc = subprocess.run(torchrun, cwd=ROOT, capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -149,7 +149,7 @@ def test_worker_runs_under_torchrun(tmp_path):
     assert evs[0]["kind"] == "run_started" and evs[0]["world_size"] == 2 and evs[0]["launcher"] == "torchrun"
     assert evs[-1]["kind"] == "run_finished" and evs[-1]["status"] == "finished"
     assert cfgmod.load(run / "config.yaml").strategy == "ddp"
-    from engine.runs.layout import RunDir
+    from torchdeck.engine.runs.layout import RunDir
 
     assert RunDir(run).status() == "finished"
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32}))

@@ -16,14 +16,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import events
-from engine.runs import control
-from engine.runs.layout import RunDir
+from torchdeck.engine import events
+from torchdeck.engine.runs import control
+from torchdeck.engine.runs.layout import RunDir
 from tests.engine.helpers import Run, ddp_cfg, port_free, port_holders
 
 FAIL_MODELS = '''
 import os, time
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def hang(info, at=3, rank="1"):
@@ -193,7 +193,7 @@ def test_sigkill_of_rank_0_frees_the_port_and_leaves_nothing(tmp_path):
 
 KILLED_WRITER = '''
 import os, sys, time, torch
-from engine import checkpoint as ckpt
+from torchdeck.engine import checkpoint as ckpt
 
 d, marker = sys.argv[1], sys.argv[2]
 ckpt.save({"model": {"w": torch.ones(4)}, "step": 1}, d, 1, keep_last=3)
@@ -216,7 +216,7 @@ def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path)
 
     import torch
 
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
     from tests.engine.helpers import ROOT
 
     d, marker = tmp_path / "ck", tmp_path / "in-fsync"
@@ -242,7 +242,7 @@ def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path)
 
 
 def test_a_live_writers_temp_file_is_not_swept(tmp_path):
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
 
     ours = tmp_path / f".{ckpt.file_name(5)}.tmp-{socket.gethostname()}-{os.getpid()}"
     elsewhere = tmp_path / f".{ckpt.file_name(5)}.tmp-some-other-host-1"
@@ -260,7 +260,7 @@ def test_disk_errors_on_save_become_one_clear_message(tmp_path):
     from tests.engine.helpers import ROOT
 
     code = ("import resource, sys, torch\n"
-            "from engine import checkpoint as ckpt\n"
+            "from torchdeck.engine import checkpoint as ckpt\n"
             "ckpt.save({'model': {'w': torch.ones(4)}, 'step': 1}, sys.argv[1], 1, keep_last=3)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
             "try:\n"
@@ -270,7 +270,7 @@ def test_disk_errors_on_save_become_one_clear_message(tmp_path):
     d = tmp_path / "ck"
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
 
     assert r.stdout.strip() == (
         f"27 cannot write checkpoint {d / ckpt.file_name(2)}: File too large: raise the file size limit "
@@ -285,7 +285,7 @@ def test_sigkill_of_the_whole_run_during_a_save_then_resume_latest_equals_uninte
     """SIGKILL the run's process group the moment rank 0 starts writing a checkpoint: the one
     before stays loadable, `resume: latest` in a new run of the same name continues from it,
     and the end result equals an uninterrupted run (one process, batch 2B: see test_equivalence)."""
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
     from tests.engine.helpers import assert_same_weights, final_model, run_in_process, small_cfg
 
     write_models(tmp_path)
@@ -359,7 +359,7 @@ class LimitedRun(Run):
 def test_events_file_hitting_the_disk_limit_stops_the_run_cleanly(tmp_path, runs):
     """events.jsonl stops growing mid-run: the supervisor stops the run gracefully (rank 0 still
     checkpoints) and fails it with one clear line; nothing written before is lost."""
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
 
     r = LimitedRun(tmp_path, ddp_cfg(**{"train.max_steps": 0, "train.epochs": 200}), fsize=256 << 10)
     runs.append(r)
@@ -412,8 +412,8 @@ def test_a_full_disk_fails_the_run_with_one_message_and_keeps_its_checkpoints(tm
     reserve is what leaves room for status.json."""
     import subprocess
 
-    from engine import checkpoint as ckpt
-    from engine import config as cfgmod
+    from torchdeck.engine import checkpoint as ckpt
+    from torchdeck.engine import config as cfgmod
     from tests.engine.helpers import small_cfg
 
     disk = tmp_path / "disk"
@@ -508,7 +508,7 @@ def _started_anything(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["run", "validate"])
 @pytest.mark.parametrize("override,field,words", BAD_ARGS, ids=[b[0].split("=")[0] + ":" + b[2][:20] for b in BAD_ARGS])
 def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypatch, command, override, field, words):
-    from cli import main as cli
+    from torchdeck.cli import main as cli
 
     preset = tmp_path / "tiny.yaml"
     preset.write_text(TINY)
@@ -549,14 +549,14 @@ def test_bad_arguments_from_the_real_command_and_debug_shows_the_traceback(tmp_p
 
 def test_a_valid_user_model_passes_the_static_check(tmp_path, monkeypatch):
     """No false alarms: names bound by imports, assignments, classes, loops and try blocks count."""
-    from engine.preflight import callable_problem as _callable_problem
+    from torchdeck.engine.preflight import callable_problem as _callable_problem
 
     (tmp_path / "fine_mod.py").write_text(
         "import os\ntry:\n    import optional_zz\nexcept ImportError:\n    optional_zz = None\n"
-        "from engine.models import mlp as build_mlp\nfrom torch import nn\n"
+        "from torchdeck.engine.models import mlp as build_mlp\nfrom torch import nn\n"
         "FACTORY = build_mlp\nfor i in range(2):\n    pass\n"
         "class Net(nn.Module):\n    pass\n\n\ndef build(info):\n    return build_mlp(info, 8)\n")
-    (tmp_path / "star_mod.py").write_text("from engine.models import *\n")
+    (tmp_path / "star_mod.py").write_text("from torchdeck.engine.models import *\n")
     monkeypatch.chdir(tmp_path)
     for name in ("build", "Net", "FACTORY", "build_mlp", "optional_zz", "os"):
         assert _callable_problem(f"fine_mod:{name}") is None, name
@@ -568,8 +568,8 @@ def test_a_valid_user_model_passes_the_static_check(tmp_path, monkeypatch):
 def test_a_real_checkpoint_passes_the_resume_preflight(tmp_path):
     import torch
 
-    from engine import checkpoint as ckpt
-    from engine.preflight import looks_like_checkpoint as _looks_like_checkpoint
+    from torchdeck.engine import checkpoint as ckpt
+    from torchdeck.engine.preflight import looks_like_checkpoint as _looks_like_checkpoint
 
     path = ckpt.save({"model": {"w": torch.ones(3)}, "step": 7}, tmp_path, 7, keep_last=1)
     assert _looks_like_checkpoint(path)
@@ -592,7 +592,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_not_run(tmp_path):
 
     import torch
 
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
 
     marker = tmp_path / "pwned"
     d = tmp_path / "ck"

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import config as cfgmod
-from engine import hardware, preflight
-from engine.nvml import NVML
-from engine.strategies import nproc_per_node, world_size
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import hardware, preflight
+from torchdeck.engine.nvml import NVML
+from torchdeck.engine.strategies import nproc_per_node, world_size
 
 # index -> (memory used MiB, [(pid, MiB)])
 BOARD = {0: (3000, [(os.getpid(), 2900)]), 1: (5000, []), 2: (300, []), 3: (20, [(999999, 0)]), 4: (900, [])}

@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from app.sources.nvml import GPUSource, pid_namespace_warning
-from engine import config as cfgmod
-from engine import events
-from engine.runs import control as launch
-from engine.strategies import get_strategy, world_size
-from engine.strategies.base import RankContext
-from engine.train import Trainer
-from engine.worker import FileReporter, RankJob, seed_everything, train_rank
+from torchdeck.app.sources.nvml import GPUSource, pid_namespace_warning
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs import control as launch
+from torchdeck.engine.strategies import get_strategy, world_size
+from torchdeck.engine.strategies.base import RankContext
+from torchdeck.engine.train import Trainer
+from torchdeck.engine.worker import FileReporter, RankJob, seed_everything, train_rank
 from tests.engine import probes
 from tests.engine.helpers import assert_same_weights, final_model, run_in_process, run_supervised, small_cfg
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import events
-from engine.launch import channel, shim_argv
-from engine.runs import stacks
+from torchdeck.engine import events
+from torchdeck.engine.launch import channel, shim_argv
+from torchdeck.engine.runs import stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.runs import control
-from engine.events import read_all
+from torchdeck.engine.runs import control
+from torchdeck.engine.events import read_all
 from tests.engine.helpers import LEFT_WITHIN_S, LONG, _as_in_a_terminal, assert_nothing_left, cli_cmd, env_for, port_free, port_of, preset, rank_pids, start_cli, steps_seen, the_run, wait_for  # noqa: F401  (shared)
 
 pytestmark = pytest.mark.slow
@@ -105,7 +105,7 @@ def test_sigkill_of_a_rank_fails_the_run_and_leaves_nothing(tmp_path):
 SLEEPY = """\
 import os, time
 from pathlib import Path
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def net(info, folder):
@@ -127,7 +127,7 @@ def test_second_ctrl_c_kills(tmp_path):
     """The first Ctrl-C asks for a graceful stop that cannot finish (a rank is inside a 10-minute step,
     the other inside it too or waiting for it in the step's all-reduce); the second kills every process
     of the run at once: no waiting out the stop grace period."""
-    from engine.supervisor import STOP_GRACE_S
+    from torchdeck.engine.supervisor import STOP_GRACE_S
 
     (tmp_path / "sleepy.py").write_text(SLEEPY)
     p = preset(tmp_path)

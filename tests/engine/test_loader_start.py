@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from engine import config as cfgmod
-from engine.cache import worker_start
-from engine.events import read_all
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine.cache import worker_start
+from torchdeck.engine.events import read_all
 from tests.engine.helpers import run_supervised, small_cfg
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="auto forks on Linux only")
@@ -53,7 +53,7 @@ def test_the_setting_maps_to_dataloaders_multiprocessing_context(monkeypatch):
 
 
 def test_validate_and_the_summary_say_how_the_workers_will_start(tmp_path, monkeypatch):
-    from engine import cache
+    from torchdeck.engine import cache
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

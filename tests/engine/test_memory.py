@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cli import main as cli
-from engine import config as cfgmod
-from engine import memory, preflight
-from engine.hardware import GPUInfo, Hardware
+from torchdeck.cli import main as cli
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import memory, preflight
+from torchdeck.engine.hardware import GPUInfo, Hardware
 
 MiB = 2 ** 20
 
@@ -60,9 +60,9 @@ def test_optimizer_state_is_what_the_real_optimizer_keeps_after_a_step(name, ext
     one step (the per-parameter `step` counters, 0-dim, are left out of both)."""
     import torch
 
-    from engine.models import build_model
-    from engine.optim import build_optimizer
-    from engine.strategies import get_strategy
+    from torchdeck.engine.models import build_model
+    from torchdeck.engine.optim import build_optimizer
+    from torchdeck.engine.strategies import get_strategy
 
     c = cfg(strategy="cpu", devices=1, backend="auto", **{"optimizer.name": name, **extra})
     torch.manual_seed(0)

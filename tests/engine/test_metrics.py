@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from cli.main import main as cli_main
-from engine import metrics
-from engine.events import read_all
-from engine.runs.layout import RunDir
+from torchdeck.cli.main import main as cli_main
+from torchdeck.engine import metrics
+from torchdeck.engine.events import read_all
+from torchdeck.engine.runs.layout import RunDir
 from tests.engine.helpers import run_supervised, small_cfg
 
 
@@ -58,8 +58,8 @@ def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
     """Issue 27: an 8-epoch run's metrics.csv had epoch_end rows 0-7 (the events' 0-based index)
     while the README, the Monitor and the log count from 1. Both the supervisor's live sink and
     `torchdeck metrics` over a past run's events (written by the engine as it always did) say 1-2."""
-    from engine import config as cfgmod
-    from engine import events
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
     from tests.run_events import ev
 
     run = tmp_path / "old-run"

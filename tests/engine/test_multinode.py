@@ -15,8 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from engine import config as cfgmod
-from engine import events
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
 from tests.engine.helpers import assert_same_weights, assert_trained, final_model, run_in_process, run_supervised, small_cfg
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def torchdeck_cmd(*args) -> list[str]:
-    return ([str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "cli"]) + list(args)
+    return ([str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]) + list(args)
 
 
 def write_preset(path: Path, cfg: dict) -> Path:
@@ -48,7 +48,7 @@ def our_descendants() -> set[int]:
 
 def assert_nothing_left(run: Path, before: set[int], within_s: float = 15) -> None:
     """The CLI returns once the run is recorded; the supervisor's own teardown may take a moment."""
-    from engine.runs import control
+    from torchdeck.engine.runs import control
 
     deadline = time.monotonic() + within_s
     while (control.run_processes(run) or our_descendants() - before) and time.monotonic() < deadline:
@@ -59,8 +59,8 @@ def assert_nothing_left(run: Path, before: set[int], within_s: float = 15) -> No
 
 def test_global_rank_is_node_rank_times_nproc_per_node_plus_local_rank():
     """devices is the per-node process count (torchrun's --nproc-per-node); world = nodes x devices."""
-    from engine.preflight import describe as summary_lines
-    from engine.strategies import global_batch, nproc_per_node, world_size
+    from torchdeck.engine.preflight import describe as summary_lines
+    from torchdeck.engine.strategies import global_batch, nproc_per_node, world_size
 
     cfg = cfgmod.from_dict(small_cfg(strategy="ddp", devices=3,
                                      **{"nodes.num_nodes": 2, "nodes.node_rank": 1, "nodes.master_port": 29411}))
@@ -256,7 +256,7 @@ def test_exported_sbatch_script_runs_as_two_nodes(tmp_path):
     """The exported SLURM script itself, run by bash with stand-ins for srun and scontrol (the
     cluster is the one thing this machine lacks): two torchrun agents meet through c10d
     rendezvous, each node writes its run directory, and the weights equal one process."""
-    from cli import main as cli
+    from torchdeck.cli import main as cli
 
     cfg = small_cfg(strategy="ddp", devices=1, **{
         "train.batch_size": 16, "train.max_steps": 4, "nodes.num_nodes": 2, "nodes.master_port": free_port()})
@@ -312,7 +312,7 @@ def test_rendezvous_message_for_other_hosts_points_at_master_addr(monkeypatch):
     """Which advice a failed rendezvous gives depends on where it failed (message text only)."""
     import torch.distributed as dist
 
-    from engine.worker import rendezvous_message
+    from torchdeck.engine.worker import rendezvous_message
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -340,15 +340,15 @@ def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp
     """Under torchrun there is no supervisor: local rank 0 records torchrun's agent in
     launcher.pid, so `torchdeck runs`, the Runs list and the Monitor see the run as running (not
     'starting'), and kill takes down the agent and its workers and records the run as failed."""
-    from engine.runs import control
-    from engine.runs.layout import RunDir
+    from torchdeck.engine.runs import control
+    from torchdeck.engine.runs.layout import RunDir
 
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.epochs": 10_000, "train.max_steps": 0})
     preset = write_preset(tmp_path / "long.yaml", cfg)
     torchrun = Path(sys.executable).with_name("torchrun")
     before = our_descendants()
     agent = subprocess.Popen([str(torchrun), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-                              "-m", "engine.worker", str(preset), "--run-dir", str(tmp_path / "tr")],
+                              "-m", "torchdeck.engine.worker", str(preset), "--run-dir", str(tmp_path / "tr")],
                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     rd = RunDir(tmp_path / "tr")
     try:

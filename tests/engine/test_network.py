@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import config as cfgmod
-from engine import events, network
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events, network
 from tests.engine.helpers import ROOT, small_cfg
 
 
@@ -98,7 +98,7 @@ def test_a_one_node_run_listens_on_loopback_only(tmp_path):
         run = tmp_path / name
         run.mkdir()
         cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **LONG, **over)), run / "config.yaml")
-        sup = subprocess.Popen(prefix + [sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT,
+        sup = subprocess.Popen(prefix + [sys.executable, "-m", "torchdeck.engine.supervisor", str(run)], cwd=ROOT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         try:
             wait_for(lambda: ranks_training(run / "events.jsonl", 2), 120, sup, f"{name} run")
@@ -132,7 +132,7 @@ def test_under_torchrun_standalone_only_torchrun_s_own_store_listens_beyond_loop
     cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **LONG)), tmp_path / "c.yaml")
     run = tmp_path / "tr"
     agent = subprocess.Popen(prefix + [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                                       "--nproc-per-node", "2", "-m", "engine.worker", str(tmp_path / "c.yaml"),
+                                       "--nproc-per-node", "2", "-m", "torchdeck.engine.worker", str(tmp_path / "c.yaml"),
                                        "--run-dir", str(run)],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                              env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -178,8 +178,8 @@ def test_the_store_of_several_nodes_listens_on_master_addr_where_it_is_local():
 def test_the_store_listens_where_store_address_says():
     """bind_store binds the socket that serve_store hands TCPStore (master_listen_fd), read back
     from the kernel."""
-    from engine.supervisor import PortError, bind_store
-    from engine.worker import serve_store
+    from torchdeck.engine.supervisor import PortError, bind_store
+    from torchdeck.engine.worker import serve_store
 
     me = [os.getpid()]
     with network.listener("127.0.0.1", 0) as probe:
@@ -226,7 +226,7 @@ def test_master_addr_that_no_host_can_have_is_refused_naming_the_field(addr, why
 def test_validate_refuses_a_bad_master_addr_and_starts_nothing(tmp_path, capsys, monkeypatch):
     import yaml
 
-    from cli import main as cli
+    from torchdeck.cli import main as cli
 
     monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))
     preset = tmp_path / "bad.yaml"

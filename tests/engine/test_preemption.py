@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import main as cli
-from engine import events
-from engine.runs.layout import RunDir
+from torchdeck.cli import main as cli
+from torchdeck.engine import events
+from torchdeck.engine.runs.layout import RunDir
 from tests.engine.helpers import assert_same_weights, final_model, run_in_process, small_cfg
 
 SRUN = '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 SLURM_PROCID=0 exec "$@"\n'
@@ -89,14 +89,14 @@ def test_usr1_checkpoints_records_preempted_requeues_and_resumes_to_the_same_wei
 
 def test_usr1_to_the_supervisor_stops_with_a_checkpoint_as_preempted(tmp_path):
     """`torchdeck run` inside a SLURM allocation: the supervisor takes USR1 the same way."""
-    from engine import config as cfgmod
+    from torchdeck.engine import config as cfgmod
     from tests.engine.helpers import ROOT
 
     run = tmp_path / "run"
     run.mkdir()
     cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{
         "train.max_steps": 0, "train.epochs": 1000, "train.log_every_n_steps": 1})), run / "config.yaml")
-    sup = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT,
+    sup = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.supervisor", str(run)], cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

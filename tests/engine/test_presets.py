@@ -3,12 +3,12 @@ import hashlib
 
 import pytest
 
-from engine import config as c
-from engine import preflight, presets
-from engine.config import ConfigError
-from engine.hardware import Hardware
-from engine.presets import shipped_presets_dir
-from engine.strategies import global_batch, world_size
+from torchdeck.engine import config as c
+from torchdeck.engine import preflight, presets
+from torchdeck.engine.config import ConfigError
+from torchdeck.engine.hardware import Hardware
+from torchdeck.engine.presets import shipped_presets_dir
+from torchdeck.engine.strategies import global_batch, world_size
 
 GPU8 = Hardware(gpu_count=8, mpi_available=True)
 NO_GPU = Hardware(gpu_count=0, mpi_available=False)
@@ -34,7 +34,7 @@ def _needs_cuda(path):
 
 def _shipped():
     """Every shipped preset; the deepspeed ones need the extra (`make test` installs it)."""
-    from engine.strategies.deepspeed import INSTALL_HINT, installed
+    from torchdeck.engine.strategies.deepspeed import INSTALL_HINT, installed
 
     missing = pytest.mark.skipif(not installed(), reason=f"deepspeed {INSTALL_HINT}")
     return [pytest.param(i, marks=missing) if i.strategy == "deepspeed" else i

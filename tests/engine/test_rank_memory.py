@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.worker import keep_freed_buffers
+from torchdeck.engine.worker import keep_freed_buffers
 from tests.engine.helpers import run_supervised, small_cfg
 
 PAGES = (40 << 20) // 4096  # what one round costs when its buffer comes fresh from mmap

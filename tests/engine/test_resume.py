@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine import events
+from torchdeck.engine import checkpoint as ckpt
+from torchdeck.engine import events
 from tests.engine.helpers import ROOT, assert_same_weights, final_model, run_in_process, run_supervised, small_cfg
 
 
@@ -85,7 +85,7 @@ def test_run_dir_and_resume_agree_on_the_newest_complete_checkpoint(tmp_path):
     """`torchdeck resume/eval RUN` (RunDir.newest_checkpoint, torch-free) and the resuming rank
     (checkpoint.latest) read one naming rule: a deepspeed folder without its meta file is not
     complete yet, and a name the engine never writes is no checkpoint."""
-    from engine.runs.layout import RunDir
+    from torchdeck.engine.runs.layout import RunDir
 
     run = RunDir(tmp_path / "20250101-000000-r")
     d = run.checkpoint_dir
@@ -125,10 +125,10 @@ def test_graceful_stop_then_resume_latest_equals_uninterrupted_ddp(tmp_path, mon
                                                   "model.name": "slowmlp:build"})
     run = tmp_path / "stopped"
     run.mkdir()
-    from engine import config as cfgmod
+    from torchdeck.engine import config as cfgmod
 
     cfgmod.save(cfgmod.from_dict(cfg), run / "config.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "engine.supervisor", str(run)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.supervisor", str(run)], cwd=ROOT,
                             env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     deadline = time.monotonic() + 120
@@ -161,7 +161,7 @@ def test_graceful_stop_then_resume_latest_equals_uninterrupted_ddp(tmp_path, mon
 
 SLOW_MODEL = """
 import time
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def build(info):
@@ -179,7 +179,7 @@ def json_status(run):
 
 def test_resume_latest_in_a_new_run_dir_continues_the_last_run_of_that_name(tmp_path):
     """A relaunch gets a fresh run directory; `resume: latest` finds the earlier run's checkpoint."""
-    from engine import config as cfgmod
+    from torchdeck.engine import config as cfgmod
 
     cfg = small_cfg(name="same", **{"train.max_steps": 4})
     for name, c in (("1-same", cfg), ("2-other", small_cfg(name="other", **{"train.max_steps": 7}))):

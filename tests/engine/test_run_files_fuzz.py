@@ -14,11 +14,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import config as cfgmod
-from engine import events
-from engine.runs.catalog import collect, summarize
-from engine.runs.follow import Follower
-from engine.runs.layout import RunDir
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs.catalog import collect, summarize
+from torchdeck.engine.runs.follow import Follower
+from torchdeck.engine.runs.layout import RunDir
 
 T0 = 1_700_000_000.0
 
@@ -105,7 +105,7 @@ def _write(root: Path, lines: list[str], cut_last: bool, status, pid) -> RunDir:
 
 def _paint(view, now: float) -> None:
     """What the Monitor draws from a view, without a terminal: must not raise either."""
-    from app.monitor import panes
+    from torchdeck.app.monitor import panes
 
     panes.header_text(view, now, "x")
     for r in view.rank_list():
@@ -120,7 +120,7 @@ def _paint(view, now: float) -> None:
 @given(lines=st.lists(line, max_size=25), shuffle=st.randoms(use_true_random=False), cut_last=st.booleans(),
        status=status_file, pid=pid_file)
 def test_readers_never_raise_and_agree_on_every_events_file(tmp_path_factory, lines, shuffle, cut_last, status, pid):
-    from cli.progress import Display
+    from torchdeck.cli.progress import Display
 
     root = tmp_path_factory.mktemp("runs")
     shuffle.shuffle(lines)
@@ -145,7 +145,7 @@ def test_readers_never_raise_and_agree_on_every_events_file(tmp_path_factory, li
 
 def test_attach_on_a_malformed_line_shows_the_run_and_exits_0(tmp_path, capsys):
     """The line from the issue made `torchdeck attach` stop with ValueError; now it is skipped and said."""
-    from cli.main import main
+    from torchdeck.cli.main import main
 
     good = [GOOD[0], GOOD[1], GOOD[2], GOOD[4],
             _ev("run_finished", 9, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=9.0)]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def test_worker_output_tail_reads_new_lines_only(tmp_path):
-    from engine.runs.follow import FIRST_BYTES, OutputTail
-    from engine.runs.layout import RunDir
+    from torchdeck.engine.runs.follow import FIRST_BYTES, OutputTail
+    from torchdeck.engine.runs.layout import RunDir
 
     (tmp_path / "supervisor.log").write_text("supervisor 1: ddp x2\n")
     (tmp_path / "rank0.log").write_text("x" * (FIRST_BYTES + 10) + "\nold line 1\nold line 2\npart")
@@ -22,10 +22,10 @@ def test_a_resumed_runs_curves_continue_the_old_ones(tmp_path):
     to that checkpoint (and nothing else of it), then the new run's own points."""
     import json
 
-    from engine import config as cfgmod
-    from engine import events
-    from engine.runs.follow import Follower
-    from engine.runs.layout import RunDir
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.follow import Follower
+    from torchdeck.engine.runs.layout import RunDir
 
     def write(rd, evs):
         rd.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
@@ -58,8 +58,8 @@ def test_every_reader_of_an_events_file_reads_one_rule(tmp_path):
     that is not an object reached its users (torchdeck metrics, tune, stacks, the worker's error
     summary), which call .get on each event. One parser now, the follower's: such a line, an
     empty one and a last line cut mid-write are not events."""
-    from engine import events
-    from engine.runs.follow import EventTail
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.follow import EventTail
 
     p = tmp_path / "events.jsonl"
     p.write_bytes(b'{"kind":"log","t":1}\n[1]\n"x"\n\n{"kind":"step"')

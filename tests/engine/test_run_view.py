@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runs.view import STEP_HISTORY, RunView
+from torchdeck.engine.runs.view import STEP_HISTORY, RunView
 from tests.run_events import T0, ev, started, step
 
 # ----------------------------------------------------------------------------- the reducer
@@ -280,8 +280,8 @@ def test_a_rank_bound_to_cores_is_placed_as_device_at_cores_in_both_front_ends()
     line and the Monitor's rank table, both through RankState.place."""
     from rich.console import Console
 
-    from app.monitor.panes import rank_text
-    from cli.progress import rank_line
+    from torchdeck.app.monitor.panes import rank_text
+    from torchdeck.cli.progress import rank_line
 
     st = RunView()
     st.feed_all([started(total=10),
@@ -300,11 +300,11 @@ def test_a_stopped_runs_step_is_where_it_stopped_not_its_last_step_event(tmp_pat
     their final position; the reducer (and so the catalog, `torchdeck runs`, the Monitor) uses it."""
     import json
 
-    from engine import config as cfgmod
-    from engine import events
-    from engine.runs.catalog import summarize
-    from engine.runs.layout import RunDir
-    from engine.worker import RankJob, train_rank
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.catalog import summarize
+    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.worker import RankJob, train_rank
     from tests.engine.helpers import small_cfg
 
     out: list[dict] = []
@@ -334,9 +334,9 @@ def test_a_resumed_run_shows_its_checkpoints_step_from_the_start(tmp_path):
     the header names (they said `ep 0` under `epoch 1`)."""
     import json
 
-    from engine import events
-    from engine.runs.follow import Follower
-    from engine.runs.layout import RunDir
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.follow import Follower
+    from torchdeck.engine.runs.layout import RunDir
 
     old, new = tmp_path / "old", tmp_path / "new"
     for d in (old, new):

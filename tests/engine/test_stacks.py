@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine.runs import stacks
-from engine.runs.view import RunView
+from torchdeck.engine.runs import stacks
+from torchdeck.engine.runs.view import RunView
 from tests.engine.helpers import Run, cli_cmd, ddp_cfg
 
 DUMP = '''\
@@ -83,7 +83,7 @@ def test_a_silent_rank_is_shown_where_it_sleeps_and_named_when_the_collective_ti
 def test_the_balance_line_names_the_rank_whose_data_is_slow(tmp_path, runs):
     """Rank 1 reads each sample in 2 ms, rank 0 at once: every rank's rate is the same (the
     all-reduce evens them out), but rank 0 waits in the all-reduce and rank 1 in its data."""
-    from cli.progress import block
+    from torchdeck.cli.progress import block
 
     r = Run(tmp_path, ddp_cfg(**{"data.dataset": "usermodels:slow_data", "data.num_workers": 0,
                                  "train.max_steps": 40, "train.log_every_n_steps": 5}))
@@ -107,8 +107,8 @@ def test_stacks_of_a_run_started_by_torchrun(tmp_path):
     import signal
     import sys
 
-    from engine import config as cfgmod
-    from engine import events
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
     from tests.engine.helpers import ROOT, USER_MODELS, wait_for
 
     (tmp_path / "usermodels.py").write_text(USER_MODELS)
@@ -116,7 +116,7 @@ def test_stacks_of_a_run_started_by_torchrun(tmp_path):
                                             "train.max_steps": 200})), tmp_path / "c.yaml")
     run = tmp_path / "run"
     agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                              "--nproc-per-node", "2", "-m", "engine.worker", str(tmp_path / "c.yaml"),
+                              "--nproc-per-node", "2", "-m", "torchdeck.engine.worker", str(tmp_path / "c.yaml"),
                               "--run-dir", str(run)], cwd=ROOT, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path)))
@@ -164,7 +164,7 @@ def test_a_nccl_timeout_names_the_flight_recorder_files(tmp_path, runs):
 
 
 def _step(rank, wait, comm, t=100.0):
-    from engine import events
+    from torchdeck.engine import events
 
     ev = events.make("step", rank=rank, epoch=0, step=10, total_steps=100, loss=1.0, accuracy=0.5,
                      samples_per_s=100.0, data_wait_s=wait, compute_s=1.0 - wait, lr=0.1, comm_s=comm)
@@ -191,7 +191,7 @@ def test_balance_from_step_events_and_from_another_nodes_report():
 def test_one_step_far_over_the_median_dumps_stacks_before_the_rank_is_stale(tmp_path, runs):
     """Rank 1 sleeps 5 s in one step of a run of ~10 ms steps: the stale rule (10 s) never fires,
     the median rule does, shows rank 1 in the sleep, and the run finishes."""
-    from engine.runs.view import SLOW_MIN_S
+    from torchdeck.engine.runs.view import SLOW_MIN_S
 
     r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:stall", "model.kwargs": {"at": 30, "seconds": 5.0},
                                  "train.max_steps": 60}))
@@ -215,9 +215,9 @@ def test_stacks_of_a_run_that_is_over_are_the_last_recorded_files_or_event(tmp_p
     import json
     import os
 
-    from engine import config as cfgmod
-    from engine import events
-    from engine.runs.layout import RunDir
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.layout import RunDir
     from tests.engine.helpers import env_for, small_cfg
     from tests.run_events import T0, ev, started
 

@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ConfigError
-from engine.hardware import Hardware
-from engine.preflight import from_dict
-from engine.data import DataInfo
-from engine.models import ModelError, cnn, mlp
-from engine.strategies import get_strategy
-from engine.strategies._pipeline import Pipeline, balance
-from engine.strategies.base import RankContext
+from torchdeck.engine.config import ConfigError
+from torchdeck.engine.hardware import Hardware
+from torchdeck.engine.preflight import from_dict
+from torchdeck.engine.data import DataInfo
+from torchdeck.engine.models import ModelError, cnn, mlp
+from torchdeck.engine.strategies import get_strategy
+from torchdeck.engine.strategies._pipeline import Pipeline, balance
+from torchdeck.engine.strategies.base import RankContext
 
 INFO = DataInfo(in_channels=3, num_classes=10, image_size=16, name="test")
 STEPS, ACCUM, B = 3, 2, 4  # optimizer steps, micro-steps per step, per-rank micro-batch
@@ -123,7 +123,7 @@ def test_model_parallel_micro_batches_really_split_the_batch():
 
 def test_model_parallel_explains_models_it_cannot_split():
     strategy = get_strategy("model-parallel")
-    from engine.models import resnet18
+    from torchdeck.engine.models import resnet18
 
     with pytest.raises(ModelError, match="nn.Sequential.*ResNet"):
         strategy.wrap(resnet18(INFO), cpu_ctx(mp_cfg()))
@@ -173,7 +173,7 @@ def test_fsdp_sharded_state_dict_is_refused_before_anything_starts():
 def test_zero_rebuilds_the_loops_optimizer_from_a_plain_factory():
     """Without class/kwargs attached, ZeRO probes the factory; AdamW's defaults carry a key its
     constructor refuses, which must be dropped."""
-    from engine.strategies.zero import _optimizer_recipe
+    from torchdeck.engine.strategies.zero import _optimizer_recipe
 
     model = nn.Linear(3, 2)
     cls, kw = _optimizer_recipe(lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1), model)
@@ -263,7 +263,7 @@ def engine_accumulation(rank: int, out: Path, tag: str):
     the engine's comm hook counts the all-reduce rounds; the last bucket of each marks one."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from engine.train import Trainer
+    from torchdeck.engine.train import Trainer
 
     cfg = from_dict({"strategy": "ddp", "devices": WORLD, "backend": "gloo", "model": {"name": "mlp", "hidden": 32},
                      "data": {"train_size": 96, "val_size": 0, "image_size": 8},
@@ -409,7 +409,7 @@ def test_file_init_method_trains_ddp(two_ranks):
 
 @pytest.mark.skipif(not torch.distributed.is_mpi_available(), reason="this PyTorch build has no MPI backend")
 def test_mpi_backend_is_available_when_torch_says_so():
-    from engine.hardware import detect_hardware
+    from torchdeck.engine.hardware import detect_hardware
 
     cfg = from_dict({"strategy": "ddp", "devices": 2, "backend": "mpi"}, hw=detect_hardware())
     assert cfg.backend == "mpi"
@@ -418,7 +418,7 @@ def test_mpi_backend_is_available_when_torch_says_so():
 @pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="this PyTorch build has MPI")
 def test_mpi_backend_refused_where_torch_has_none():
     """Through the real detector, as `torchdeck validate` and the form see this host."""
-    from engine.hardware import detect_hardware
+    from torchdeck.engine.hardware import detect_hardware
 
     with pytest.raises(ConfigError) as e:
         from_dict({"strategy": "ddp", "devices": 2, "backend": "mpi"}, hw=detect_hardware())
@@ -439,7 +439,7 @@ def cli_run(preset: str, runs: Path, extra: list[str], timeout=240):
     import subprocess
     import sys
 
-    args = [sys.executable, "-m", "cli", "run", preset, "--runs-dir", str(runs)]
+    args = [sys.executable, "-m", "torchdeck.cli", "run", preset, "--runs-dir", str(runs)]
     for item in extra:
         args += ["--set", item]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -451,7 +451,7 @@ def test_shipped_presets_run_headless_and_agree(tmp_path):
     end through `torchdeck run`, and their checkpoints load into the plain model with equal weights.
     All with train.channels_last (the GPU presets' setting), which fsdp's fully_shard refused
     ("non-contiguous parameters") until fsdp kept its weights in plain layout."""
-    from engine import checkpoint as ckpt
+    from torchdeck.engine import checkpoint as ckpt
 
     weights = {}
     for preset, batch in [("model-parallel", 32), ("fsdp", 16), ("zero", 16)]:
@@ -471,7 +471,7 @@ def test_shipped_presets_run_headless_and_agree(tmp_path):
 
 def test_dp_preset_refuses_here_naming_the_missing_gpu(tmp_path):
     """The dp preset lists GPUs 0 and 1: with none here accelerator cuda is refused, with one GPU 1 is."""
-    from engine.hardware import detect_hardware
+    from torchdeck.engine.hardware import detect_hardware
 
     gpus = detect_hardware().gpu_count
     if gpus >= 2:

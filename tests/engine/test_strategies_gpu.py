@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import RunConfig, from_dict
-from engine.data import DataInfo
-from engine.models import cnn
-from engine.strategies import get_strategy
-from engine.strategies.base import RankContext
+from torchdeck.engine.config import RunConfig, from_dict
+from torchdeck.engine.data import DataInfo
+from torchdeck.engine.models import cnn
+from torchdeck.engine.strategies import get_strategy
+from torchdeck.engine.strategies.base import RankContext
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -100,7 +100,7 @@ def test_model_parallel_on_cuda_equals_the_unsplit_model():
 
 
 def test_fp16_with_grad_scaler_trains_a_few_steps():
-    from engine.optim import Precision
+    from torchdeck.engine.optim import Precision
 
     cfg = from_dict({"strategy": "gpu", "accelerator": "cuda", "devices": [0],
                      "train": {"precision": "16-mixed", "grad_clip": 1.0}})

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import config as cfgmod
-from engine import events
-from engine.strategies import nproc_per_node
-from engine.supervisor import choose_port, port_in_use, supervise
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.strategies import nproc_per_node
+from torchdeck.engine.supervisor import choose_port, port_in_use, supervise
 from tests.engine.helpers import ROOT, final_model, small_cfg
 from tests.engine.helpers import Run, USER_MODELS, _alive, ddp_cfg  # noqa: F401  (shared)
 
@@ -114,7 +114,7 @@ def test_ranks_that_do_not_exit_after_a_stop_are_killed_after_the_grace_period(t
     """A step longer than the grace period (a hung data source, a huge batch): the ranks never reach
     the stop agreement, so the supervisor kills them STOP_GRACE_S after the request, says why,
     and leaves nothing behind."""
-    from engine.supervisor import STOP_GRACE_S
+    from torchdeck.engine.supervisor import STOP_GRACE_S
 
     r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:slow", "model.kwargs": {"sleep": STOP_GRACE_S + 30},
                                  "train.max_steps": 0, "train.epochs": 50}))
@@ -167,8 +167,8 @@ def test_rendezvous_port_is_held_from_the_start_and_moves_off_a_taken_port():
     """The supervisor binds the store's socket (no torch) the moment it picks the port; one taken in
     the meantime is replaced (single node) or named in the error (multi-node). Local rank 0 serves
     the store on that very socket."""
-    from engine.supervisor import PortError, bind_store
-    from engine.worker import serve_store
+    from torchdeck.engine.supervisor import PortError, bind_store
+    from torchdeck.engine.worker import serve_store
 
     with socket.socket() as s:
         s.bind(("", 0))
@@ -194,7 +194,7 @@ def test_the_supervisor_of_a_cpu_run_never_imports_torch(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     cfgmod.save(cfgmod.from_dict(small_cfg(strategy="ddp", devices=2, **{"nodes.master_port": 0})), run / "config.yaml")
-    code = ("import sys\nfrom engine.supervisor import supervise\nrc = supervise(sys.argv[1])\n"
+    code = ("import sys\nfrom torchdeck.engine.supervisor import supervise\nrc = supervise(sys.argv[1])\n"
             "print('RC', rc, 'TORCH', 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=180,
                          cwd=ROOT)
@@ -234,8 +234,8 @@ def test_auto_threads_per_rank_count_the_cpus_this_process_may_use(tmp_path):
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs CPU affinity and 2 or more usable CPUs")
     code = ("import os\n"
-            "from engine.config import RunConfig\n"
-            "from engine.affinity import threads_for\n"
+            "from torchdeck.engine.config import RunConfig\n"
+            "from torchdeck.engine.affinity import threads_for\n"
             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "print(os.cpu_count() > 1, threads_for(RunConfig(), 1))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -245,7 +245,7 @@ def test_auto_threads_per_rank_count_the_cpus_this_process_may_use(tmp_path):
 
 WRITER_AFTER_A_KILLED_SENDER = """
 import multiprocessing, os, signal, sys, time
-from engine.supervisor import EventWriter
+from torchdeck.engine.supervisor import EventWriter
 
 def hold_the_write_lock(q):
     q.put("an event that goes out")

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from engine import config as cfgmod
-from engine.runs import tune
-from engine.runs.tune import FITS, OOM, Trial
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine.runs import tune
+from torchdeck.engine.runs.tune import FITS, OOM, Trial
 
 from tests.engine.helpers import cli_cmd, small_cfg
 
@@ -53,7 +53,7 @@ def test_on_the_cpu_it_says_it_needs_a_gpu_and_starts_nothing(tmp_path):
 OOM_MODEL = '''
 import os
 import torch
-from engine.models import mlp
+from torchdeck.engine.models import mlp
 
 
 def oom_above(info, rank0=100, rank1=40):
