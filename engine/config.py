@@ -20,7 +20,9 @@ from .network import host_problem
 
 SCHEMA_VERSION = 1
 
-STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero", "deepspeed")
+LOOP_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero", "deepspeed")  # torchdeck's own loop
+STRATEGIES = LOOP_STRATEGIES + ("script",)  # script: the user's own script (torchdeck launch)
+LOCAL_RANK_ARGS = ("", "--local-rank", "--local_rank")  # script.local_rank_arg
 ACCELERATORS = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
@@ -229,6 +231,20 @@ class LoggingConfig:
 
 
 @dataclass
+class ScriptConfig:
+    """strategy script: the user's own script, each rank started as torchrun starts it (torchdeck launch)."""
+
+    path: str = ""  # the user's script (relative to cwd), or "" when module is set
+    module: str = ""  # python -m MODULE instead of a path
+    args: list = field(default_factory=list)  # the script's own arguments, as strings
+    no_python: bool = False  # torchrun --no-python: path is an executable, run as is (no shim)
+    local_rank_arg: str = ""  # "" env only (torchrun) | "--local-rank" | "--local_rank" (torch.distributed.launch)
+    env: dict = field(default_factory=dict)  # extra environment for every rank
+    stop_grace_s: float = 30.0  # stop: SIGTERM, then SIGKILL to the process trees after this
+    cwd: str = ""  # the folder the script runs in (torchdeck launch: the folder it was called from)
+
+
+@dataclass
 class RunConfig:
     schema_version: int = SCHEMA_VERSION
     name: str = "run"
@@ -252,6 +268,12 @@ class RunConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
+
+    @property
+    def is_script(self) -> bool:
+        """A run of the user's own script (strategy script): the loop's sections do not apply."""
+        return self.strategy == "script"
 
     # ------------------------------------------------------------------ derived values
     # (processes per node, world size and global batch are the strategy's to say:
@@ -422,8 +444,12 @@ def from_dict(data: dict | None, source: str | None = None, hw=None) -> RunConfi
 
 def _normalize(cfg: RunConfig, problems: list) -> None:
     """Turn Lightning-style `devices` into its canonical form for the accelerator."""
+    if cfg.strategy == "script":
+        _normalize_script(cfg.script, problems)
     d = cfg.devices
     if cfg.accelerator == "cpu":
+        if cfg.strategy == "script" and d == "auto":  # one process per usable core (torchrun's cpu)
+            return
         if isinstance(d, bool) or not isinstance(d, int):
             problems.append(("devices", f"with accelerator cpu, devices is the number of processes; got {d!r}"))
         return
@@ -460,6 +486,27 @@ def _normalize(cfg: RunConfig, problems: list) -> None:
     cfg.devices = d
 
 
+def _normalize_script(s: ScriptConfig, problems: list) -> None:
+    """script.args and script.env's values as the strings a command line and an environment hold
+    (YAML reads `3` as a number); anything else is named."""
+    def text(value, path: str):
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+        problems.append((path, _wrong_type("a string", value)))
+        return None
+
+    s.args = [text(a, f"script.args[{i}]") for i, a in enumerate(s.args)]
+    env = {}
+    for key, value in s.env.items():
+        if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            problems.append(("script.env", f"environment names are letters, digits and _, got {key!r}"))
+            continue
+        env[key] = text(value, f"script.env.{key}")
+    s.env = env
+
+
 def resolve_all_gpus(cfg: RunConfig, hw) -> None:
     """devices: -1 means every GPU on this host; fix it to indices once the count is known."""
     if cfg.accelerator == "cuda" and cfg.devices == "all" and hw.gpu_count is not None:
@@ -485,12 +532,37 @@ def validate(cfg: RunConfig, hw=None) -> list[tuple[str, str]]:
     this host, when hw is given). Returns (field, reason) pairs; empty means valid as far as the
     schema sees. engine.preflight.validate adds the rules that need the strategy."""
     p = _Problems()
+    if cfg.strategy == "script":  # the loop's fields (model, data, train...) do not apply
+        p.choice("accelerator", cfg.accelerator, ACCELERATORS)
+        _nodes_rules(cfg, p)
+        _script_rules(cfg, p)
+        _device_rules(cfg, hw, p)
+        return list(p)
     for rules in (_names, _train_rules, _optimizer_rules, _data_rules, _node_rules):
         rules(cfg, p)
     _device_rules(cfg, hw, p)
     _combination_rules(cfg, hw, p)
     return list(p)
 
+
+def _script_rules(cfg: RunConfig, p: _Problems) -> None:
+    """The script section's own rules (that it names a script at all is the strategy's check)."""
+    s = cfg.script
+    if s.local_rank_arg not in LOCAL_RANK_ARGS:
+        p.append(("script.local_rank_arg", f'must be "" (env only, as torchrun), --local-rank or --local_rank; '
+                                           f"got {s.local_rank_arg!r}"))
+    if not s.stop_grace_s > 0:
+        p.append(("script.stop_grace_s", f"must be a positive number of seconds, got {s.stop_grace_s}"))
+    if s.path and s.module:
+        p.append(combination(cfg, "script.module", "set script.path or script.module, not both "
+                             "(torchrun: a script, or -m MODULE)", "script.path", "script.module"))
+    if s.no_python and s.module:
+        p.append(combination(cfg, "script.no_python", "no_python runs an executable: it cannot be used with "
+                             "script.module", "script.no_python", "script.module"))
+    if s.no_python and s.local_rank_arg:
+        p.append(combination(cfg, "script.local_rank_arg", "local_rank_arg is added by torchdeck's python shim; "
+                             "with no_python pass the rank from LOCAL_RANK yourself", "script.no_python",
+                             "script.local_rank_arg"))
 
 def _names(cfg: RunConfig, p: _Problems) -> None:
     """Names that must be one of a list (or a module:callable)."""
@@ -578,6 +650,13 @@ def _data_rules(cfg: RunConfig, p: _Problems) -> None:
 
 def _node_rules(cfg: RunConfig, p: _Problems) -> None:
     """Nodes, and the per-strategy sections' own ranges."""
+    _nodes_rules(cfg, p)
+    p.at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
+    p.at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
+
+
+def _nodes_rules(cfg: RunConfig, p: _Problems) -> None:
+    """The nodes section (every strategy, the user's script too)."""
     n = cfg.nodes
     p.at_least("nodes.num_nodes", n.num_nodes, 1)
     if not 0 <= n.node_rank < max(n.num_nodes, 1):
@@ -592,8 +671,6 @@ def _node_rules(cfg: RunConfig, p: _Problems) -> None:
     if bad_addr:
         p.append(("nodes.master_addr", f"must be node 0's host name or IPv4/IPv6 address (127.0.0.1 on one "
                                        f"machine); {n.master_addr!r} {bad_addr}"))
-    p.at_least("ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, 1)
-    p.at_least("model_parallel.micro_batches", cfg.model_parallel.micro_batches, 1)
 
 
 def _device_rules(cfg: RunConfig, hw, p: _Problems) -> None:

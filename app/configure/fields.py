@@ -121,6 +121,7 @@ _PREFIX_SHOWN_WHEN = {
     "model_parallel.": lambda v: v("strategy") == "model-parallel",
     "fsdp.": lambda v: v("strategy") == "fsdp",
     "deepspeed.": lambda v: v("strategy") == "deepspeed",
+    "script.": lambda v: v("strategy") == "script",  # the user's own script (torchdeck launch)
 }
 for _name in ("train_size", "val_size", "num_classes", "image_size"):
     _SHOWN_WHEN[f"data.{_name}"] = lambda v: v("data.dataset") == "synthetic"

@@ -18,6 +18,7 @@ _MODULES = {
     "fsdp": "torchdeck.engine.strategies.fsdp",
     "zero": "torchdeck.engine.strategies.zero",
     "deepspeed": "torchdeck.engine.strategies.deepspeed",
+    "script": "torchdeck.engine.strategies.script",  # the user's own script (torchdeck launch)
 }
 _cache: dict[str, Strategy] = {}
 
@@ -42,6 +43,8 @@ def world_size(cfg) -> int:
 
 
 def global_batch(cfg) -> int:
-    """Samples per optimizer step over every rank."""
+    """Samples per optimizer step over every rank (a script run's batch is the script's: None)."""
+    if cfg.strategy == "script":
+        return None
     return cfg.train.batch_size * world_size(cfg) * cfg.train.grad_accum
 
