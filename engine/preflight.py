@@ -9,6 +9,8 @@ No torch here (the app calls it on its event loop).
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import socket
 from pathlib import Path
 
@@ -113,8 +115,8 @@ def cpu_ranks_advice(cfg, cores: int | None = None) -> str | None:
         return None
     from .cache import fmt_bytes, plan
 
-    data = plan(cfg, ranks)
-    held = (f", each with its own {fmt_bytes(data.nbytes)} of data ({fmt_bytes(data.node_bytes)} in all)"
+    data = None if cfg.strategy == "script" else plan(cfg, ranks)  # a script's data is its own
+    held = "" if data is None else (f", each with its own {fmt_bytes(data.nbytes)} of data ({fmt_bytes(data.node_bytes)} in all)"
             if data.nbytes and not data.shared else "")
     return (f"{ranks} CPU ranks on {cores} usable core{'s' if cores != 1 else ''}: they take turns on the "
             f"cores{held}; {cores} or fewer train faster")
@@ -363,6 +365,8 @@ def looks_like_checkpoint(path: Path) -> bool:
 
 def file_problems(cfg) -> list[Problem]:
     """What the schema cannot see: folders and files the config names, and user code."""
+    if cfg.strategy == "script":
+        return script_problems(cfg)
     strategy = strategies.get_strategy(cfg.strategy)
     problems: list[Problem] = strategy.preflight(cfg)  # deepspeed: its ds_config.json, its resume folder
     if cfg.data.dataset == "imagefolder":
@@ -392,6 +396,96 @@ def file_problems(cfg) -> list[Problem]:
     return problems
 
 
+# ----------------------------------------------------------------------------- a script run
+
+
+def script_cwd(cfg) -> Path:
+    """The folder a script run's ranks start in: script.cwd, else the working directory."""
+    return Path(cfg.script.cwd or os.getcwd()).expanduser()
+
+
+def script_problems(cfg) -> list[Problem]:
+    """What stops the user's script from starting, found without running it: a folder, script or
+    executable that is not there, a module that cannot be found, a syntax error (with its line)."""
+    s, cwd = cfg.script, script_cwd(cfg)
+    if not cwd.is_dir():
+        return [("script.cwd", f"no such folder {str(cwd)!r} to run the script in")]
+    if s.module:
+        return _module_problems(s.module, cwd, s.env.get("PYTHONPATH", ""))
+    if not s.path:
+        return []  # the strategy's check says a script run needs one
+    target = Path(s.path).expanduser()
+    where = target if target.is_absolute() else cwd / target
+    if s.no_python:
+        if "/" not in s.path and not where.exists():
+            if shutil.which(s.path) is None:
+                return [("script.path", f"--no-python: no executable {s.path!r} in {cwd} or on PATH")]
+            return []
+        if not where.is_file():
+            return [("script.path", f"--no-python: no such executable {s.path!r} (looked in {cwd})")]
+        if not os.access(where, os.X_OK):
+            return [("script.path", f"--no-python: {s.path} is not executable (chmod +x it, or leave out "
+                                    "--no-python to run it with python)")]
+        return []
+    if where.is_dir():
+        if (where / "__main__.py").is_file():
+            return _syntax_problem(where / "__main__.py", s.path.rstrip("/") + "/__main__.py")
+        return [("script.path", f"{s.path} is a folder without __main__.py, not a script (looked in {cwd})")]
+    if not where.is_file():
+        return [("script.path", f"no such script {s.path!r} (looked in {where.parent})")]
+    return _syntax_problem(where, s.path)
+
+
+def _syntax_problem(path: Path, shown: str) -> list[Problem]:
+    """compile() the file as python would (nothing runs): `train.py:12: SyntaxError: ...`."""
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        return [("script.path", f"cannot read {shown}: {exc.strerror or exc}")]
+    try:
+        compile(source, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        line = f":{exc.lineno}" if exc.lineno else ""
+        return [("script.path", f"{shown}{line}: {type(exc).__name__}: {exc.msg}")]
+    except ValueError as exc:  # null bytes: not a python script
+        return [("script.path", f"{shown}: not a python script ({exc})")]
+    return []
+
+
+def _module_problems(module: str, cwd: Path, pythonpath: str = "") -> list[Problem]:
+    """`python -m MODULE` from cwd, found as python would find it but without importing anything
+    (not even its parent packages): each part looked up on the path in turn."""
+    import importlib.machinery
+    import sys
+
+    extra = [p for p in pythonpath.split(os.pathsep) if p]
+    search = [str(cwd), *extra, *[p for p in sys.path if p]]
+    looked = f"looked in {cwd} and on the python path"
+    parts, spec, path = module.split("."), None, search
+    if not all(p.isidentifier() for p in parts):
+        return [("script.module", f"{module!r} is not a module name (python -m takes dotted names, like pkg.train)")]
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        if i == 0 and name in sys.builtin_module_names:
+            return []
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None:
+            return [("script.module", f"no module named {name!r} ({looked})")]
+        if i < len(parts) - 1:
+            if not spec.submodule_search_locations:
+                return [("script.module", f"{name} ({spec.origin}) is a module, not a package: it has no {parts[i + 1]!r}")]
+            path = list(spec.submodule_search_locations)
+    if spec.submodule_search_locations:  # a package: python -m runs its __main__
+        main = importlib.machinery.PathFinder.find_spec(module + ".__main__", list(spec.submodule_search_locations))
+        if main is None:
+            return [("script.module", f"{module} is a package without __main__.py: python -m cannot run it")]
+        spec = main
+    origin = spec.origin or ""
+    if origin.endswith(".py"):
+        return [("script.module", why) for _, why in _syntax_problem(Path(origin), origin)]
+    return []
+
+
 def host_problems(cfg) -> list[Problem]:
     """What stops a valid config from starting on this host. Such a config may be meant for other
     nodes, so it still saves and exports; only a launch here is refused."""
@@ -419,8 +513,57 @@ def lines(problems: list[Problem], source: str | None = None) -> list[str]:
     return [f"{where}{f}: {why}" if f else f"{where}{why}" for f, why in problems]
 
 
+# What torchdeck sets in each rank's environment for a script run (engine.launch.env builds them).
+SCRIPT_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+              "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+              "TORCHELASTIC_MAX_RESTARTS", "OMP_NUM_THREADS")
+SCRIPT_ENV_OURS = ("TORCHDECK_EVENTS_FD", "TORCHDECK_STACKS_FILE", "TORCHDECK_RUN_DIR", "TORCHELASTIC_ERROR_FILE")
+
+
+def script_command(cfg) -> list[str]:
+    """The command line each rank of a script run runs (the shim around the script, or with
+    no_python the executable itself)."""
+    s = cfg.script
+    if s.no_python:
+        return [s.path, *s.args]
+    from .launch import shim_argv
+
+    return shim_argv(s.module or s.path, list(s.args), module=bool(s.module))
+
+
+def describe_script(cfg) -> list[str]:
+    """What a script run will do: `torchdeck validate` prints it (the loop's fields do not apply)."""
+    from .affinity import threads_for
+    from .runs import fmt
+
+    s, strat = cfg.script, strategies.get_strategy("script")
+    n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
+    what = f"python -m {s.module}" if s.module else (s.path if s.no_python else f"python {s.path}")
+    lines = [f"strategy script: your own script ({what}), started as torchrun starts it, on {cfg.accelerator}",
+             f"each rank runs, in {script_cwd(cfg)}: {shlex.join(script_command(cfg))}"
+             + (" (--local-rank=N added: " + s.local_rank_arg + ")" if s.local_rank_arg else ""),
+             f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {world}"]
+    per_rank = [(cfg.nodes.node_rank * n + lr, ",".join(strat.local_devices(cfg, lr))) for lr in range(n)]
+    lines.append("devices per rank: " + fmt.rank_groups(per_rank))
+    threads = threads_for(cfg, n)
+    lines.append(f"threads per rank: {threads} (OMP_NUM_THREADS)")
+    names = list(SCRIPT_ENV) + (["CUDA_VISIBLE_DEVICES"] if cfg.accelerator == "cuda" else [])
+    lines.append("environment torchdeck sets: " + ", ".join(names))
+    if not s.no_python:
+        lines.append("and for its own use: " + ", ".join(SCRIPT_ENV_OURS)
+                     + (", TORCHDECK_LOCAL_RANK_ARG" if s.local_rank_arg else ""))
+    if s.env:
+        lines.append("your environment (script.env): " + ", ".join(sorted(s.env)))
+    lines.append(f"stop: SIGTERM to the ranks, SIGKILL to their process trees after {s.stop_grace_s:g} s")
+    if s.no_python:
+        lines.append("no_python: no step counts, error capture or stacks on demand (no python shim around it)")
+    return lines
+
+
 def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
+    if cfg.strategy == "script":
+        return describe_script(cfg)
     from .runs import fmt
 
     strat = strategies.get_strategy(cfg.strategy)
