@@ -10,7 +10,11 @@ Kinds and their fields (beyond v, kind, t):
                    global_batch, devices (list of device strings per local rank),
                    master_addr, master_port, pid (supervisor), host, total_steps, epochs,
                    end_epoch (1-based epoch the last step is in), ends_by (train.epochs |
-                   train.max_steps | null), steps_per_epoch (null: not known before the data is built)
+                   train.max_steps | null), steps_per_epoch (null: not known before the data is built);
+                   a user's script (strategy script): run_kind "script" (absent: torchdeck's own
+                   loop) and command (the rank's command line as the user reads it: ["python",
+                   "train.py", args...], ["python", "-m", module, ...], or the executable's), with
+                   global_batch, total_steps, epochs, end_epoch, ends_by and steps_per_epoch null
     phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume |
                    batch | steps), until its first step event; the run's start-up is read from these.
                    "batch" also carries step and epoch: the position it trains from (a checkpoint's)

@@ -271,9 +271,13 @@ class _Plan:
 
 @dataclasses.dataclass
 class Ranks:
-    """The node's rank processes (what torch's ProcessContext holds; the supervisor joins them itself)."""
+    """The node's rank processes (what torch's ProcessContext holds; the supervisor joins them itself).
+    A script run's ranks are engine.launch.ranks.ScriptRanks, with the same interface."""
 
     processes: list
+
+    def finish(self) -> None:
+        """After the ranks are gone (a script run's ranks clean up their trees and pipes here)."""
 
 
 @contextlib.contextmanager
@@ -335,6 +339,28 @@ def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = 
             f"[{err.get('exception')}: {err.get('message')}]")
 
 
+def _raised_at(tb) -> str | None:
+    """'train.py:23 in step' of the innermost frame of a traceback's text (the line that raised)."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', tb) if isinstance(tb, str) else []
+    if not frames:
+        return None
+    file, line, func = frames[-1]
+    return f"{file}:{line} in {func}"
+
+
+def _kind_fields(cfg) -> dict:
+    """run_started's fields that depend on what the ranks run: the run's length for our loop; for
+    a user's script, kind "script" and its command line (the length is the script's to know)."""
+    if cfg.strategy != "script":
+        return length(cfg).fields()  # total_steps, epochs, end_epoch (the one max_steps ends in), ends_by
+    from .launch.ranks import command
+
+    return {"run_kind": "script", "command": command(cfg.script), "total_steps": None, "epochs": None,
+            "end_epoch": None, "ends_by": None, "steps_per_epoch": None}
+
+
 def _pick_free_gpus(cfg) -> list:
     """devices: free:N still unresolved (a config written before launch): pick the GPUs now, or
     refuse with who uses what (ConfigError)."""
@@ -377,6 +403,8 @@ class Supervisor:
         self._dump_lock = threading.Lock()
         self._stall_dumped = False  # one dump per stall: re-armed once no rank is stale
         self._slow_dumped_t = float("-inf")
+        self.script = False  # strategy script: the user's own script (torchdeck launch)
+        self.stop_grace_s = STOP_GRACE_S  # a stop's SIGKILL comes this long after it (script.stop_grace_s)
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -438,6 +466,8 @@ class Supervisor:
             usercode.add_folders(*usercode.run_folders(rd.path))  # the user's module:callable: where it
             usercode.extend_path()  # was launched from, and its preset's folder; spawned ranks inherit sys.path
             self.timeout_s = cfg.nodes.timeout_s
+            if cfg.strategy == "script":
+                self.script, self.stop_grace_s = True, float(cfg.script.stop_grace_s)
             plan = self._plan(cfg)
         except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config
             return self._finish(None, "failed", [], str(exc))
@@ -452,7 +482,13 @@ class Supervisor:
                 plan.store.sock.close()
             return self._finish(None, "failed", [],
                                 f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
-        ranks, stop_event = self._spawn(cfg, plan, writer)
+        try:
+            ranks, stop_event = (self._start_script if self.script else self._spawn)(cfg, plan, writer)
+        except OSError as exc:  # no_python: the executable cannot be run
+            if writer.is_alive():
+                writer.stop()
+            writer.close()
+            return self._finish(None, "failed", [], f"cannot start the ranks: {exc}")
         return self._collect(ranks, stop_event, writer)
 
     def _plan(self, cfg) -> "_Plan":
@@ -476,7 +512,9 @@ class Supervisor:
         child_env = {"OMP_NUM_THREADS": str(threads)}
         store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr
-        if strategy.distributed and not cfg.init_method.startswith("file://") and cfg.nodes.node_rank == 0:
+        # a script's rank 0 binds the port itself (init_process_group's env://): it is not held here
+        if strategy.distributed and not self.script and not cfg.init_method.startswith("file://") \
+                and cfg.nodes.node_rank == 0:
             store, port_msg = bind_store(cfg, port, port_msg)
             meet, port = store.meet, store.port
             child_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the other ranks are its clients
@@ -494,13 +532,29 @@ class Supervisor:
             global_batch=strategies.global_batch(cfg),
             devices=[", ".join(strategy.local_devices(cfg, i)) for i in range(strategies.nproc_per_node(cfg))],
             master_addr=cfg.nodes.master_addr, master_port=plan.port, pid=os.getpid(),
-            host=socket.gethostname(), threads_per_rank=plan.threads,
-            **length(cfg).fields()))  # total_steps, epochs, end_epoch (the one max_steps ends in), ends_by
+            host=socket.gethostname(), threads_per_rank=plan.threads, **_kind_fields(cfg)))
         if plan.port_msg:
             writer.write(events.make("log", rank=None, level="warning" if "in use" in plan.port_msg else "info",
                                      message=plan.port_msg))
         for level, message in plan.notes:
             writer.write(events.make("log", rank=None, level=level, message=message))
+
+    def _start_script(self, cfg, plan: "_Plan", writer: EventWriter):
+        """Start the node's ranks of a user's script: each a process of its own with its own event
+        pipe, read by a thread into the writer's queue."""
+        from .launch import env as launch_env
+        from .launch import ranks as launch_ranks
+
+        nproc = strategies.nproc_per_node(cfg)
+        writer.q = queue_mod.Queue()
+        writer.start()
+        writer.write(events.make("log", rank=None, level="info", message=(
+            f"supervisor {os.getpid()}: {' '.join(launch_ranks.command(cfg.script))} x{nproc} on node "
+            f"{cfg.nodes.node_rank}, {cfg.nodes.master_addr}:{plan.port}, {plan.threads} thread(s) per rank")))
+        node = launch_env.plan_for(cfg, self.rd.path, nproc, plan.port, plan.threads, plan.child_env)
+        self.base = cfg.nodes.node_rank * nproc
+        ranks = launch_ranks.start(cfg.script, node, writer.q.put)
+        return ranks, ranks.stop_event
 
     def _spawn(self, cfg, plan: "_Plan", writer: EventWriter):
         """Start the node's ranks (spawn context: events are text, no torch needed to carry them)."""
@@ -537,6 +591,7 @@ class Supervisor:
                 if p.is_alive():
                     p.kill()
                     p.join(5)
+            ranks.finish()
         codes = [p.exitcode for p in ranks.processes]
         writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
         self.writer_errors = writer.errors
@@ -562,8 +617,7 @@ class Supervisor:
             if self.stop_requests and self.first_stop_t is None:
                 self.first_stop_t = time.monotonic()
                 stop_event.set()
-                writer.write(events.make("log", rank=None, level="info",
-                                         message="stop requested: ranks finish this step, rank 0 checkpoints"))
+                writer.write(events.make("log", rank=None, level="info", message=self._stop_said()))
             if self._stop_overdue():
                 return [], self._kill_all(pctx, writer)
             self._watchdog(pctx, writer)
@@ -591,13 +645,19 @@ class Supervisor:
                 pass
             self.stop_requests = max(self.stop_requests, 1)
 
+    def _stop_said(self) -> str:
+        if self.script:
+            return (f"stop requested: SIGTERM to the ranks, SIGKILL to their process trees in "
+                    f"{self.stop_grace_s:g} s (a second stop: now)")
+        return "stop requested: ranks finish this step, rank 0 checkpoints"
+
     def _stop_overdue(self) -> bool:
         return self.first_stop_t is not None and (
-            self.stop_requests > 1 or time.monotonic() - self.first_stop_t > STOP_GRACE_S)
+            self.stop_requests > 1 or time.monotonic() - self.first_stop_t > self.stop_grace_s)
 
     def _kill_all(self, pctx, writer) -> str:
         """A second stop request, or no exit within STOP_GRACE_S: kill every rank; returns why, the run's cause."""
-        why = "second stop request" if self.stop_requests > 1 else f"no exit {STOP_GRACE_S:.0f} s after stop"
+        why = "second stop request" if self.stop_requests > 1 else f"no exit {self.stop_grace_s:g} s after stop"
         writer.write(events.make("log", rank=None, level="warning", message=f"{why}: killing the ranks"))
         for p in pctx.processes:
             if p.is_alive():
@@ -703,7 +763,7 @@ class Supervisor:
             if stopping and self.rd.preempt_path.exists():
                 return "preempted", "SIGUSR1: preemption or time limit warning; resume from the last checkpoint"
             return ("stopped" if stopping else "finished"), None
-        if stopping and reported:
+        if stopping and (reported or self.script):  # a script's ranks may end on the SIGTERM itself
             return "stopped", reported
         return "failed", self._root_cause(codes, died_first, base)
 
@@ -733,7 +793,9 @@ class Supervisor:
     def _error_cause(self, e: dict, codes, died_first, base, reporting) -> str:
         """A timeout names the ranks that never arrived: those still running, silent, when it was stopped."""
         if not _is_timeout(e):
-            return f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+            at = _raised_at(e.get("traceback")) if self.script else None
+            return (f"rank {e.get('rank')} ({e.get('host')}): {e.get('exception')}: {e.get('message')}"
+                    + (f" (at {at})" if at else ""))
         stuck = [base + i for i, c in enumerate(codes) if c != 0 and i not in died_first and base + i not in reporting]
         return _timeout_cause(e, self.timeout_s, stuck, self.where)
 

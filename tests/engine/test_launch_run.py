@@ -1,0 +1,169 @@
+"""A script run (strategy script, `torchdeck launch`) end to end: real scripts written to a
+temporary folder, started through the real supervisor (`python -m torchdeck.engine.supervisor
+RUN_DIR`, detached as the CLI and the app start it), its run directory read as the front ends
+read it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine.events import read_all
+from torchdeck.engine.launch import env as launch_env
+from torchdeck.engine.runs import control
+from torchdeck.engine.runs.layout import RunDir
+
+from tests.engine.helpers import ROOT, assert_nothing_left, cli_cmd, wait_for
+
+
+DDP = '''
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+{log_import}
+
+def main():
+    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"hello from rank {{rank}} of {{world}} local {{os.environ['LOCAL_RANK']}} args {{sys.argv[1:]}}", flush=True)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            step += 1
+            {before_step}
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            {after_step}
+    if rank == 0:
+        torch.save(model.module.state_dict(), "model.pt")
+    dist.destroy_process_group()
+    print(f"rank {{rank}} done after {{step}} steps", flush=True)
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def ddp_script(tmp_path, name="train.py", log=False, before="pass", after="pass") -> Path:
+    p = tmp_path / name
+    p.write_text(DDP.format(log_import="import torchdeck" if log else "", before_step=before,
+                            after_step=after if not log else
+                            "torchdeck.log({'loss': loss.item()}, samples=len(x)); " + after))
+    return p
+
+
+def script_cfg(tmp_path, path, *, devices=2, args=(), nodes=None, stop_grace_s=30.0, name="mine", env=None):
+    d = {"name": name, "strategy": "script", "accelerator": "cpu", "devices": devices,
+         "nodes": {"master_addr": "127.0.0.1", "master_port": 0, **(nodes or {})},
+         "train": {"threads_per_rank": 1},
+         "script": {"path": str(path), "args": list(args), "cwd": str(tmp_path),
+                    "stop_grace_s": stop_grace_s, "env": {"TORCHDECK_STEP_EVERY_S": "0.2", **(env or {})}}}
+    return cfgmod.from_dict(d)
+
+
+def launch(tmp_path, cfg) -> RunDir:
+    return control.start(cfg, tmp_path / "runs")
+
+
+def ended(run: RunDir, timeout=60) -> dict:
+    return wait_for(run.final_status, timeout, f"{run.name} to end")
+
+
+def kinds(run: RunDir, kind: str) -> list[dict]:
+    return [e for e in read_all(run.events_path) if e.get("kind") == kind]
+
+
+def pids_of(run: RunDir) -> list[int]:
+    return [e["pid"] for e in kinds(run, "rank_ready")]
+
+
+# ----------------------------------------------------------------------------- the environment
+
+
+def test_rank_env_is_torchruns_contract(tmp_path):
+    cfg = cfgmod.from_dict({"strategy": "script", "accelerator": "cpu", "devices": 2,
+                            "nodes": {"num_nodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29400},
+                            "script": {"path": "t.py", "env": {"FOO": "bar", "OMP_NUM_THREADS": "7"},
+                                       "local_rank_arg": "--local_rank"}})
+    plan = launch_env.plan_for(cfg, tmp_path / "20260101-000000-x", 2, 29400, 3, {"GLOO_SOCKET_IFNAME": "lo"})
+    env = launch_env.rank_env(plan, 1, 17, base={"PATH": "/bin", "TORCHDECK_EVENTS_ID": "1:2",
+                                                 "CUDA_VISIBLE_DEVICES": "5"})
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default", "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "20260101-000000-x", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0"}
+    assert env["OMP_NUM_THREADS"] == "7"  # the user's script.env wins over the plan's 3
+    assert env["FOO"] == "bar" and env["GLOO_SOCKET_IFNAME"] == "lo" and env["PATH"] == "/bin"
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"  # cpu run: left as the supervisor has it
+    assert env["TORCHDECK_EVENTS_FD"] == "17" and "TORCHDECK_EVENTS_ID" not in env
+    rd = tmp_path / "20260101-000000-x"
+    assert env["TORCHDECK_STACKS_FILE"] == str(rd / "rank3.stacks")
+    assert env["TORCHDECK_RUN_DIR"] == str(rd)
+    assert env["TORCHELASTIC_ERROR_FILE"] == str(rd / "rank3.error.json")
+    assert env["TORCHDECK_LOCAL_RANK_ARG"] == "--local_rank"
+
+
+def test_rank_env_picked_gpus_are_every_ranks_visible_devices(tmp_path):
+    cfg = cfgmod.from_dict({"strategy": "script", "accelerator": "cuda", "devices": [2, 5],
+                            "script": {"path": "t.py"}})
+    plan = launch_env.plan_for(cfg, tmp_path, 2, 29500, 1)
+    for local in (0, 1):
+        env = launch_env.rank_env(plan, local, None, base={"CUDA_VISIBLE_DEVICES": "0", "TORCHDECK_EVENTS_FD": "9",
+                                                            "TORCHDECK_LOCAL_RANK_ARG": "1"})
+        assert env["CUDA_VISIBLE_DEVICES"] == "2,5" and env["LOCAL_RANK"] == str(local)
+        assert "TORCHDECK_EVENTS_FD" not in env and "TORCHDECK_LOCAL_RANK_ARG" not in env  # no_python: no pipe
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_unchanged_ddp_script_finishes_with_both_ranks_watched(tmp_path):
+    script = ddp_script(tmp_path)
+    run = launch(tmp_path, script_cfg(tmp_path, script, args=["--its-args", "x"]))
+    final = ended(run)
+    assert final["status"] == "finished", (final, run.supervisor_log.read_text())
+    assert final["exit_codes"] == [0, 0]
+    started = kinds(run, "run_started")[0]
+    assert started["run_kind"] == "script" and started.get("command") == ["python", str(script), "--its-args", "x"]
+    ready = {e["rank"]: e for e in kinds(run, "rank_ready")}
+    assert sorted(ready) == [0, 1] and all(isinstance(e["pid"], int) for e in ready.values())
+    steps = kinds(run, "step")
+    assert {e["rank"] for e in steps} == {0, 1}
+    assert max(e["step"] for e in steps if e["rank"] == 1) == 16  # 2 epochs x 8 batches: the hook's count
+    for r in (0, 1):
+        log = run.rank_log(r).read_text()
+        assert f"hello from rank {r} of 2 local {r} args ['--its-args', 'x']" in log
+        assert f"rank {r} done after 16 steps" in log
+    assert (tmp_path / "model.pt").exists()  # rank 0 saved in script.cwd
+    assert [e["exitcode"] for e in kinds(run, "rank_exited")] == [0, 0]
+
+
+def test_ddp_script_with_torchdeck_log_sends_loss_and_samples(tmp_path):
+    run = launch(tmp_path, script_cfg(tmp_path, ddp_script(tmp_path, log=True)))
+    final = ended(run)
+    assert final["status"] == "finished", (final, run.supervisor_log.read_text())
+    logged = [e for e in kinds(run, "step") if e.get("loss") is not None]
+    assert {e["rank"] for e in logged} == {0, 1}
+    assert all(isinstance(e["loss"], float) for e in logged)
+    rated = [e for e in logged if e.get("samples_per_s")]  # from the second call on: a rate needs two
+    assert {e["rank"] for e in rated} == {0, 1} and all(e["samples_per_s"] > 0 for e in rated)
