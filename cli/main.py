@@ -146,6 +146,61 @@ def cmd_run(args) -> int:
     return _launch(args, cfg, origin)
 
 
+def cmd_launch(args) -> int:
+    """`torchdeck launch [torchrun's flags] script.py [args...]`: the user's own script as a run
+    (strategy script), followed as `torchdeck run` follows one; exits with the script's code."""
+    from ..engine import config as cfgmod
+    from ..engine import preflight
+    from ..engine.hardware import detect_hardware
+    from ..engine.launch import args as launch_args
+
+    p = launch_args.parser()
+    try:
+        ns = p.parse_args(args.argv)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    args.debug = getattr(args, "debug", False) or ns.debug
+    hw = detect_hardware()
+    data = launch_args.to_config(ns, os.getcwd(), gpu_count=lambda: hw.gpu_count or 0)
+    try:
+        cfg = preflight.from_dict(data, hw=hw)
+    except cfgmod.ConfigError as exc:
+        raise UsageError(*launch_args.lines(exc.problems)) from None
+    problems = preflight.check(cfg)
+    if problems:
+        raise UsageError(*launch_args.lines(problems))
+    for note in hw.notes:
+        print(note, flush=True)
+    origin = {"launch": ["torchdeck", "launch", *args.argv]}
+    if hw.notes:
+        origin["host_notes"] = hw.notes
+    args.detach, args.runs_dir = ns.detach, ns.runs_dir
+    return _launch(args, cfg, origin)
+
+
+def script_exit_code(run, view) -> int:
+    """A script run's exit code, the script's: 0 when it ended well (finished, or stopped as
+    asked), else the first failing rank's exit code as the supervisor recorded it (run_finished's
+    exit_codes, per local rank; failed_rank when it says which one failed first), a signal's
+    death as a shell says it (128 + N); 1 when no rank's code says more."""
+    if view is None:  # detached from the follow: the run goes on
+        return EXIT_FAILED
+    if view.status.ended_well:
+        return EXIT_OK
+    final = run.final_status() or {}
+    codes = [c for c in final.get("exit_codes") or [] if isinstance(c, int) and not isinstance(c, bool)]
+    first = final.get("failed_local_rank")
+    if isinstance(first, int) and 0 <= first < len(final.get("exit_codes") or []):
+        picked = final["exit_codes"][first]
+        codes = [picked] + codes if isinstance(picked, int) else codes
+    for code in codes:
+        if code > 0:
+            return code if code < 256 else EXIT_FAILED
+        if code < 0:
+            return 128 + (-code)
+    return EXIT_FAILED
+
+
 def _launch(args, cfg, origin: dict, root=None) -> int:
     from .progress import Display
     from ..engine.runs import control
@@ -171,13 +226,16 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
     def on_interrupt(n: int):
         if n == 1:
             control.request_stop(run)
-            print("stopping: finishing the step and checkpointing; Ctrl-C again to kill", flush=True)
+            print(f"stopping: SIGTERM to the script's ranks, SIGKILL after {cfg.script.stop_grace_s:g} s; Ctrl-C "
+                  "again to kill" if cfg.strategy == "script" else
+                  "stopping: finishing the step and checkpointing; Ctrl-C again to kill", flush=True)
         else:
             pids = control.kill(run)
             print(f"killed {len(pids)} process(es) of the run", flush=True)
         return True
 
-    return _exit_for(follow(run, Display(), on_interrupt))
+    view = follow(run, Display(), on_interrupt)
+    return script_exit_code(run, view) if cfg.strategy == "script" else _exit_for(view)
 
 
 def cmd_resume(args) -> int:
@@ -600,6 +658,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     s.add_argument("--resume", metavar="RUN", help="continue from RUN's newest checkpoint ('latest': the "
                                                    "newest earlier run of this config's name)")
+
+    # torchdeck launch parses its own command line (torchrun's flags, then the script's arguments
+    # unchanged): engine.launch.args; here everything after `launch` is passed through as is
+    s = sub.add_parser("launch", add_help=False, prefix_chars="\x00",
+                       help="run your own script as torchrun does, and watch it (torchdeck launch --help)")
+    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_launch, node_rank=None)
 
     s = sub.add_parser("resume", parents=[common, runs_dir, overrides],
                        help="continue a stopped or failed run from its newest checkpoint")

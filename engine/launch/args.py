@@ -1,0 +1,220 @@
+"""`torchdeck launch`'s command line: torchrun's own flags (both spellings) and torchdeck's, turned
+into a script run's config dict (strategy script, engine.config). The CLI stays thin: it parses
+with `parser()`, builds with `to_config`, and checks with engine.preflight like every run.
+
+Replacing the word `torchrun` in a command line works:
+
+    torchrun --nproc-per-node 2 train.py --epochs 3
+    torchdeck launch --nproc-per-node 2 train.py --epochs 3
+
+torchrun's flags that torchdeck does not support (elastic rendezvous, restarts, its own log
+redirection) are refused by name with what to do instead. Stdlib only.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UsageError
+
+# torchrun's flags torchdeck does not take -> what to do instead (the first name is shown)
+UNSUPPORTED = {
+    ("--rdzv-backend", "--rdzv_backend"): "torchdeck meets at --master-addr/--master-port (a static rendezvous); "
+                                          "leave it out",
+    ("--rdzv-endpoint", "--rdzv_endpoint"): "give node 0's address as --master-addr HOST --master-port PORT",
+    ("--rdzv-id", "--rdzv_id"): "leave it out (the run's name, --name, is TORCHELASTIC_RUN_ID)",
+    ("--rdzv-conf", "--rdzv_conf"): "leave it out (a static rendezvous has no options)",
+    ("--max-restarts", "--max_restarts"): "torchdeck restarts nothing: a failed run is resumed with your "
+                                          "script's own checkpoints; leave it out",
+    ("--monitor-interval", "--monitor_interval"): "leave it out (torchdeck's supervisor watches the ranks)",
+    ("--start-method", "--start_method"): "leave it out (each rank is its own process, started by exec)",
+    ("--role",): "leave it out (every rank's role is 'default')",
+    ("--log-dir", "--log_dir"): "leave it out: each rank's stdout and stderr go to the run directory "
+                                "(torchdeck attach, or the app's log view)",
+    ("-r", "--redirects"): "leave it out: each rank's output is already kept in the run directory",
+    ("-t", "--tee"): "leave it out: each rank's output is already kept in the run directory",
+    ("--local-ranks-filter", "--local_ranks_filter"): "leave it out: torchdeck attach and the app show "
+                                                      "one rank's log at a time or all of them",
+    ("--run-path", "--run_path"): "give the script's path (torchdeck runs it with runpy's run_path)",
+    ("--logs-specs", "--logs_specs"): "leave it out: the logs are in the run directory",
+    ("--local-addr", "--local_addr"): "leave it out (a static rendezvous needs only --master-addr)",
+    ("--event-log-handler", "--event_log_handler"): "leave it out (events go to the run's events.jsonl)",
+    ("--numa-binding", "--numa_binding"): "leave it out (torchdeck places each rank on cores of its own where "
+                                          "it can)",
+    ("--signals-to-handle", "--signals_to_handle"): "leave it out (stop sends SIGTERM, then SIGKILL)",
+    ("--no-auto-proxy-setup",): "leave it out",
+}
+
+# config field -> the flag that set it (problems are said in the words the user typed)
+FLAG_OF = {
+    "devices": "--nproc-per-node/--devices", "accelerator": "--nproc-per-node/--devices",
+    "nodes.num_nodes": "--nnodes", "nodes.node_rank": "--node-rank", "nodes.master_addr": "--master-addr",
+    "nodes.master_port": "--master-port", "script.local_rank_arg": "--local-rank-arg", "script.env": "--env",
+    "name": "--name",
+}
+
+
+class _Unsupported(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.setdefault("nargs", "?")
+        kwargs["help"] = argparse.SUPPRESS
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = next(k for k in UNSUPPORTED if option_string in k)
+        raise UsageError(f"torchdeck launch: {option_string} is a torchrun flag torchdeck does not support: "
+                         f"{UNSUPPORTED[names]}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2) instead of printing usage and exiting."""
+
+    def error(self, message):
+        raise UsageError(f"torchdeck launch: {message} (torchdeck launch --help lists the flags)")
+
+
+def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog, parents=list(parents), allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] (SCRIPT | -m MODULE | --no-python EXECUTABLE) [ARGS...]",
+        description="Run your own training script as torchrun runs it, and watch it: replace the word "
+                    "`torchrun` in your command line with `torchdeck launch`.",
+        epilog="torchrun flags torchdeck does not support (refused by name, with what to do instead):\n  "
+               + ", ".join(k[0] for k in UNSUPPORTED)
+               + "\n\npython -m torch.distributed.launch --nproc_per_node=2 train.py: "
+                 "torchdeck launch --nproc-per-node 2 --local-rank-arg train.py (or --use-env if the script "
+                 "reads LOCAL_RANK)\n")
+    t = p.add_argument_group("torchrun's flags (both spellings)")
+    t.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N",
+                   help="processes per node: N, gpu (one per visible GPU), cpu (one per usable core), "
+                        "auto (gpu if there are GPUs, else cpu); default 1")
+    t.add_argument("--nnodes", metavar="N", default="1", help="number of nodes: N (or N:N; no elastic range)")
+    t.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0, metavar="R",
+                   help="this node's rank, 0..nnodes-1")
+    t.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1", metavar="HOST",
+                   help="node 0's address (default 127.0.0.1)")
+    t.add_argument("--master-port", "--master_port", dest="master_port", type=int, metavar="PORT",
+                   help="node 0's port (default: a free port on one node, 29500 on several)")
+    t.add_argument("--standalone", action="store_true", help="one node, a free port on this host")
+    t.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   help="run SCRIPT as an executable, not with python (no step counts, error capture or stacks)")
+    t.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module: python -m SCRIPT")
+    t.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
+                   help="torch.distributed.launch's: the rank only in the environment (torchdeck's default)")
+    o = p.add_argument_group("torchdeck's own")
+    o.add_argument("--name", help="the run's name (default: the script's)")
+    o.add_argument("--detach", action="store_true", help="start it and return; watch later with torchdeck attach")
+    o.add_argument("--devices", metavar="LIST",
+                   help="GPUs to use, e.g. 0,2 or free:N (the N least used): sets each rank's visible GPU")
+    o.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="extra environment for every rank (repeatable)")
+    o.add_argument("--local-rank-arg", dest="local_rank_arg", nargs="?", const="--local-rank", default="",
+                   metavar="FLAG", help="pass --local-rank=N to the script as torch.distributed.launch did "
+                                        "(--local-rank-arg=--local_rank for the older spelling)")
+    o.add_argument("--runs-dir", metavar="DIR", help="where runs live (default $TORCHDECK_RUNS or ./runs)")
+    o.add_argument("--debug", action="store_true", help="show tracebacks of torchdeck's own errors")
+    for names in UNSUPPORTED:
+        p.add_argument(*names, action=_Unsupported)
+    p.add_argument("script", metavar="SCRIPT", help="your script (or module with -m, executable with --no-python)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments, unchanged")
+    return p
+
+
+def _nnodes(text: str) -> int:
+    lo, sep, hi = str(text).partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise UsageError(f"torchdeck launch: --nnodes {text}: expected a number of nodes, like 2") from None
+    if low != high:
+        raise UsageError(f"torchdeck launch: --nnodes {text} is an elastic range: torchdeck runs a fixed number of "
+                         f"nodes; give --nnodes N")
+    return low
+
+
+def _processes(nproc: str | None, devices: str | None, gpu_count) -> tuple[str, object]:
+    """(accelerator, devices) for --nproc-per-node and --devices. gpu_count: this host's visible
+    GPUs (an int, or a callable giving one, asked only for `auto`)."""
+    if devices:
+        count = None
+        if not devices.replace(" ", "").startswith("free:"):
+            count = len([d for d in devices.split(",") if d.strip()])
+        else:
+            tail = devices.replace(" ", "")[5:]
+            count = int(tail) if tail.isdigit() else None
+        if nproc not in (None, "gpu", "auto") and count is not None and nproc != str(count):
+            raise UsageError(f"torchdeck launch: --nproc-per-node {nproc} and --devices {devices} disagree: one "
+                             "process per picked GPU; leave out --nproc-per-node")
+        return "cuda", devices
+    if nproc is None:
+        return "cpu", 1
+    if nproc == "auto":
+        n = gpu_count() if callable(gpu_count) else gpu_count
+        nproc = "gpu" if n else "cpu"
+    if nproc == "gpu":
+        n = gpu_count() if callable(gpu_count) else gpu_count
+        if n == 0:
+            raise UsageError("torchdeck launch: --nproc-per-node gpu: this host has no GPU that CUDA can use; give a "
+                             "number of processes, or cpu")
+        return "cuda", -1  # every visible GPU
+    if nproc == "cpu":
+        return "cpu", "auto"  # one per core this process may use (torchrun's: os.cpu_count())
+    try:
+        n = int(nproc)
+    except ValueError:
+        raise UsageError(f"torchdeck launch: --nproc-per-node {nproc}: expected a number, gpu, cpu or auto") from None
+    if n < 1:
+        raise UsageError(f"torchdeck launch: --nproc-per-node {nproc}: at least 1 process")
+    return "cpu", n  # N processes; the script picks its device from LOCAL_RANK, as under torchrun
+
+
+def to_config(args: argparse.Namespace, cwd: str | Path, gpu_count=None) -> dict:
+    """The script run's config dict (engine.config's shape) for parsed `args`; cwd: where the
+    script runs (the folder launch was called from). Raises UsageError for flags that do not go
+    together; the config's own rules are engine.preflight's."""
+    env = {}
+    for item in args.env:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"torchdeck launch: --env {item}: expected NAME=VALUE")
+        env[key] = value
+    if args.use_env and args.local_rank_arg:
+        raise UsageError("torchdeck launch: --use-env and --local-rank-arg disagree: --use-env gives the rank in the "
+                         "environment only; leave out one of them")
+    if args.module and args.no_python:
+        raise UsageError("torchdeck launch: -m and --no-python disagree: a module runs with python; leave out one")
+    nnodes = _nnodes(args.nnodes)
+    if args.standalone and nnodes != 1:
+        raise UsageError(f"torchdeck launch: --standalone is one node, and --nnodes says {args.nnodes}")
+    accelerator, devices = _processes(args.nproc, args.devices, gpu_count)
+    port = args.master_port
+    if port is None or args.standalone:
+        port = 0 if nnodes == 1 else 29500  # one node: a free port, as torchrun --standalone
+    target = args.script
+    name = args.name or (target.rsplit(".", 1)[-1] if args.module else Path(target).stem) or "script"
+    return {
+        "name": name,
+        "strategy": "script",
+        "accelerator": accelerator,
+        "devices": devices,
+        "nodes": {"num_nodes": nnodes, "node_rank": args.node_rank,
+                  "master_addr": "127.0.0.1" if args.standalone else args.master_addr, "master_port": port},
+        "script": {"path": "" if args.module else target, "module": target if args.module else "",
+                   "args": list(args.args), "no_python": bool(args.no_python),
+                   "local_rank_arg": args.local_rank_arg or "", "env": env, "cwd": str(Path(cwd).resolve())},
+    }
+
+
+def lines(problems) -> list[str]:
+    """Problems with a launch's config, in the flags' words: `--nnodes: ...`; the script's own
+    (missing, syntax error) as they are."""
+    out = []
+    if any(f == "accelerator" and "cuda needs" in why for f, why in problems):  # the one thing to say
+        problems = [("", "--devices picks GPUs, and this host has no GPU that CUDA can use (no NVIDIA GPU or "
+                         "driver); leave out --devices and give --nproc-per-node N")]
+    for field, why in problems:
+        if field.startswith("script.") and field not in FLAG_OF:
+            out.append(f"torchdeck launch: {why}")
+        else:
+            out.append(f"torchdeck launch: {FLAG_OF.get(field, field)}: {why}" if field else f"torchdeck launch: {why}")
+    return out
