@@ -211,6 +211,10 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
         warn = visible_devices_warning()
         if warn:
             _err("warning: " + warn)
+    if cfg.strategy == "script":  # the folder the ranks start in, as the run records it
+        from ..engine.preflight import script_cwd
+
+        cfg.script.cwd = str(script_cwd(cfg).resolve())
     root = root or args.runs_dir
     try:
         run = control.start(cfg, root=root, origin=origin)
@@ -585,6 +589,11 @@ def cmd_export(args) -> int:
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
         raise UsageError(f"devices: {cfg.devices}: an exported job cannot know how many GPUs its nodes have; list "
                          "them, e.g. --set 'devices=[0,1,2,3]'")
+    if cfg.strategy == "script":  # the user's own script: the torchrun line they would type
+        if args.deepspeed:
+            raise UsageError("--deepspeed: a script run is exported as --torchrun or --sbatch")
+        print(export.script_sbatch(cfg) if args.sbatch else export.script_torchrun(cfg), end="")
+        return EXIT_OK
     if args.sbatch:
         print(export.sbatch(cfg), end="")
         return EXIT_OK

@@ -210,3 +210,91 @@ if [ -n "$TD_PREEMPTED" ] && [ "$rc" -eq 0 ]; then
 fi
 exit "$rc"
 """
+
+
+# ----------------------------------------------------------------------------- a script run
+
+
+def script_torchrun_argv(cfg, node_rank: int | None = None) -> list[str]:
+    """The torchrun command line a user would type for a script run (strategy script), one node."""
+    s, n = cfg.script, cfg.nodes
+    nproc = "cpu" if cfg.accelerator == "cpu" and cfg.devices == "auto" else str(nproc_per_node(cfg))
+    argv = ["torchrun"]
+    if n.num_nodes == 1 and not n.master_port:
+        argv += ["--standalone", "--nnodes", "1", "--nproc-per-node", nproc]
+    else:
+        argv += ["--nnodes", str(n.num_nodes), "--nproc-per-node", nproc,
+                 "--node-rank", str(n.node_rank if node_rank is None else node_rank),
+                 "--master-addr", n.master_addr, "--master-port", str(n.master_port)]
+    if s.no_python:
+        argv.append("--no-python")
+    argv += ["-m", s.module] if s.module else [s.path]
+    return argv + list(s.args)
+
+
+def _script_env(cfg) -> dict:
+    """What torchdeck would add to each rank's environment beyond torchrun's: script.env, the GPUs
+    picked (CUDA_VISIBLE_DEVICES, as torchrun users set it by hand), the network interface."""
+    env = dict(_env(cfg))
+    if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
+    env.update(cfg.script.env)
+    return env
+
+
+def _script_notes(cfg) -> list[str]:
+    s = cfg.script
+    notes = []
+    if s.local_rank_arg:
+        notes.append(f"# note: torchrun passes no {s.local_rank_arg}=N to the script (torchdeck's local_rank_arg did); "
+                     "the script must read LOCAL_RANK, or use python -m torch.distributed.launch")
+    return notes
+
+
+def script_torchrun(cfg) -> str:
+    """Shell text for a script run: cd to its folder, export the environment torchdeck would add,
+    then one torchrun line per node."""
+    from .preflight import script_cwd
+
+    n = cfg.nodes
+    lines = [f"# {cfg.name}: your own script, {n.num_nodes} node(s) x {nproc_per_node(cfg)} process(es) = "
+             f"world size {world_size(cfg)}; the same run under torchdeck: torchdeck run THIS_PRESET",
+             *_script_notes(cfg), f"cd {shlex.quote(str(script_cwd(cfg).resolve()))}"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in _script_env(cfg).items()]
+    for k in range(n.num_nodes):
+        if n.num_nodes > 1:
+            lines.append(f"# node {k}" + (f" (master: {n.master_addr})" if k == 0 else ""))
+        lines.append(shlex.join(script_torchrun_argv(cfg, k)))
+    return "\n".join(lines) + "\n"
+
+
+def script_sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
+    """A SLURM script around the script run's torchrun: one torchrun per node (srun), meeting at
+    the first node's host on nodes.master_port (29500 when 0)."""
+    from .preflight import script_cwd
+
+    s, n = cfg.script, cfg.nodes
+    nproc = nproc_per_node(cfg)
+    nproc_arg = "cpu" if cfg.accelerator == "cpu" and cfg.devices == "auto" else str(nproc)
+    cpus = nproc * (cfg.train.threads_per_rank or AUTO_THREADS_ASKED)
+    target = ["--no-python"] * s.no_python + (["-m", s.module] if s.module else [s.path]) + list(s.args)
+    inner = ('exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node ' + nproc_arg
+             + ' --node-rank "$SLURM_NODEID" --master-addr "$TD_HEAD" --master-port "$TD_PORT" ' + shlex.join(target))
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _script_env(cfg).items())
+    notes = "".join(line + "\n" for line in _script_notes(cfg))
+    gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
+    return f"""#!/bin/bash
+# torchdeck export: {cfg.name} (your own script), {n.num_nodes} node(s) x {nproc} process(es)
+# = world size {world_size(cfg)}. Submit with: sbatch THIS_FILE
+{notes}#SBATCH --job-name={shlex.quote(job_name or cfg.name)}
+#SBATCH --nodes={n.num_nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task={cpus}
+{gpu_lines}#SBATCH --time={time_limit}
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+cd {shlex.quote(str(script_cwd(cfg).resolve()))}
+{exports}export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export TD_PORT={n.master_port or 29500}
+srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c {shlex.quote(inner)}
+"""
