@@ -157,8 +157,8 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
         ranks = gpu_ranks(g, state)
         if ranks:
             used.append(g)
-        util = _fnum(getattr(g, "util", None))
-        mused, mtot = _fnum(getattr(g, "mem_used_mb", None)), _fnum(getattr(g, "mem_total_mb", None))
+        util = fmt.real(getattr(g, "util", None))
+        mused, mtot = fmt.real(getattr(g, "mem_used_mb", None)), fmt.real(getattr(g, "mem_total_mb", None))
         mfrac = mused / mtot if mused is not None and mtot else None
         who = ("r" + ",".join(map(str, ranks))) if ranks else "-"
         fixed = 2 + name_w + 1 + 5 + 1 + 13 + 1 + 5 + 1 + 9 + 1 + 8
@@ -175,8 +175,8 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
         t.append_text(bar(mfrac, bw, util_style(None if mfrac is None else 100 * mfrac)))
         t.append(f" {fmt.mib(mused, NA):>5}/{fmt.mib(mtot, NA):<6} ")
         temp = getattr(g, "temp_c", None)
-        t.append(f"{fmt.num(_fnum(temp), '.0f', NA):>3}°C ")
-        pw, pl = _fnum(getattr(g, "power_w", None)), _fnum(getattr(g, "power_limit_w", None))
+        t.append(f"{fmt.num(fmt.real(temp), '.0f', NA):>3}°C ")
+        pw, pl = fmt.real(getattr(g, "power_w", None)), fmt.real(getattr(g, "power_limit_w", None))
         t.append(f"{fmt.num(pw, '.0f', NA):>4}/{fmt.num(pl, '.0f', NA):<4}W ")
         if sw:
             t.append(spark(history.get(g.index, ()), sw), style="cyan")
@@ -190,22 +190,15 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
     return t
 
 
-def _fnum(v) -> float | None:
-    try:
-        return None if v is None else float(v)
-    except (TypeError, ValueError):
-        return None
-
-
 def imbalance_text(used, gpus) -> Text:
     """Spread of utilization and memory across the run's GPUs: DP's heavy GPU 0 shows here."""
     group, label = (used, "this run's GPUs") if len(used) >= 2 else (gpus, "all GPUs")
     if len(group) < 2:
         return Text("imbalance: one GPU, nothing to compare", style="dim")
-    utils = [u for u in (_fnum(getattr(g, "util", None)) for g in group) if u is not None]
+    utils = [u for u in (fmt.real(getattr(g, "util", None)) for g in group) if u is not None]
     mems = []
     for g in group:
-        u, tot = _fnum(getattr(g, "mem_used_mb", None)), _fnum(getattr(g, "mem_total_mb", None))
+        u, tot = fmt.real(getattr(g, "mem_used_mb", None)), fmt.real(getattr(g, "mem_total_mb", None))
         if u is not None and tot:
             mems.append(100 * u / tot)
     du = max(utils) - min(utils) if len(utils) >= 2 else None
@@ -219,7 +212,7 @@ def imbalance_text(used, gpus) -> Text:
         t.append(f"{what} spread {d:.0f} pts", style="bold red reverse" if big else "green")
         t.append("  ")
     if (du or 0) > IMBALANCE_POINTS or (dm or 0) > IMBALANCE_POINTS:
-        hot = max(group, key=lambda g: _fnum(getattr(g, "util", None)) or 0)
+        hot = max(group, key=lambda g: fmt.real(getattr(g, "util", None)) or 0)
         t.append(f"GPU {hot.index} carries the most", style="red")
     return t
 
@@ -232,13 +225,13 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
         return Text(why_none or "host sampling is not available", style="yellow")
     t = Text()
     bw = max(6, min(30, width - 30))
-    cpu = _fnum(getattr(host, "cpu_percent", None))
+    cpu = fmt.real(getattr(host, "cpu_percent", None))
     t.append("CPU ", style="bold")
     t.append_text(bar(None if cpu is None else cpu / 100, bw, util_style(cpu)))
     ncpu = len(getattr(host, "per_cpu", None) or [])
-    load = _fnum(getattr(host, "load1", None))
+    load = fmt.real(getattr(host, "load1", None))
     t.append(f" {fmt.num(cpu, '.0f', NA):>3}%  {ncpu} cores  load {fmt.num(load, '.2f', NA)}\n")
-    used, tot = _fnum(getattr(host, "ram_used_mb", None)), _fnum(getattr(host, "ram_total_mb", None))
+    used, tot = fmt.real(getattr(host, "ram_used_mb", None)), fmt.real(getattr(host, "ram_total_mb", None))
     frac = used / tot if used is not None and tot else None
     t.append("RAM ", style="bold")
     t.append_text(bar(frac, bw, util_style(None if frac is None else 100 * frac)))
@@ -252,8 +245,8 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
     for p in sorted(procs, key=lambda p: (-1 if getattr(p, "rank", None) is None else p.rank)):
         rank = getattr(p, "rank", None)
         who = "supervisor" if rank is None else f"rank {rank}"
-        rss = _fnum(getattr(p, "rss_mb", None))
-        pc = _fnum(getattr(p, "cpu_percent", None))
+        rss = fmt.real(getattr(p, "rss_mb", None))
+        pc = fmt.real(getattr(p, "cpu_percent", None))
         t.append(f"\n{p.pid:>8}  {who:<10} {fmt.num(pc, '.1f', NA):>6} {fmt.mib(rss, NA):>8}")
     return t
 
@@ -536,7 +529,7 @@ class GPUHistory:
 
     def add(self, gpus) -> None:
         for g in gpus:
-            self.by_index.setdefault(g.index, deque(maxlen=self.n)).append(_fnum(getattr(g, "util", None)))
+            self.by_index.setdefault(g.index, deque(maxlen=self.n)).append(fmt.real(getattr(g, "util", None)))
 
 
 __all__ = ["TextPane", "RanksPane", "Curves", "LogPane", "GPUHistory", "header_text", "gpu_text",

@@ -96,14 +96,14 @@ def columns(target: float | None = None) -> tuple[tuple[str, str], ...]:
             ("target", "TO " + (fmt.pct(target, 0) if target is not None else "TARGET")), ("val", "VAL ACC"))
 
 
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        return None
-    return float(v)
-
-
-def _rank(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+def _view(rd: RunDir, every_point: bool = False) -> RunView:
+    """The run as the one reducer sees it: its events replayed, then what its directory says of
+    its processes (a live run, a lost one)."""
+    view = RunView.replay(events.iter_events(rd.events_path), every_point)
+    final = rd.final_status()
+    pid = rd.owner_pid()
+    view.observe(final, final is None and pid_alive(pid), pid is not None, rd.quiet_s(), time.time())
+    return view
 
 
 def measure(run, strategy: str | None = None, target: float | None = None) -> Row:
@@ -111,12 +111,7 @@ def measure(run, strategy: str | None = None, target: float | None = None) -> Ro
     time per optimizer step of the lowest rank, summed over its logged windows after the first
     (each step event covers the steps since the one before; evaluation is not in any window)."""
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    evs = events.read_all(rd.events_path)
-    view = RunView()
-    view.feed_all(evs)
-    final = rd.final_status()
-    pid = rd.owner_pid()
-    view.observe(final, final is None and pid_alive(pid), pid is not None, rd.quiet_s(), time.time())
+    view = _view(rd)
     row = Row(strategy=strategy or view.strategy, status=str(view.status), run=str(rd.path),
               world=view.world_size or None, global_batch=view.global_batch, reason=view.root_cause)
     if row.global_batch is None or row.world is None:
@@ -127,54 +122,21 @@ def measure(run, strategy: str | None = None, target: float | None = None) -> Ro
         except Exception:  # an unreadable config: the events' figures (or none) stand
             pass
     row.mem_kind = "allocated" if any(str(d).startswith("cuda") for d in view.devices) else "RSS"
-
-    last_step: dict[int, int] = {}
-    windows: dict[int, list] = {}  # rank -> [(steps, wall s, data wait s)] after warm-up
-    peaks: dict[int, float] = {}
-    for ev in evs:
-        if not isinstance(ev, dict):
-            continue
-        kind = ev.get("kind")
-        if kind == "step":
-            r, step = _rank(ev.get("rank")), _rank(ev.get("step"))
-            wait, comp = _num(ev.get("data_wait_s")), _num(ev.get("compute_s"))
-            if r is None or step is None or wait is None or comp is None:
-                continue
-            before = last_step.get(r)
-            last_step[r] = step
-            if before is None:
-                if r == min(last_step):
-                    row.warmup_steps = step
-                continue  # warm-up: the first window of each rank
-            if step > before:
-                windows.setdefault(r, []).append((step - before, wait + comp, wait))
-        elif kind == "rank_report" and isinstance(ev.get("reports"), list):
-            for rep in ev["reports"]:
-                if not isinstance(rep, dict) or _rank(rep.get("rank")) is None:
-                    continue
-                m = _num(rep.get("peak_mem_mb"))
-                m = m if m is not None else _num(rep.get("device_mem_mb"))  # runs from before peak_mem_mb
-                if m is not None:
-                    peaks[rep["rank"]] = max(peaks.get(rep["rank"], 0.0), m)
-    row.peak_mem_mb = [round(peaks[r], 1) for r in sorted(peaks)]
+    ranks = view.rank_list()
+    row.peak_mem_mb = [round(r.mem_high_mb, 1) for r in ranks if r.mem_high_mb is not None]
+    row.warmup_steps = next((r.warmup_steps for r in ranks if r.warmup_steps is not None), 0)
     row.steps = view.progress()[0]
-    if windows:
-        lead = windows[min(windows)]
-        steps, wall = sum(w[0] for w in lead), sum(w[1] for w in lead)
-        if steps > 0 and wall > 0:
-            row.step_s = wall / steps
+    timed = [r for r in ranks if r.timed_steps > 0]
+    if timed:
+        lead = timed[0]
+        if lead.timed_s > 0:
+            row.step_s = lead.timed_s / lead.timed_steps
             if row.global_batch:
                 row.samples_per_s = row.global_batch / row.step_s
-        waits = [w for ws in windows.values() for w in ws]
-        total = sum(w[1] for w in waits)
-        row.data_wait = sum(w[2] for w in waits) / total if total > 0 else None
+        total = sum(r.timed_s for r in timed)
+        row.data_wait = sum(r.timed_wait_s for r in timed) / total if total > 0 else None
     row.final_val_acc = view.latest_val_acc()
-    if target is not None and view.started_t is not None:
-        for ev in evs:
-            if (isinstance(ev, dict) and ev.get("kind") == "epoch_end" and ev.get("rank") in (0, None)
-                    and (_num(ev.get("val_acc")) or 0.0) >= target and _num(ev.get("t")) is not None):
-                row.time_to_target_s = max(0.0, ev["t"] - view.started_t)
-                break
+    row.time_to_target_s = None if target is None else view.reached(target)
     return row
 
 
@@ -198,22 +160,16 @@ class Curve:
 def curves(run, label: str | None = None) -> Curve:
     """Training loss (the lowest rank's step events) and validation accuracy (epoch ends)."""
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    evs = events.read_all(rd.events_path)
-    start = next((_num(e.get("t")) for e in evs if isinstance(e, dict) and e.get("kind") == "run_started"), None)
-    ranks = [_rank(e.get("rank")) for e in evs if isinstance(e, dict) and e.get("kind") == "step"]
-    lead = min((r for r in ranks if r is not None), default=0)
+    view = RunView.replay(events.iter_events(rd.events_path), every_point=True)
+    losses = view.timed_losses()
+    accs = [(p.step, p.t, p.val_acc) for _, p in sorted(view.epochs.items())
+            if p.rank in (0, -1) and p.val_acc is not None and p.t is not None]
+    start = view.started_t
+    if start is None:  # no run_started event: the first point's time
+        start = min([t for _, t, _ in losses[:1] + accs[:1]], default=0.0)
     c = Curve(label or rd.short_name)
-    for e in evs:
-        if not isinstance(e, dict):
-            continue
-        t, step = _num(e.get("t")), _rank(e.get("step"))
-        if t is None or step is None:
-            continue
-        start = t if start is None else start
-        if e.get("kind") == "step" and e.get("rank") == lead and _num(e.get("loss")) is not None:
-            c.loss.append((step, t - start, e["loss"]))
-        elif e.get("kind") == "epoch_end" and e.get("rank") in (0, None) and _num(e.get("val_acc")) is not None:
-            c.val_acc.append((step, t - start, e["val_acc"]))
+    c.loss = [(step, t - start, loss) for step, t, loss in losses]
+    c.val_acc = [(step, t - start, acc) for step, t, acc in accs]
     return c
 
 
@@ -230,7 +186,7 @@ class Comparison:
 
     @property
     def target(self) -> float | None:
-        return _num(self.plan.get("target_acc"))
+        return fmt.real(self.plan.get("target_acc"))
 
     def header(self) -> list[str]:
         return header_lines(self.plan)
@@ -248,7 +204,7 @@ def load(path) -> Comparison:
     """The rows of a comparison directory, measured now from its runs (a live one too)."""
     path = Path(path)
     plan = read_plan(path)
-    target = _num(plan.get("target_acc"))
+    target = fmt.real(plan.get("target_acc"))
     rows = []
     for e in plan.get("entries") or []:
         if not isinstance(e, dict):

@@ -3,6 +3,19 @@ The CLI, the Monitor and the Runs list all use these, so one run reads the same 
 from __future__ import annotations
 
 
+def real(v) -> float | None:
+    """A number as read from an event, a status file or a sampler; None for what is not one: None,
+    True/False, text that is no number, and NaN (a diverged loss, a sensor's gap), which every
+    formatter here shows as missing anyway. A number written as text ("0.5") counts."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if f != f else f
+
+
 def duration(s: float | None, missing: str = "--:--") -> str:
     """h:mm:ss, or mm:ss under an hour; `missing` when unknown."""
     if s is None or s != s or s < 0:

@@ -72,7 +72,7 @@ def best(trials: list[Trial]) -> int | None:
 def is_oom(run: RunDir, final: dict | None) -> str | None:
     """The out-of-memory message of a failed trial (any rank's), or None when it failed otherwise."""
     texts = [str((final or {}).get("root_cause") or "")]
-    for e in events.read_all(run.events_path):
+    for e in events.iter_events(run.events_path):
         if e.get("kind") == "error":
             texts.append(f"{e.get('exception', '')}: {e.get('message', '')}")
     for text in texts:
@@ -87,12 +87,11 @@ def _capped(text: str) -> bool:
 
 def peak_mem(run: RunDir) -> list:
     """Each rank's peak memory from its rank_reports (max_memory_allocated on a GPU), as the
-    shared reducer keeps it."""
+    shared reducer keeps it (RunView: a rank that sent no peak counts its largest device_mem_mb)."""
     from .view import RunView
 
-    view = RunView()
-    view.feed_all(events.read_all(run.events_path))
-    return [st.peak_mem_mb for st in view.rank_list() if st.peak_mem_mb is not None]
+    view = RunView.replay(events.iter_events(run.events_path))
+    return [st.mem_high_mb for st in view.rank_list() if st.mem_high_mb is not None]
 
 
 def trial_overrides(batch: int, steps: int) -> list[str]:

@@ -47,6 +47,7 @@ class RankState:
     comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
     peak_mem_mb: float | None = None  # the most it held so far (rank_report)
+    mem_high_mb: float | None = None  # the same, or its largest device_mem_mb where no peak was sent (older runs)
     last_seen: float | None = None  # event time of the newest news about this rank
     interval: float | None = None  # typical seconds between its reports (smoothed)
     exited: str | None = None  # "exit 0", "exit 1", "signal SIGKILL"
@@ -57,6 +58,11 @@ class RankState:
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
     _rates: int = 0  # step-window rates it reported, and the sum of their inverses: each window
     _inv_rate_sum: float = 0.0  # is the same number of samples, so their harmonic mean is its mean rate
+    warmup_steps: int | None = None  # the step of its first timed window: warm-up, left out of the sums below
+    timed_steps: int = 0  # steps of its timed windows after warm-up (the run's rate: engine.runs.compare)
+    timed_s: float = 0.0  # their data_wait_s + compute_s (training only: evaluation is in no window)
+    timed_wait_s: float = 0.0  # their data_wait_s
+    _timed_at: int | None = None  # the step of its newest timed window
 
     def add_rate(self, samples_per_s: float) -> None:
         self.samples_per_s = samples_per_s
@@ -67,6 +73,17 @@ class RankState:
     @property
     def mean_samples_per_s(self) -> float:
         return self._rates / self._inv_rate_sum if self._rates else 0.0
+
+    def add_window(self, step: int, wall_s: float, wait_s: float) -> None:
+        """A step event that timed its window (the steps since the one before): the first is warm-up
+        (start-up, first iterations, allocator growth) and only marks where timing starts."""
+        before, self._timed_at = self._timed_at, step
+        if before is None:
+            self.warmup_steps = step
+        elif step > before:
+            self.timed_steps += step - before
+            self.timed_s += wall_s
+            self.timed_wait_s += wait_s
 
     @property
     def failed_exit(self) -> bool:
@@ -102,6 +119,8 @@ class EpochPoint:
     train_acc: float | None
     val_loss: float | None
     val_acc: float | None
+    t: float | None = None  # when it ended (event time)
+    rank: int = -1  # whose it is: 0, else -1 (the supervisor's), else the first rank to send it
 
 
 # A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
@@ -136,15 +155,6 @@ class Thinned:
 
 class Malformed(ValueError):
     pass
-
-
-def _f(v) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _i(v, default: int = 0) -> int:
@@ -205,6 +215,7 @@ class RunView:
     last_t: float | None = None  # newest event time
     steps: Thinned = field(default_factory=Thinned)  # (step, train loss)
     step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
+    step_t: Thinned = field(default_factory=Thinned)  # (step, (event time, rank)) of each point of `steps`
     best_val_acc: float | None = None
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
@@ -239,7 +250,7 @@ class RunView:
         if handler is None:
             self.skipped += 1
             return False
-        t = _f(ev.get("t"))
+        t = fmt.real(ev.get("t"))
         if t is None or t != t or t in (float("inf"), float("-inf")):
             t = self.last_t or time.time()
         self.last_t = max(self.last_t or t, t)
@@ -337,13 +348,16 @@ class RunView:
         st.epoch = epoch_number(ev.get("epoch"), st.epoch)
         st.step = _i(ev.get("step"), st.step)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
-        st.loss = _f(ev.get("loss"))
-        acc = _f(ev.get("accuracy"))
+        st.loss = fmt.real(ev.get("loss"))
+        acc = fmt.real(ev.get("accuracy"))
         st.acc = acc if acc is not None else st.acc
-        st.add_rate(_f(ev.get("samples_per_s")) or 0.0)
-        wait, comp = _f(ev.get("data_wait_s")) or 0.0, _f(ev.get("compute_s")) or 0.0
+        st.add_rate(fmt.real(ev.get("samples_per_s")) or 0.0)
+        wait_s, comp_s = fmt.real(ev.get("data_wait_s")), fmt.real(ev.get("compute_s"))
+        wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
-        comm = _f(ev.get("comm_s"))
+        if wait_s is not None and comp_s is not None and st.rank >= 0 and _i(ev.get("step"), -1) >= 0:
+            st.add_window(st.step, wait_s + comp_s, wait_s)
+        comm = fmt.real(ev.get("comm_s"))
         st.comm_wait = min(1.0, max(0.0, comm / (wait + comp))) if comm is not None and wait + comp > 0 else None
         self._window(st, t, bool(ev.get("pause")))  # before _seen moves _step_t on
         self._seen(st, t)
@@ -352,6 +366,7 @@ class RunView:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
         if st.rank == self._curve_rank and st.loss is not None:
             self.steps.add(st.step, st.loss)
+            self.step_t.add(st.step, (t, st.rank))
             if acc is not None:
                 self.step_acc.add(st.step, acc)
             self.curve_version += 1
@@ -362,13 +377,14 @@ class RunView:
         st = self.rank(r)
         st.epoch = max(st.epoch, epoch)
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
-        val_acc = _f(ev.get("val_acc"))
+        val_acc = fmt.real(ev.get("val_acc"))
         if val_acc is not None:
             st.val_acc = val_acc
         have = self.epochs.get(epoch)
         if have is None or r == 0:
-            p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
-                                                _f(ev.get("train_acc")), _f(ev.get("val_loss")), val_acc)
+            p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), fmt.real(ev.get("train_loss")),
+                                                fmt.real(ev.get("train_acc")), fmt.real(ev.get("val_loss")), val_acc,
+                                                t, r)
             if val_acc is not None and (self.best_val_acc is None or val_acc > self.best_val_acc):
                 self.best_val_acc = val_acc
             self.curve_version += 1
@@ -414,7 +430,7 @@ class RunView:
         self.root_cause = None if ev.get("root_cause") is None else _text(ev.get("root_cause"))
         self.finished_t = t
         self._finished_event = True
-        elapsed = _f(ev.get("elapsed_s"))
+        elapsed = fmt.real(ev.get("elapsed_s"))
         if elapsed is not None and elapsed >= 0:
             self.elapsed_s = elapsed  # the run's own figure: every front end shows this one
         if self.started_t is None and elapsed is not None:
@@ -443,13 +459,16 @@ class RunView:
             if not isinstance(rep, dict) or rep.get("rank") is None:
                 continue
             st = self.rank(rep.get("rank"))
-            rt = _f(rep.get("t")) or t
-            mem = _f(rep.get("device_mem_mb"))
+            rt = fmt.real(rep.get("t")) or t
+            mem = fmt.real(rep.get("device_mem_mb"))
             if mem is not None:
                 st.device_mem_mb = mem
-            peak = _f(rep.get("peak_mem_mb"))
+            peak = fmt.real(rep.get("peak_mem_mb"))
             if peak is not None:
                 st.peak_mem_mb = max(peak, st.peak_mem_mb or 0.0)
+            high = peak if peak is not None else mem  # runs from before peak_mem_mb
+            if high is not None:
+                st.mem_high_mb = max(high, st.mem_high_mb or 0.0)
             if rep.get("node_rank") is not None:
                 st.node_rank = _i(rep.get("node_rank"))
             if rep.get("host") and not st.host:
@@ -460,11 +479,11 @@ class RunView:
             st.epoch = epoch_number(rep.get("epoch"), st.epoch)
             st.step = _i(rep.get("step"), st.step)
             st.total_steps = st.total_steps or self.total_steps
-            st.add_rate(_f(rep.get("samples_per_s")) or 0.0)
-            wait = _f(rep.get("data_wait"))
+            st.add_rate(fmt.real(rep.get("samples_per_s")) or 0.0)
+            wait = fmt.real(rep.get("data_wait"))
             if wait is not None:
                 st.data_wait = wait if 0.0 <= wait <= 1.0 else None
-            comm = _f(rep.get("comm_wait"))
+            comm = fmt.real(rep.get("comm_wait"))
             st.comm_wait = comm if comm is not None and 0.0 <= comm <= 1.0 else None
             self._seen(st, rt)
             self._stepping(rt, st.step)
@@ -483,17 +502,18 @@ class RunView:
             kind = ev.get("kind")
             try:
                 if kind == "step" and ev.get("rank") == 0 and _i(ev.get("step"), upto_step + 1) <= upto_step:
-                    loss, acc = _f(ev.get("loss")), _f(ev.get("accuracy"))
+                    loss, acc = fmt.real(ev.get("loss")), fmt.real(ev.get("accuracy"))
                     if loss is not None:
                         self.steps.add(_i(ev.get("step")), loss)
+                        self.step_t.add(_i(ev.get("step")), (fmt.real(ev.get("t")), 0))
                         n += 1
                     if acc is not None:
                         self.step_acc.add(_i(ev.get("step")), acc)
                 elif kind == "epoch_end" and ev.get("rank") in (0, None) and _i(ev.get("step"), upto_step + 1) <= upto_step:
                     epoch = epoch_number(ev.get("epoch"), 1)
-                    val = _f(ev.get("val_acc"))
-                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
-                                                             _f(ev.get("train_acc")), _f(ev.get("val_loss")), val))
+                    val = fmt.real(ev.get("val_acc"))
+                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), fmt.real(ev.get("train_loss")),
+                                                             fmt.real(ev.get("train_acc")), fmt.real(ev.get("val_loss")), val))
                     if val is not None and (self.best_val_acc is None or val > self.best_val_acc):
                         self.best_val_acc = val
             except (TypeError, ValueError, OverflowError):
@@ -533,7 +553,7 @@ class RunView:
             self.version += 1
         elif st.final and final is not None:
             self.status = st
-            elapsed = _f(final.get("elapsed_s"))
+            elapsed = fmt.real(final.get("elapsed_s"))
             self.elapsed_s = elapsed if elapsed is not None and elapsed >= 0 else self.elapsed_s
             rc = final.get("root_cause")
             self.root_cause = self.root_cause or (None if rc is None else str(rc))
@@ -678,6 +698,33 @@ class RunView:
                 return self.epochs[k].val_acc
         return None
 
+    def reached(self, val_acc: float) -> float | None:
+        """Seconds from the run's start to the first epoch end (rank 0's or the supervisor's) whose
+        validation accuracy is at least `val_acc`; None if none is, or the start is unknown."""
+        if self.started_t is None:
+            return None
+        for k in sorted(self.epochs):
+            p = self.epochs[k]
+            if p.rank in (0, -1) and p.val_acc is not None and p.val_acc >= val_acc and p.t is not None:
+                return max(0.0, p.t - self.started_t)
+        return None
+
+    def timed_losses(self) -> list[tuple[int, float, float]]:
+        """The loss curve with its times: (step, event time, loss) of the lowest rank's step events
+        (the points of `steps`, thinned alike unless the view was replayed with every point)."""
+        return [(step, when, loss) for (step, loss), (_, (when, rank)) in zip(self.steps.points, self.step_t.points)
+                if rank == self._curve_rank and when is not None]
+
+    @classmethod
+    def replay(cls, evs, every_point: bool = False) -> "RunView":
+        """A view of events read back whole (a finished run, a comparison's row): `every_point`
+        keeps every curve point instead of STEP_HISTORY (a one-off read, not a live Monitor)."""
+        view = cls()
+        if every_point:
+            view.steps, view.step_acc, view.step_t = Thinned(1 << 62), Thinned(1 << 62), Thinned(1 << 62)
+        view.feed_all(evs)
+        return view
+
     def rank_spread(self) -> tuple[RankState, RankState] | None:
         """(slowest, fastest) rank by samples/s (their last figures, once the run is over)."""
         live = [r for r in self.rank_list() if not r.failed_exit and r.samples_per_s > 0
@@ -735,4 +782,5 @@ class RunView:
         snap.logs = list(self.logs)
         snap.steps = self.steps.copy()
         snap.step_acc = self.step_acc.copy()
+        snap.step_t = self.step_t.copy()
         return snap

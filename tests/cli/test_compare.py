@@ -11,6 +11,7 @@ import pytest
 from torchdeck.engine import config
 from torchdeck.engine.events import read_all
 from torchdeck.engine.runs import compare
+from torchdeck.engine.strategies import global_batch
 from tests.run_events import T0, ev, started, step
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
@@ -60,7 +61,7 @@ def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
     assert all(Path(row["run"]).name in listed.stdout for row in ran)  # `torchdeck runs` lists them too
     saved = config.load(tmp_path / "presets" / "fastest.yaml")
     best = max(ran, key=lambda row: row["samples_per_s"])
-    assert saved.strategy == best["strategy"] and saved.global_batch == 64
+    assert saved.strategy == best["strategy"] and global_batch(saved) == 64
     assert saved.train.max_steps == 0 and saved.train.epochs == 1  # the job, not the comparison's limit
 
 
