@@ -154,9 +154,8 @@ def cmd_launch(args) -> int:
     from ..engine.hardware import detect_hardware
     from ..engine.launch import args as launch_args
 
-    p = launch_args.parser()
     try:
-        ns = p.parse_args(args.argv)
+        ns = launch_args.parse(args.argv)
     except SystemExit as exc:  # --help
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     args.debug = getattr(args, "debug", False) or ns.debug

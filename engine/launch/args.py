@@ -108,9 +108,11 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
                    help="GPUs to use, e.g. 0,2 or free:N (the N least used): sets each rank's visible GPU")
     o.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="extra environment for every rank (repeatable)")
-    o.add_argument("--local-rank-arg", dest="local_rank_arg", nargs="?", const="--local-rank", default="",
-                   metavar="FLAG", help="pass --local-rank=N to the script as torch.distributed.launch did "
-                                        "(--local-rank-arg=--local_rank for the older spelling)")
+    o.add_argument("--local-rank-arg", "--local_rank_arg", dest="local_rank_arg", action="store_const",
+                   const="--local-rank", default="",
+                   help="pass --local-rank=N to the script as torch.distributed.launch did "
+                        "(--local-rank-arg=--local_rank for the older spelling)")
+    o.add_argument(_SPELLING, dest="local_rank_arg", help=argparse.SUPPRESS)  # --local-rank-arg=FLAG (parse)
     o.add_argument("--runs-dir", metavar="DIR", help="where runs live (default $TORCHDECK_RUNS or ./runs)")
     o.add_argument("--debug", action="store_true", help="show tracebacks of torchdeck's own errors")
     for names in UNSUPPORTED:
@@ -118,6 +120,30 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
     p.add_argument("script", metavar="SCRIPT", help="your script (or module with -m, executable with --no-python)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments, unchanged")
     return p
+
+
+_SPELLING = "--local-rank-spelling"
+
+
+def parse(argv: list[str], p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """Parse a launch's command line. `--local-rank-arg` alone is a switch (a value after it would
+    take the script's place); `--local-rank-arg=--local_rank` names the spelling. Only the options
+    before the script are looked at: everything after it is the script's own."""
+    p = p or parser()
+    argv, i = list(argv), 0
+    while i < len(argv):
+        tok = argv[i]
+        name, eq, value = tok.partition("=")
+        if eq and name in ("--local-rank-arg", "--local_rank_arg"):
+            argv[i] = f"{_SPELLING}={value}"
+        elif tok == "--" or not tok.startswith("-"):
+            break  # the script: the rest is its own
+        elif not eq:
+            action = p._option_string_actions.get(tok)
+            if action is not None and action.nargs is None:  # an option with a value: skip the value
+                i += 1
+        i += 1
+    return p.parse_args(argv)
 
 
 def _nnodes(text: str) -> int:
