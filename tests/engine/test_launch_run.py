@@ -167,3 +167,121 @@ def test_ddp_script_with_torchdeck_log_sends_loss_and_samples(tmp_path):
     assert all(isinstance(e["loss"], float) for e in logged)
     rated = [e for e in logged if e.get("samples_per_s")]  # from the second call on: a rate needs two
     assert {e["rank"] for e in rated} == {0, 1} and all(e["samples_per_s"] > 0 for e in rated)
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_rank_1_raising_fails_the_run_naming_rank_1_and_the_line(tmp_path):
+    script = ddp_script(tmp_path, before="if rank == 1 and step == 3: raise ValueError('bad batch on rank 1')",
+                        after="time.sleep(0.05)")
+    run = launch(tmp_path, script_cfg(tmp_path, script))
+    wait_for(lambda: len(pids_of(run)) == 2, 30, "both ranks ready")
+    pids = pids_of(run)
+    final = ended(run)
+    assert final["status"] == "failed"
+    at = line_of(script, "raise ValueError")
+    cause = final["root_cause"]
+    assert cause.startswith("rank 1 (") and "ValueError: bad batch on rank 1" in cause, cause
+    assert f"{script}:{at} in main" in cause, cause
+    assert final["exit_codes"][1] == 1 and final["exit_codes"][0] != 0
+    assert_nothing_left(run, pids, 15)
+    assert "ValueError: bad batch on rank 1" in run.rank_log(1).read_text()  # the traceback as python prints it
+
+
+def test_a_hanging_rank_gets_the_watchdogs_stacks_on_its_own(tmp_path):
+    script = ddp_script(tmp_path, before="if rank == 1 and step == 30: time.sleep(3600)  # hang here",
+                        after="time.sleep(0.02)")
+    script.write_text(script.read_text().replace("range(2)", "range(100)"))
+    run = launch(tmp_path, script_cfg(tmp_path, script))
+    try:
+        ev = wait_for(lambda: kinds(run, "stacks"), 40, "the watchdog's stacks event")[0]
+        at = line_of(script, "# hang here")
+        mine = [g for g in ev["groups"] if 1 in g["ranks"]]
+        assert mine and [str(script), at] in [f[:2] for f in mine[0]["frames"]], ev
+        shown = subprocess.run(cli_cmd() + ["stacks", run.name], cwd=tmp_path, capture_output=True, text=True,
+                               env=dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs")), timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert f"train.py:{at}" in shown.stdout and "rank 1" in shown.stdout, shown.stdout
+    finally:
+        pids = pids_of(run)
+        control.request_stop(run)
+        ended(run)
+    assert_nothing_left(run, pids, 15)
+
+
+SIGTERM_HANDLER = '''
+import signal
+def on_term(signum, frame):
+    open(f"stopped-{rank}.txt", "w").write("checkpointed")
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, on_term)
+'''
+
+
+def test_stop_runs_the_scripts_sigterm_handler_and_the_run_is_stopped(tmp_path):
+    script = ddp_script(tmp_path, after="time.sleep(0.05)")
+    text = script.read_text().replace("range(2)", "range(1000)")
+    script.write_text(text.replace("    step = 0\n", textwrap.indent(SIGTERM_HANDLER, "    ") + "    step = 0\n"))
+    run = launch(tmp_path, script_cfg(tmp_path, script))
+    wait_for(lambda: len(kinds(run, "step")) >= 4, 40, "steps")
+    pids = pids_of(run)
+    control.request_stop(run)
+    final = ended(run, 30)
+    assert final["status"] == "stopped", final
+    assert final["exit_codes"] == [0, 0]
+    assert (tmp_path / "stopped-0.txt").read_text() == "checkpointed" and (tmp_path / "stopped-1.txt").exists()
+    assert_nothing_left(run, pids, 15)
+
+
+SPAWNS = '''
+import os, time, torch
+import torch.multiprocessing as mp
+import torchdeck
+
+def child(i):
+    open(f"child-{i}.pid", "w").write(str(os.getpid()))
+    step = 0
+    while True:
+        step += 1
+        torchdeck.log({"child": float(i)}, step=step)
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    mp.spawn(child, nprocs=2)
+'''
+
+
+def test_a_script_that_spawns_its_own_processes_is_watched_and_stopped(tmp_path):
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNS)
+    run = launch(tmp_path, script_cfg(tmp_path, script, devices=1))
+    wait_for(lambda: {e.get("metrics", {}).get("child") for e in kinds(run, "step")} >= {0.0, 1.0}, 60,
+             "step events from both spawned children")
+    children = [int((tmp_path / f"child-{i}.pid").read_text()) for i in (0, 1)]
+    pids = pids_of(run) + children
+    control.request_stop(run)
+    final = ended(run, 30)
+    assert final["status"] == "stopped", final
+    assert_nothing_left(run, pids, 15)
+
+
+def test_two_loopback_nodes_both_finish(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = ddp_script(tmp_path)
+    runs = []
+    for node in (0, 1):
+        cfg = script_cfg(tmp_path, script, devices=1, name=f"node{node}",
+                         nodes={"num_nodes": 2, "node_rank": node, "master_port": port})
+        runs.append(control.start(cfg, tmp_path / f"runs{node}"))
+    for node, run in enumerate(runs):
+        final = ended(run, 90)
+        assert final["status"] == "finished", (node, final, run.supervisor_log.read_text())
+        assert final["exit_codes"] == [0]
+        assert [e["rank"] for e in kinds(run, "rank_ready")] == [node]
+        assert f"hello from rank {node} of 2 local 0" in run.rank_log(node).read_text()
