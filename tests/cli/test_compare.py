@@ -200,3 +200,47 @@ def test_the_printed_table_fits_an_80_column_terminal_and_says_what_it_left_out(
     assert "(left out at 80 columns: GLOBAL BATCH" in "\n".join(narrow)
     assert narrow[-1] == "gpu: skipped: accelerator: cuda needs an NVIDIA GPU"
     assert compare.table_lines(rows, width=200) == full  # wide enough: nothing left out
+
+
+def test_a_row_and_its_curves_come_from_the_run_view_of_the_written_events(tmp_path):
+    """One run directory read through RunView (compare.measure, compare.curves, tune.peak_mem): the
+    numbers worked out by hand from the events below. Rank 1 logs first (the lead is still rank 0),
+    rank 1 never sends peak_mem_mb (a run from before it: its largest device_mem_mb counts), and
+    each rank's first window is warm-up."""
+    from torchdeck.engine.runs import tune
+    from torchdeck.engine.runs.layout import RunDir
+
+    evs = [started(total=40, world=2)]  # global batch 128, started at T0
+    evs += [step(1, 10, 1.0, wait=1.0, comp=2.0, loss=2.0), step(0, 10, 1.2, wait=1.0, comp=3.0, loss=2.1),  # warm-up
+            step(1, 20, 2.0, wait=0.1, comp=0.4, loss=1.5), step(0, 20, 2.1, wait=0.2, comp=0.3, loss=1.6),
+            step(0, 30, 3.0, wait=0.0, comp=0.6, loss=1.2), step(1, 30, 3.1, wait=0.1, comp=0.5, loss=1.1),
+            step(1, 25, 3.5, wait=0.1, comp=0.4, loss=1.0),  # a step backwards (a resumed rank): no window
+            ev("rank_report", 3.2, rank=0, reports=[{"rank": 0, "device_mem_mb": 300.0},
+                                                    {"rank": 1, "device_mem_mb": 320.0}]),
+            ev("rank_report", 3.6, rank=0, reports=[{"rank": 0, "device_mem_mb": 310.0, "peak_mem_mb": 305.0},
+                                                    {"rank": 1, "device_mem_mb": 250.0}]),
+            ev("epoch_end", 3.7, rank=None, epoch=0, step=30, train_loss=1.0, train_acc=0.4, val_loss=1.1,
+               val_acc=0.55),
+            step(0, 40, 4.0, wait=0.05, comp=0.45, loss=1.0), step(1, 40, 4.1, wait=0.1, comp=0.4, loss=0.9),
+            ev("epoch_end", 4.5, rank=0, epoch=1, step=40, train_loss=0.9, train_acc=0.5, val_loss=1.0, val_acc=0.75),
+            ev("run_finished", 5.0, status="finished", elapsed_s=5.0)]
+    run = _run(tmp_path, evs)
+    row = compare.measure(run, target=0.7)
+    assert row.warmup_steps == 10  # rank 0's first window, 10 steps in 4 s, left out
+    # rank 0 after warm-up: steps 10-20 in 0.5 s, 20-30 in 0.6 s, 30-40 in 0.5 s: 30 steps in 1.6 s
+    assert row.step_s == pytest.approx(1.6 / 30)
+    assert row.samples_per_s == pytest.approx(128 * 30 / 1.6)
+    # both ranks' windows: waits 0.2+0.0+0.05 (rank 0) and 0.1+0.1+0.1 (rank 1; its step 25 adds none,
+    # and its 25-40 window counts) over 1.6 + (0.5 + 0.6 + 0.5)
+    assert row.data_wait == pytest.approx((0.25 + 0.3) / (1.6 + 1.6))
+    # rank 0: max(300, 305) -- its peak where sent, else what it held; rank 1: max(320, 250)
+    assert row.peak_mem_mb == [305.0, 320.0] and row.mem_kind == "RSS"
+    assert tune.peak_mem(RunDir(run)) == [305.0, 320.0]
+    assert row.time_to_target_s == pytest.approx(4.5) and row.final_val_acc == 0.75
+    assert row.steps == 40 and row.status == "finished"
+
+    c = compare.curves(run)
+    # the lead rank's loss only (rank 1 logged first), seconds since run_started
+    assert c.loss == [(10, pytest.approx(1.2), 2.1), (20, pytest.approx(2.1), 1.6), (30, pytest.approx(3.0), 1.2),
+                      (40, pytest.approx(4.0), 1.0)]
+    assert c.val_acc == [(30, pytest.approx(3.7), 0.55), (40, pytest.approx(4.5), 0.75)]
