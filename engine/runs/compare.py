@@ -96,10 +96,10 @@ def columns(target: float | None = None) -> tuple[tuple[str, str], ...]:
             ("target", "TO " + (fmt.pct(target, 0) if target is not None else "TARGET")), ("val", "VAL ACC"))
 
 
-def _view(rd: RunDir, every_point: bool = False) -> RunView:
+def _view(rd: RunDir) -> RunView:
     """The run as the one reducer sees it: its events replayed, then what its directory says of
     its processes (a live run, a lost one)."""
-    view = RunView.replay(events.iter_events(rd.events_path), every_point)
+    view = RunView.replay(events.iter_events(rd.events_path))
     final = rd.final_status()
     pid = rd.owner_pid()
     view.observe(final, final is None and pid_alive(pid), pid is not None, rd.quiet_s(), time.time())
@@ -160,7 +160,7 @@ class Curve:
 def curves(run, label: str | None = None) -> Curve:
     """Training loss (the lowest rank's step events) and validation accuracy (epoch ends)."""
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    view = RunView.replay(events.iter_events(rd.events_path), every_point=True)
+    view = RunView.replay(events.iter_events(rd.events_path), timed=True)
     losses = view.timed_losses()
     accs = [(p.step, p.t, p.val_acc) for _, p in sorted(view.epochs.items())
             if p.rank in (0, -1) and p.val_acc is not None and p.t is not None]

@@ -7,6 +7,8 @@ def real(v) -> float | None:
     """A number as read from an event, a status file or a sampler; None for what is not one: None,
     True/False, text that is no number, and NaN (a diverged loss, a sensor's gap), which every
     formatter here shows as missing anyway. A number written as text ("0.5") counts."""
+    if type(v) is float:  # the common case first: the reducer parses several per event
+        return v if v == v else None
     if v is None or isinstance(v, bool):
         return None
     try:

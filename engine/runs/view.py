@@ -157,6 +157,9 @@ class Malformed(ValueError):
     pass
 
 
+_f = fmt.real  # the one number parser (a local name: the reducer runs it on every event)
+
+
 def _i(v, default: int = 0) -> int:
     if isinstance(v, bool):
         return default
@@ -215,7 +218,7 @@ class RunView:
     last_t: float | None = None  # newest event time
     steps: Thinned = field(default_factory=Thinned)  # (step, train loss)
     step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
-    step_t: Thinned = field(default_factory=Thinned)  # (step, (event time, rank)) of each point of `steps`
+    step_t: Thinned | None = None  # (step, (event time, rank)) of each point of `steps`: replay(timed=True)
     best_val_acc: float | None = None
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
@@ -250,7 +253,7 @@ class RunView:
         if handler is None:
             self.skipped += 1
             return False
-        t = fmt.real(ev.get("t"))
+        t = _f(ev.get("t"))
         if t is None or t != t or t in (float("inf"), float("-inf")):
             t = self.last_t or time.time()
         self.last_t = max(self.last_t or t, t)
@@ -348,16 +351,16 @@ class RunView:
         st.epoch = epoch_number(ev.get("epoch"), st.epoch)
         st.step = _i(ev.get("step"), st.step)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
-        st.loss = fmt.real(ev.get("loss"))
-        acc = fmt.real(ev.get("accuracy"))
+        st.loss = _f(ev.get("loss"))
+        acc = _f(ev.get("accuracy"))
         st.acc = acc if acc is not None else st.acc
-        st.add_rate(fmt.real(ev.get("samples_per_s")) or 0.0)
-        wait_s, comp_s = fmt.real(ev.get("data_wait_s")), fmt.real(ev.get("compute_s"))
+        st.add_rate(_f(ev.get("samples_per_s")) or 0.0)
+        wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
-        if wait_s is not None and comp_s is not None and st.rank >= 0 and _i(ev.get("step"), -1) >= 0:
+        if wait_s is not None and comp_s is not None:  # a window it timed
             st.add_window(st.step, wait_s + comp_s, wait_s)
-        comm = fmt.real(ev.get("comm_s"))
+        comm = _f(ev.get("comm_s"))
         st.comm_wait = min(1.0, max(0.0, comm / (wait + comp))) if comm is not None and wait + comp > 0 else None
         self._window(st, t, bool(ev.get("pause")))  # before _seen moves _step_t on
         self._seen(st, t)
@@ -366,7 +369,8 @@ class RunView:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
         if st.rank == self._curve_rank and st.loss is not None:
             self.steps.add(st.step, st.loss)
-            self.step_t.add(st.step, (t, st.rank))
+            if self.step_t is not None:
+                self.step_t.add(st.step, (t, st.rank))
             if acc is not None:
                 self.step_acc.add(st.step, acc)
             self.curve_version += 1
@@ -377,13 +381,13 @@ class RunView:
         st = self.rank(r)
         st.epoch = max(st.epoch, epoch)
         st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
-        val_acc = fmt.real(ev.get("val_acc"))
+        val_acc = _f(ev.get("val_acc"))
         if val_acc is not None:
             st.val_acc = val_acc
         have = self.epochs.get(epoch)
         if have is None or r == 0:
-            p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), fmt.real(ev.get("train_loss")),
-                                                fmt.real(ev.get("train_acc")), fmt.real(ev.get("val_loss")), val_acc,
+            p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
+                                                _f(ev.get("train_acc")), _f(ev.get("val_loss")), val_acc,
                                                 t, r)
             if val_acc is not None and (self.best_val_acc is None or val_acc > self.best_val_acc):
                 self.best_val_acc = val_acc
@@ -430,7 +434,7 @@ class RunView:
         self.root_cause = None if ev.get("root_cause") is None else _text(ev.get("root_cause"))
         self.finished_t = t
         self._finished_event = True
-        elapsed = fmt.real(ev.get("elapsed_s"))
+        elapsed = _f(ev.get("elapsed_s"))
         if elapsed is not None and elapsed >= 0:
             self.elapsed_s = elapsed  # the run's own figure: every front end shows this one
         if self.started_t is None and elapsed is not None:
@@ -459,11 +463,11 @@ class RunView:
             if not isinstance(rep, dict) or rep.get("rank") is None:
                 continue
             st = self.rank(rep.get("rank"))
-            rt = fmt.real(rep.get("t")) or t
-            mem = fmt.real(rep.get("device_mem_mb"))
+            rt = _f(rep.get("t")) or t
+            mem = _f(rep.get("device_mem_mb"))
             if mem is not None:
                 st.device_mem_mb = mem
-            peak = fmt.real(rep.get("peak_mem_mb"))
+            peak = _f(rep.get("peak_mem_mb"))
             if peak is not None:
                 st.peak_mem_mb = max(peak, st.peak_mem_mb or 0.0)
             high = peak if peak is not None else mem  # runs from before peak_mem_mb
@@ -479,11 +483,11 @@ class RunView:
             st.epoch = epoch_number(rep.get("epoch"), st.epoch)
             st.step = _i(rep.get("step"), st.step)
             st.total_steps = st.total_steps or self.total_steps
-            st.add_rate(fmt.real(rep.get("samples_per_s")) or 0.0)
-            wait = fmt.real(rep.get("data_wait"))
+            st.add_rate(_f(rep.get("samples_per_s")) or 0.0)
+            wait = _f(rep.get("data_wait"))
             if wait is not None:
                 st.data_wait = wait if 0.0 <= wait <= 1.0 else None
-            comm = fmt.real(rep.get("comm_wait"))
+            comm = _f(rep.get("comm_wait"))
             st.comm_wait = comm if comm is not None and 0.0 <= comm <= 1.0 else None
             self._seen(st, rt)
             self._stepping(rt, st.step)
@@ -502,18 +506,19 @@ class RunView:
             kind = ev.get("kind")
             try:
                 if kind == "step" and ev.get("rank") == 0 and _i(ev.get("step"), upto_step + 1) <= upto_step:
-                    loss, acc = fmt.real(ev.get("loss")), fmt.real(ev.get("accuracy"))
+                    loss, acc = _f(ev.get("loss")), _f(ev.get("accuracy"))
                     if loss is not None:
                         self.steps.add(_i(ev.get("step")), loss)
-                        self.step_t.add(_i(ev.get("step")), (fmt.real(ev.get("t")), 0))
+                        if self.step_t is not None:
+                            self.step_t.add(_i(ev.get("step")), (_f(ev.get("t")), 0))
                         n += 1
                     if acc is not None:
                         self.step_acc.add(_i(ev.get("step")), acc)
                 elif kind == "epoch_end" and ev.get("rank") in (0, None) and _i(ev.get("step"), upto_step + 1) <= upto_step:
                     epoch = epoch_number(ev.get("epoch"), 1)
-                    val = fmt.real(ev.get("val_acc"))
-                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), fmt.real(ev.get("train_loss")),
-                                                             fmt.real(ev.get("train_acc")), fmt.real(ev.get("val_loss")), val))
+                    val = _f(ev.get("val_acc"))
+                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
+                                                             _f(ev.get("train_acc")), _f(ev.get("val_loss")), val))
                     if val is not None and (self.best_val_acc is None or val > self.best_val_acc):
                         self.best_val_acc = val
             except (TypeError, ValueError, OverflowError):
@@ -553,7 +558,7 @@ class RunView:
             self.version += 1
         elif st.final and final is not None:
             self.status = st
-            elapsed = fmt.real(final.get("elapsed_s"))
+            elapsed = _f(final.get("elapsed_s"))
             self.elapsed_s = elapsed if elapsed is not None and elapsed >= 0 else self.elapsed_s
             rc = final.get("root_cause")
             self.root_cause = self.root_cause or (None if rc is None else str(rc))
@@ -711,16 +716,20 @@ class RunView:
 
     def timed_losses(self) -> list[tuple[int, float, float]]:
         """The loss curve with its times: (step, event time, loss) of the lowest rank's step events
-        (the points of `steps`, thinned alike unless the view was replayed with every point)."""
+        (the points of `steps`, thinned alike unless replayed with every point); a view that does not
+        keep the times (the live one: replay(timed=True) does) has none."""
+        if self.step_t is None:
+            return []
         return [(step, when, loss) for (step, loss), (_, (when, rank)) in zip(self.steps.points, self.step_t.points)
                 if rank == self._curve_rank and when is not None]
 
     @classmethod
-    def replay(cls, evs, every_point: bool = False) -> "RunView":
-        """A view of events read back whole (a finished run, a comparison's row): `every_point`
-        keeps every curve point instead of STEP_HISTORY (a one-off read, not a live Monitor)."""
+    def replay(cls, evs, timed: bool = False) -> "RunView":
+        """A view of events read back whole (a finished run, a comparison's row). `timed` also keeps
+        the time of each loss point (timed_losses) and every curve point instead of STEP_HISTORY: a
+        one-off read for overlaying runs, which the live Monitor does not pay for."""
         view = cls()
-        if every_point:
+        if timed:
             view.steps, view.step_acc, view.step_t = Thinned(1 << 62), Thinned(1 << 62), Thinned(1 << 62)
         view.feed_all(evs)
         return view
@@ -782,5 +791,5 @@ class RunView:
         snap.logs = list(self.logs)
         snap.steps = self.steps.copy()
         snap.step_acc = self.step_acc.copy()
-        snap.step_t = self.step_t.copy()
+        snap.step_t = None if self.step_t is None else self.step_t.copy()
         return snap
