@@ -360,3 +360,19 @@ def test_a_resumed_run_shows_its_checkpoints_step_from_the_start(tmp_path):
     view.feed(ev("phase", 2, rank=0, phase="batch", step=750, epoch=5))
     r0 = view.rank_list()[0]
     assert (view.progress(), r0.epoch, view.status) == ((750, 1500), 6, "starting")
+
+
+def test_one_number_rule_for_the_monitor_and_compare():
+    """fmt.real is the one parser (RunView, compare, the Monitor's panes): a number written as text
+    counts, NaN and booleans do not. A diverged NaN loss shows as missing and is no curve point;
+    compare's rate reads the same windows the Monitor does."""
+    from torchdeck.engine.runs import fmt
+
+    assert [fmt.real(v) for v in (None, True, "0.5", "abc", float("nan"), 3, 2.5, [1])] == \
+        [None, None, 0.5, None, None, 3.0, 2.5, None]
+    v = RunView.replay([started(), step(0, 10, 1.0, loss=2.0), ev("step", 2.0, rank=0, epoch=0, step=20, loss=float("nan"),
+                                                                    data_wait_s="0.1", compute_s=0.4),
+                        step(0, 30, 3.0, loss="1.5", wait=0.1, comp=0.4)])
+    st = v.ranks[0]
+    assert st.loss == 1.5 and [y for _, y in v.steps.points] == [2.0, 1.5]
+    assert (st.warmup_steps, st.timed_steps) == (10, 20) and st.timed_s == pytest.approx(1.0)
