@@ -78,8 +78,23 @@ def script_cfg(tmp_path, path, *, devices=2, args=(), nodes=None, stop_grace_s=3
     return cfgmod.from_dict(d)
 
 
-def launch(tmp_path, cfg) -> RunDir:
-    return control.start(cfg, tmp_path / "runs")
+_started: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """A test that fails mid-run leaves no supervisor or rank behind (each run's session, killed)."""
+    yield
+    while _started:
+        run = _started.pop()
+        if run.final_status() is None or control.run_processes(run):
+            control.kill(run)
+
+
+def launch(tmp_path, cfg, root="runs") -> RunDir:
+    run = control.start(cfg, tmp_path / root)
+    _started.append(run)
+    return run
 
 
 def ended(run: RunDir, timeout=60) -> dict:
@@ -249,6 +264,9 @@ def child(i):
         time.sleep(0.05)
 
 if __name__ == "__main__":
+    import subprocess, sys  # a helper that, unlike mp.spawn's children, does not die with its parent
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    open("helper.pid", "w").write(str(helper.pid))
     mp.spawn(child, nprocs=2)
 '''
 
@@ -259,7 +277,7 @@ def test_a_script_that_spawns_its_own_processes_is_watched_and_stopped(tmp_path)
     run = launch(tmp_path, script_cfg(tmp_path, script, devices=1))
     wait_for(lambda: {e.get("metrics", {}).get("child") for e in kinds(run, "step")} >= {0.0, 1.0}, 60,
              "step events from both spawned children")
-    children = [int((tmp_path / f"child-{i}.pid").read_text()) for i in (0, 1)]
+    children = [int((tmp_path / f"{name}.pid").read_text()) for name in ("child-0", "child-1", "helper")]
     pids = pids_of(run) + children
     control.request_stop(run)
     final = ended(run, 30)
@@ -278,7 +296,7 @@ def test_two_loopback_nodes_both_finish(tmp_path):
     for node in (0, 1):
         cfg = script_cfg(tmp_path, script, devices=1, name=f"node{node}",
                          nodes={"num_nodes": 2, "node_rank": node, "master_port": port})
-        runs.append(control.start(cfg, tmp_path / f"runs{node}"))
+        runs.append(launch(tmp_path, cfg, f"runs{node}"))
     for node, run in enumerate(runs):
         final = ended(run, 90)
         assert final["status"] == "finished", (node, final, run.supervisor_log.read_text())
