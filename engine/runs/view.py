@@ -43,6 +43,7 @@ class RankState:
     acc: float | None = None  # training-batch accuracy
     val_acc: float | None = None
     samples_per_s: float = 0.0
+    steps_per_s: float | None = None  # a user's script (step hook): optimizer steps/s over its last window
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
     comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
@@ -196,6 +197,8 @@ class RunView:
     devices: list = field(default_factory=list)
     host: str = ""
     supervisor_pid: int | None = None
+    run_kind: str = ""  # "script": a user's script (torchdeck launch); "": torchdeck's own loop
+    command: list = field(default_factory=list)  # a script run's command line (run_started's)
     total_steps: int = 0
     total_epochs: int | None = None
     status: Status = Status.STARTING
@@ -279,6 +282,9 @@ class RunView:
         devs = ev.get("devices")
         self.devices = [str(d) for d in devs] if isinstance(devs, list) else []
         self.host = _text(ev.get("host"))
+        self.run_kind = _text(ev.get("run_kind"))
+        cmd = ev.get("command")
+        self.command = [str(c) for c in cmd] if isinstance(cmd, list) else []
         pid = ev.get("pid")
         self.supervisor_pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         self.total_steps = _i(ev.get("total_steps"))
@@ -351,10 +357,16 @@ class RunView:
         st.epoch = epoch_number(ev.get("epoch"), st.epoch)
         st.step = _i(ev.get("step"), st.step)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
-        st.loss = _f(ev.get("loss"))
+        loss = _f(ev.get("loss"))
+        script_hook = loss is None and "steps_per_s" in ev  # a script's step hook: loss null between log() calls
+        st.loss = st.loss if script_hook else loss
         acc = _f(ev.get("accuracy"))
         st.acc = acc if acc is not None else st.acc
-        st.add_rate(_f(ev.get("samples_per_s")) or 0.0)
+        rate = _f(ev.get("samples_per_s"))
+        if rate is not None or "steps_per_s" not in ev:  # the hook's null: the last log() rate stands
+            st.add_rate(rate or 0.0)
+        sps = _f(ev.get("steps_per_s"))
+        st.steps_per_s = sps if sps is not None else st.steps_per_s
         wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
@@ -367,7 +379,7 @@ class RunView:
         self._stepping(t, st.step)
         if self._curve_rank is None or st.rank < self._curve_rank:
             self._curve_rank = st.rank  # the lowest rank's loss is the curve
-        if st.rank == self._curve_rank and st.loss is not None:
+        if st.rank == self._curve_rank and st.loss is not None and not script_hook:  # a point per loss said
             self.steps.add(st.step, st.loss)
             if self.step_t is not None:
                 self.step_t.add(st.step, (t, st.rank))

@@ -303,3 +303,17 @@ def test_two_loopback_nodes_both_finish(tmp_path):
         assert final["exit_codes"] == [0]
         assert [e["rank"] for e in kinds(run, "rank_ready")] == [node]
         assert f"hello from rank {node} of 2 local 0" in run.rank_log(node).read_text()
+
+
+def test_a_scripts_hook_steps_keep_the_last_logged_loss_and_rate():
+    """The step hook's events carry loss and samples_per_s null between torchdeck.log calls: the
+    rank keeps what log() said last (our loop's step events always carry both)."""
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.view import RunView
+
+    view = RunView()
+    view.feed(events.make("step", rank=0, step=5, steps_per_s=10.0, loss=0.5, samples_per_s=320.0, metrics={}))
+    view.feed(events.make("step", rank=0, step=9, steps_per_s=10.0, loss=None, epoch=None))
+    st = view.rank(0)
+    assert (st.step, st.loss, st.samples_per_s) == (9, 0.5, 320.0)
+    assert view.steps.points == [(5, 0.5)]  # a curve point per loss said, none repeated at the hook's steps
