@@ -64,6 +64,9 @@ LABELS = {
     "data.num_workers": "workers/rank (-1: auto)", "data.worker_start": "workers start by",
     "deepspeed.stage": "ZeRO stage", "deepspeed.offload_optimizer": "offload optimizer",
     "deepspeed.offload_param": "offload parameters", "deepspeed.config": "your ds_config.json",
+    "script.path": "script", "script.module": "or module (-m)", "script.args": "arguments",
+    "script.no_python": "no python (exe)", "script.local_rank_arg": "local rank arg",
+    "script.env": "environment", "script.stop_grace_s": "stop grace (s)", "script.cwd": "run in folder",
 }
 
 HINTS = {
@@ -82,6 +85,13 @@ HINTS = {
     "data.worker_start": "auto: from a fork server (torch imported once)",
     "deepspeed.stage": "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters",
     "deepspeed.config": "path (empty: generated); its values win, the run lists each one it replaces",
+    "script.path": "train.py, in the folder below (empty: a module)",
+    "script.module": "python -m MODULE instead of a path",
+    "script.args": "as on a command line: --epochs 3 --lr 0.1",
+    "script.local_rank_arg": "empty: env (torchrun); --local-rank: old launch",
+    "script.env": "K=V K2=V2 for every rank",
+    "script.stop_grace_s": "stop: SIGTERM, then SIGKILL after this",
+    "script.cwd": "empty: where torchdeck was started",
 }
 
 
@@ -111,18 +121,26 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "scheduler.warmup_steps": lambda v: v("scheduler.name") in ("warmup", "cosine", "onecycle"),
     "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
     # one node is always node 0; a count still being typed (not a number) shows it
-    "nodes.node_rank": lambda v: v("strategy") in DISTRIBUTED and v("nodes.num_nodes") != 1,
+    "nodes.node_rank": lambda v: v("strategy") in DISTRIBUTED + ("script",) and v("nodes.num_nodes") != 1,
     # parameters offload only under stage 3; a stage still being typed shows it
     "deepspeed.offload_param": lambda v: v("strategy") == "deepspeed" and v("deepspeed.stage") not in (0, 1, 2),
 }
 _PREFIX_SHOWN_WHEN = {
-    "nodes.": lambda v: v("strategy") in DISTRIBUTED,
+    "nodes.": lambda v: v("strategy") in DISTRIBUTED + ("script",),
     "ddp.": lambda v: v("strategy") in ("ddp", "zero"),
     "model_parallel.": lambda v: v("strategy") == "model-parallel",
     "fsdp.": lambda v: v("strategy") == "fsdp",
     "deepspeed.": lambda v: v("strategy") == "deepspeed",
     "script.": lambda v: v("strategy") == "script",  # the user's own script (torchdeck launch)
 }
+# What torchdeck's own loop reads, and a script run (strategy script) does not: hidden there, so the
+# form of a script run is its script, processes, nodes and environment. threads/rank stays: it is
+# each rank's OMP_NUM_THREADS.
+_LOOP_ONLY = ("model.", "data.", "optimizer.", "scheduler.", "train.", "checkpoint.", "nodes.timeout_s",
+              "nodes.ifname")
+_SCRIPT_USES = ("train.threads_per_rank",)
+# a script's arguments and environment are typed as on a command line (shell words), not as YAML
+_WORD_KINDS = {"script.args": "argv", "script.env": "env"}
 for _name in ("train_size", "val_size", "num_classes", "image_size"):
     _SHOWN_WHEN[f"data.{_name}"] = lambda v: v("data.dataset") == "synthetic"
 
@@ -142,6 +160,9 @@ class Field:
         return "f-" + self.path.replace(".", "-")
 
     def shown(self, value_of: Callable[[str], Any]) -> bool:
+        if (self.path.startswith(_LOOP_ONLY) and self.path not in _SCRIPT_USES
+                and value_of("strategy") == "script"):
+            return False
         rule = _SHOWN_WHEN.get(self.path)
         if rule is None:
             rule = next((r for p, r in _PREFIX_SHOWN_WHEN.items() if self.path.startswith(p)), None)
@@ -162,6 +183,8 @@ def _kind(path: str, tp) -> str:
         return "devices"
     if path in CHOICES:
         return "choice"
+    if path in _WORD_KINDS:
+        return _WORD_KINDS[path]
     return {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "mapping"}.get(tp, "str")
 
 
@@ -200,6 +223,15 @@ def format_value(kind: str, value) -> str:
     """What an Input shows for a config value."""
     if kind == "list":
         return ", ".join(str(x) for x in value) if isinstance(value, list) else str(value)
+    if kind == "argv":
+        import shlex
+
+        return shlex.join(str(x) for x in value) if isinstance(value, list) else str(value)
+    if kind == "env":
+        import shlex
+
+        return (" ".join(f"{k}={shlex.quote(str(v))}" for k, v in value.items()) if isinstance(value, dict)
+                else str(value))
     if kind == "mapping":
         import yaml  # here, not at import: PyYAML's import is not on the first frame
 
@@ -213,6 +245,8 @@ def format_value(kind: str, value) -> str:
 
 def parse_text(kind: str, text: str):
     """Text to a config value; text that does not parse is returned as is, so validation names it."""
+    if kind in ("argv", "env"):
+        return _words(kind, text)
     import yaml
 
     t = text.strip()
@@ -236,6 +270,22 @@ def parse_text(kind: str, text: str):
     return text
 
 
+def _words(kind: str, text: str):
+    """Shell words: a list (argv) or K=V pairs (env); text that does not split is kept, for
+    validation to name."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError:  # an unclosed quote
+        return text
+    if kind == "argv":
+        return words
+    if not all("=" in w and w.split("=", 1)[0] for w in words):
+        return text
+    return dict(w.split("=", 1) for w in words)
+
+
 def set_path(d: dict, path: str, value) -> None:
     parts = path.split(".")
     for p in parts[:-1]:
@@ -254,7 +304,8 @@ def get_path(d: dict, path: str, default=None):
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("kwargs",):
+        leaf = BY_PATH.get(prefix + k)  # a mapping setting (model.kwargs, script.env) is one value
+        if isinstance(v, dict) and k not in ("kwargs",) and (leaf is None or leaf.kind not in ("mapping", "env")):
             out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[prefix + k] = v
