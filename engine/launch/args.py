@@ -70,6 +70,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage and exiting."""
 
     def error(self, message):
+        if "arguments are required" in message:  # argparse counts ARGS (REMAINDER) in too
+            raise UsageError("torchdeck launch: which script? torchdeck launch [options] train.py [args...] "
+                             "(or -m MODULE)")
         raise UsageError(f"torchdeck launch: {message} (torchdeck launch --help lists the flags)")
 
 

@@ -47,6 +47,7 @@ BAD = {
                                                  ["--rdzv-backend is a torchrun flag torchdeck does not support"]),
     "elastic node range": (["--nnodes", "1:4", "train.py"], ["--nnodes 1:4 is an elastic range"]),
     "unknown flag": (["--bogus", "train.py"], ["--bogus"]),
+    "no script": (["--nproc-per-node", "2"], ["which script?"]),
     "node rank out of range": (["--nnodes", "2", "--node-rank", "2", "train.py"], ["--node-rank", "0..1"]),
 }
 
