@@ -91,13 +91,49 @@ class TextPane(Static):
 # ----------------------------------------------------------------------------- header
 
 
-def header_text(state: RunView, now: float, run_name: str) -> Text:
+def command_text(state: RunView) -> str:
+    """A script run's command line as the user would type it (quoted where the shell needs it)."""
+    import shlex
+
+    return shlex.join(state.command)
+
+
+def steps_rate(v: float | None) -> str:
+    """Optimizer steps/s: a few a second for a real model, so with decimals below 100."""
+    if v is None or v != v:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _script_rate(state: RunView, now: float) -> str:
+    """A script run's pace: the slowest rank's optimizer steps/s (they meet in each collective),
+    and its samples/s where the script logs them."""
+    ranks = [r for r in state.rank_list() if not r.failed_exit]
+    rates = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
+    if state.final or not rates or state.stale_ranks(now):
+        out = "- steps/s"
+    else:
+        out = f"{steps_rate(min(rates))} steps/s"
+    if any(r.samples_per_s for r in ranks):
+        out += f"  ·  {state.rate_text(now)}"
+    return out
+
+
+def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Text:
     st = state.status
+    script = state.run_kind == "script"
     t = Text()
     t.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
     t.append(f" {state.run or run_name}", style="bold")
     nodes = f", {state.num_nodes} nodes" if state.num_nodes > 1 else ""
-    t.append(f"  ·  {state.strategy}  ·  world {state.world_size or '?'}{nodes}")
+    t.append(f"  ·  world {state.world_size or '?'}{nodes}" if script  # the command says what runs
+             else f"  ·  {state.strategy}  ·  world {state.world_size or '?'}{nodes}")
+    if script and state.command:  # what runs, cut to what is left of the line
+        room = (width or 120) - t.cell_len - 5
+        cmd = command_text(state)
+        if room >= 8:
+            t.append("  ·  ")
+            t.append(cmd if cell_len(cmd) <= room else cmd[:room - 1] + "…", style="bold cyan")
     if state.global_batch:
         t.append(f"  ·  global batch {state.global_batch}")
     if state.stop_requested and not state.final:
@@ -107,15 +143,24 @@ def header_text(state: RunView, now: float, run_name: str) -> Text:
     t.append(f" elapsed {fmt.duration(state.elapsed(now))}  ·  ")
     stale = state.stale_ranks(now)
     starting = state.startup(now)
-    if starting:
+    if starting and script:  # a script sends no phases: its ranks are busy until their first optimizer step
+        since = max(0.0, now - state.started_t) if state.started_t is not None else 0.0
+        t.append(f"waiting for the first optimizer step ({since:.0f} s)" if state.started_t is not None
+                 else starting, style="cyan")
+    elif starting:
         t.append(starting, style="cyan")
     elif stale:
         who = ",".join(str(r.rank) for r in stale)
         t.append(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", style="bold red")
+    elif script:
+        t.append("done" if st == "finished" else "length: the script's own")  # no total to count down to
     else:
         eta = state.eta(now)
         t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
-    t.append(f"  ·  {state.rate_text(now)}  ·  step {step}/{total or '?'}")
+    if script:
+        t.append(f"  ·  {_script_rate(state, now)}  ·  step {step}")
+    else:
+        t.append(f"  ·  {state.rate_text(now)}  ·  step {step}/{total or '?'}")
     if state.total_epochs:
         t.append(f"  ·  epoch {max(1, state.epoch())}/{state.total_epochs}")
     val = state.latest_val_acc()
@@ -133,9 +178,10 @@ def header_text(state: RunView, now: float, run_name: str) -> Text:
 # ----------------------------------------------------------------------------- GPUs
 
 
-def gpu_ranks(gpu, state: RunView) -> list[int]:
-    """Ranks of this run on a GPU: its process list, else the device each rank reported."""
-    pids = state.rank_pids()
+def gpu_ranks(gpu, state: RunView, family: dict | None = None) -> list[int]:
+    """Ranks of this run on a GPU: its process list (a rank's own pid or one of its children's,
+    `family`: pid -> rank from the host sample), else the device each rank reported."""
+    pids = {**(family or {}), **state.rank_pids()}
     out = {pids[p] for p in (getattr(gpu, "pids", None) or []) if pids.get(p) is not None}
     for r in state.rank_list():
         if r.host in ("", _HOST, state.host) and not r.from_report:
@@ -145,7 +191,8 @@ def gpu_ranks(gpu, state: RunView) -> list[int]:
     return sorted(out)
 
 
-def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: int) -> Text:
+def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: int,
+             family: dict | None = None) -> Text:
     if not ok:
         return Text(f"no GPU view: {reason or 'NVML is not available'}", style="yellow")
     if not gpus:
@@ -154,7 +201,7 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
     used = []
     name_w = 15 if width >= 84 else 10
     for i, g in enumerate(gpus):
-        ranks = gpu_ranks(g, state)
+        ranks = gpu_ranks(g, state, family)
         if ranks:
             used.append(g)
         util = fmt.real(getattr(g, "util", None))
@@ -242,9 +289,10 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
         t.append("\n")
         t.append("no process of this run on this host" if state.final else "waiting for the run's processes",
                  style="dim")
-    for p in sorted(procs, key=lambda p: (-1 if getattr(p, "rank", None) is None else p.rank)):
+    for p in sorted(procs, key=lambda p: (-1 if getattr(p, "rank", None) is None else p.rank,
+                                          bool(getattr(p, "child", False)))):
         rank = getattr(p, "rank", None)
-        who = "supervisor" if rank is None else f"rank {rank}"
+        who = "supervisor" if rank is None else f"r{rank} child" if getattr(p, "child", False) else f"rank {rank}"
         rss = fmt.real(getattr(p, "rss_mb", None))
         pc = fmt.real(getattr(p, "cpu_percent", None))
         t.append(f"\n{p.pid:>8}  {who:<10} {fmt.num(pc, '.1f', NA):>6} {fmt.mib(rss, NA):>8}")
@@ -269,7 +317,39 @@ def _rank_cols(width: int) -> dict:
     return {"dev": dev, "steps": steps, "bar": max(4, min(60, width - fixed))}
 
 
+def _script_cols(width: int) -> dict:
+    dev = 10 if width >= 110 else 0
+    fixed = 5 + dev + 1 + 8 + 1 + 8 + 1 + 10 + 1 + 8 + 1 + 11
+    return {"dev": dev, "step": max(6, width - fixed - 1)}  # 1: room for a scroll bar that comes later
+
+
+def script_rank_header(width: int) -> Text:
+    """A script run's rank columns: no epochs, totals, accuracy or data wait (the step hook knows
+    steps and their rate; loss and samples/s come with torchdeck.log), and each rank's pid."""
+    c = _script_cols(width)
+    dev = f"{'device':<{c['dev']}}" if c["dev"] else ""
+    return Text(f"{'rank':<5}{dev}{'step':<{c['step']}} {'loss':>8} {'steps/s':>8} {'samples/s':>10} "
+                f"{'pid':>8} {'seen':>11}", style="bold")
+
+
+def script_rank_text(state: RunView, r, now: float, width: int) -> Text:
+    c = _script_cols(width)
+    t = Text()
+    t.append(f"{r.rank:<5}", style="bold")
+    if c["dev"]:
+        t.append(f"{(r.device or '-')[:c['dev'] - 1]:<{c['dev']}}")
+    t.append(f"{r.step:<{c['step']},}", style="red" if r.failed_exit else "cyan")
+    t.append(f" {fmt.num(r.loss):>8}")
+    t.append(f" {steps_rate(r.steps_per_s):>8}")
+    t.append(f" {fmt.rate(r.samples_per_s) if r.samples_per_s else '-':>10}")
+    t.append(f" {r.pid or '-':>8}")
+    _seen_col(t, state, r, now)
+    return t
+
+
 def rank_text(state: RunView, r, now: float, width: int) -> Text:
+    if state.run_kind == "script":
+        return script_rank_text(state, r, now, width)
     cols = _rank_cols(width)
     total = r.total_steps or state.total_steps
     frac = (r.step / total) if total else None
@@ -290,6 +370,12 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     if cols["dev"]:  # share of time in the all-reduce (waiting for the others), then device memory
         t.append(f" {'-' if r.comm_wait is None else format(100 * r.comm_wait, '.0f') + '%':>5}")
         t.append(f" {fmt.mib(r.device_mem_mb):>6}")
+    _seen_col(t, state, r, now)
+    return t
+
+
+def _seen_col(t: Text, state: RunView, r, now: float) -> None:
+    """How the rank is: its exit, gone, stale, done, or how long since it was last heard from."""
     if r.failed_exit:
         t.append(f" {r.exited}", style="bold red")
     elif state.is_gone(r):  # the run was lost: its last figures are old news
@@ -304,7 +390,6 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
         t.append(f" {_seen(seen):>11}", style="dim" if state.final else "")
     if r.from_report:
         t.append(" (report)", style="dim")
-    return t
 
 
 def _seen(s: float | None, whole: bool = False) -> str:
@@ -350,6 +435,20 @@ def rank_spread_text(state: RunView) -> Text:
     return t
 
 
+def script_spread_text(state: RunView) -> Text:
+    """A script run's balance: its ranks' optimizer steps/s (the step hook's), slowest and fastest."""
+    ranks = [r for r in state.rank_list() if not r.failed_exit and r.steps_per_s]
+    if len(ranks) < 2:
+        return Text(f"rank balance: {len(ranks)} of {state.world_size or len(state.rank_list())} ranks "
+                    "timing their optimizer steps", style="dim")
+    slow, fast = min(ranks, key=lambda r: r.steps_per_s), max(ranks, key=lambda r: r.steps_per_s)
+    gap = 100 * (1 - slow.steps_per_s / fast.steps_per_s)
+    t = Text(f"rank balance: slowest rank {slow.rank} {steps_rate(slow.steps_per_s)} steps/s, "
+             f"fastest rank {fast.rank} {steps_rate(fast.steps_per_s)}: ")
+    t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
+    return t
+
+
 class RanksPane(Vertical):
     """One row widget per rank, each repainted only when its own line changed."""
 
@@ -360,7 +459,8 @@ class RanksPane(Vertical):
 
     def show(self, state: RunView, now: float) -> None:
         width = self.query_one("#rank-head", TextPane).width(120)
-        self.query_one("#rank-head", TextPane).show(rank_header(width))
+        head = script_rank_header if state.run_kind == "script" else rank_header
+        self.query_one("#rank-head", TextPane).show(head(width))
         rows = self.query_one("#rank-rows", Vertical)
         have = {w.rank: w for w in rows.children if isinstance(w, RankRow)}
         ranks = state.rank_list()
@@ -371,7 +471,9 @@ class RanksPane(Vertical):
                 rows.mount(row, before=min(after, key=lambda w: w.rank) if after else None)
         for r in ranks:
             have[r.rank].show(rank_text(state, r, now, width))
-        if not ranks:
+        if ranks and state.run_kind == "script":
+            self.query_one("#rank-spread", TextPane).show(script_spread_text(state))
+        elif not ranks:
             self.query_one("#rank-spread", TextPane).show(
                 Text("no rank has reported yet", style="dim") if not state.final else Text("no rank reported"))
         else:
@@ -466,10 +568,10 @@ def step_ticks(lo: float, hi: float, most: int = 5) -> list[int]:
 # ----------------------------------------------------------------------------- log
 
 
-def log_lines(line) -> list[Text]:
+def log_lines(line, prefix: bool = True) -> list[Text]:
     who = "supervisor" if line.rank is None else f"rank {line.rank}"
-    if line.level == "output":
-        return [Text.assemble((f"{who} │ ", "dim bold"), (line.text, "dim"))]
+    if line.level == "output":  # one rank's log alone reads as its file: no prefix
+        return [Text.assemble((f"{who} │ " if prefix else "", "dim bold"), (line.text, "dim"))]
     style = {"error": "bold red", "warning": "yellow"}.get(line.level, "")
     head = Text()
     head.append(f"[{line.level}] ", style=style or "dim")
@@ -488,6 +590,7 @@ class LogPane(RichLog):
 
     def __init__(self, **kw):
         super().__init__(max_lines=2000, min_width=1, wrap=True, markup=False, highlight=False, auto_scroll=True, **kw)
+        self.only: int | None = None  # one rank's lines (its rank<N>.log and its events), or None: all
         self._seq = 0
         self._rewrites = 0
         self._state: RunView | None = None
@@ -500,10 +603,21 @@ class LogPane(RichLog):
         if state.log_rewrites != self._rewrites:
             self._rewrite()
             return
-        for line in [ln for ln in state.logs if ln.seq > self._seq]:
-            for text in log_lines(line):
+        only = self.only
+        for line in [ln for ln in state.logs if ln.seq > self._seq and (only is None or ln.rank == only)]:
+            for text in log_lines(line, prefix=only is None):
                 self.write(text)
         self._seq = state.log_seq
+
+    def cycle(self, ranks: list[int]) -> int | None:
+        """The next view: all -> rank 0 -> rank 1 ... -> all (the ranks known now); written again."""
+        if self.only is None:
+            self.only = ranks[0] if ranks else None
+        else:
+            later = [r for r in ranks if r > self.only]
+            self.only = later[0] if later else None
+        self._rewrite()
+        return self.only
 
     def _rewrite(self) -> None:
         state = self._state

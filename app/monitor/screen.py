@@ -71,6 +71,7 @@ class MonitorScreen(Screen):
         Binding("k", "kill", "Kill"),
         Binding("t", "stacks", "Stacks"),
         Binding("R", "resume", "Resume"),
+        Binding("l", "cycle_log", "Rank log"),
         Binding("escape", "leave", "Leave"),
         Binding("r", "runs", "Runs"),
     ]
@@ -99,6 +100,7 @@ class MonitorScreen(Screen):
         self._gpus, self._gpu_ok, self._gpu_reason = [], True, "sampling GPUs..."
         self._host, self._host_why = None, "sampling the host..."
         self.gpu_history = GPUHistory()
+        self._family: dict = {}
         self._last_plot = 0.0
         self._plot_timer = None
 
@@ -198,6 +200,10 @@ class MonitorScreen(Screen):
     def on_monitor_screen_samples(self, msg: Samples) -> None:
         self._gpus, self._gpu_ok, self._gpu_reason = msg.gpus, msg.ok, msg.reason
         self._host, self._host_why = msg.host, msg.host_why
+        # pid -> rank of every process of the run the host pane found (the ranks' children
+        # included): a script's own workers on a GPU count as their rank's
+        self._family = {p.pid: p.rank for p in (getattr(msg.host, "procs", None) or [])
+                        if getattr(p, "rank", None) is not None}
         self.gpu_history.add(msg.gpus)
         self._paint_samples()
 
@@ -208,7 +214,8 @@ class MonitorScreen(Screen):
     def _paint(self, log: bool = False) -> None:
         now = self.now()
         st = self.run_state
-        self.query_one("#mon-header", TextPane).show(header_text(st, now, self.run_dir.name))
+        head = self.query_one("#mon-header", TextPane)
+        head.show(header_text(st, now, self.run_dir.name, head.width(120)))
         self.query_one(RanksPane).show(st, now)
         if log:
             self.query_one(LogPane).show(st)
@@ -229,7 +236,7 @@ class MonitorScreen(Screen):
     def _paint_samples(self) -> None:
         gp = self.query_one("#mon-gpus", TextPane)
         gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self.gpu_history.by_index, self.run_state,
-                         gp.width()))
+                         gp.width(), self._family))
         hp = self.query_one("#mon-host", TextPane)
         hp.show(host_text(self._host, self.run_state, hp.width(), self._host_why))
 
@@ -315,6 +322,12 @@ class MonitorScreen(Screen):
             self.app.pop_screen()
         else:
             self.app.exit()
+
+    def action_cycle_log(self) -> None:
+        """The log pane: every line with its rank, then one rank's log at a time (l cycles)."""
+        ranks = [r.rank for r in self.run_state.rank_list() if not r.from_report]
+        only = self.query_one(LogPane).cycle(ranks)
+        self.query_one("#mon-log").border_title = "log: all ranks" if only is None else f"log: rank {only}"
 
     def action_runs(self) -> None:
         self.app.action_runs()

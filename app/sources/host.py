@@ -24,6 +24,7 @@ class ProcSample:
     cpu_percent: float  # of one core, as top and psutil count it (a busy 2-thread process: ~200)
     rss_mb: float
     rank: int | None  # None: the supervisor (or anything that is not a rank)
+    child: bool = False  # a process a rank started (a script's own workers, mp.spawn), counted with it
 
 
 @dataclass
@@ -53,6 +54,28 @@ def _percent(prev, now) -> float:
     return max(0.0, min(100.0, 100.0 * (b1 - b0) / dt))
 
 
+def descendants(roots: list[int]) -> dict[int, int]:
+    """child pid -> the root it descends from, for every live descendant of `roots`: one pass over
+    the process table (psutil's children() walks it once per call, per rank)."""
+    if not roots:
+        return {}
+    below: dict[int, list[int]] = {}
+    for p in psutil.process_iter(["ppid"]):
+        ppid = p.info.get("ppid")
+        if ppid:
+            below.setdefault(ppid, []).append(p.pid)
+    out: dict[int, int] = {}
+    for root in roots:
+        todo = list(below.get(root, ()))
+        while todo:
+            pid = todo.pop()
+            if pid in out or pid in roots:
+                continue
+            out[pid] = root
+            todo.extend(below.get(pid, ()))
+    return out
+
+
 class HostSource:
     """Samples the host and a given set of processes; keeps psutil state between calls."""
 
@@ -65,7 +88,9 @@ class HostSource:
         return True, ""
 
     def sample(self, pids: dict[int, int | None] | None = None) -> HostSample:
-        """The host now, plus one ProcSample per pid in `pids` (pid -> rank) that still exists."""
+        """The host now, plus one ProcSample per pid in `pids` (pid -> rank) that still exists, and
+        one per descendant of a rank (a script's own workers: mp.spawn, DataLoader workers), marked
+        child and counted as that rank's."""
         with self._lock:
             now_cpu = psutil.cpu_times(percpu=True)
             per_cpu = [_percent(a, b) for a, b in zip(self._prev_cpu, now_cpu)]
@@ -82,16 +107,21 @@ class HostSource:
                           load1=load1, procs=procs)
 
     def _sample_procs(self, pids: dict[int, int | None]) -> list[ProcSample]:
-        for gone in set(self._procs) - set(pids):
+        family = dict(pids)
+        kids = descendants([p for p, r in pids.items() if r is not None])  # the supervisor's are its ranks
+        for kid, parent in kids.items():
+            family.setdefault(kid, pids[parent])
+        for gone in set(self._procs) - set(family):
             del self._procs[gone]
         out = []
-        for pid, rank in pids.items():
+        for pid, rank in family.items():
             s = self._sample_proc(pid, rank)
             if s is None:
                 self._procs.pop(pid, None)  # vanished (or not ours to read): drop it quietly
             else:
+                s.child = pid in kids and pid not in pids
                 out.append(s)
-        out.sort(key=lambda s: (s.rank is not None, s.rank if s.rank is not None else 0, s.pid))
+        out.sort(key=lambda s: (s.rank is not None, s.rank if s.rank is not None else 0, s.child, s.pid))
         return out
 
     def _sample_proc(self, pid: int, rank: int | None) -> ProcSample | None:
