@@ -54,7 +54,9 @@ Kinds and their fields (beyond v, kind, t):
                    entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
                    first}, files (the rank<N>.stacks files read)
     run_finished   status (finished|failed|stopped|preempted), exit_codes (list per local rank),
-                   root_cause (str or null), elapsed_s
+                   root_cause (str or null), elapsed_s, failed_local_rank (a failed run only, when
+                   the supervisor knows it: the index in exit_codes of the rank the root cause
+                   names, the first to fail; status.json has it too)
 
 `epoch` (step, epoch_end, checkpoint, rank_report) is the engine's 0-based index of the epoch
 (at an epoch's end in a checkpoint: the epochs done). People read epochs from 1 everywhere:

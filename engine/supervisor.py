@@ -405,6 +405,7 @@ class Supervisor:
         self._slow_dumped_t = float("-inf")
         self.script = False  # strategy script: the user's own script (torchdeck launch)
         self.stop_grace_s = STOP_GRACE_S  # a stop's SIGKILL comes this long after it (script.stop_grace_s)
+        self.failed_local_rank: int | None = None  # the local rank _root_cause blames (status.json, run_finished)
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -448,8 +449,10 @@ class Supervisor:
             print(f"run {status}" + (f": {root_cause}" if root_cause else ""), flush=True)
         except OSError:
             pass  # supervisor.log on the disk that is full
+        first = self.failed_local_rank if status == "failed" else None
         self.rd.write_final(status, root_cause, exit_codes, round(time.time() - self.started, 3),
-                            emit=writer.write if writer is not None else None)
+                            emit=writer.write if writer is not None else None,
+                            **({} if first is None else {"failed_local_rank": first}))
         return 0 if status in ("finished", "stopped", "preempted") else 1
 
     def run(self) -> int:
@@ -784,10 +787,15 @@ class Supervisor:
         for i in died_first:
             code = codes[i]
             if code is not None and code < 0 and base + i not in reporting:
+                self.failed_local_rank = i
                 return _exit_said(base + i, code)
-        if errors:
-            return self._error_cause(errors[0], codes, died_first, base, reporting)
         bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
+        if errors:
+            r = errors[0].get("rank")
+            local = r - base if isinstance(r, int) and not isinstance(r, bool) else -1
+            self.failed_local_rank = local if 0 <= local < len(codes) else bad
+            return self._error_cause(errors[0], codes, died_first, base, reporting)
+        self.failed_local_rank = bad
         return _exit_said(base + bad, codes[bad])
 
     def _error_cause(self, e: dict, codes, died_first, base, reporting) -> str:

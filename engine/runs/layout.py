@@ -280,7 +280,8 @@ class RunDir:
             pid = _read_pid(path)
             if pid:
                 final[key] = pid  # the pid files go below; kill and "nothing left" checks still need it
-        ev = events.make("run_finished", **{k: final[k] for k in ("status", "exit_codes", "root_cause", "elapsed_s")})
+        ev = events.make("run_finished", **{k: final[k] for k in ("status", "exit_codes", "root_cause", "elapsed_s",
+                                                                  "failed_local_rank") if k in final})
         try:
             if emit is not None:
                 emit(ev)

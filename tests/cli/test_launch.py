@@ -200,3 +200,22 @@ def test_a_script_run_exits_with_the_failing_ranks_code(project):
     assert r.returncode == 7, r.stdout + r.stderr
     (run,) = (project / "runs").iterdir()
     assert json.loads((run / "status.json").read_text())["status"] == "failed"
+
+
+def test_the_launch_exits_with_the_first_failing_ranks_code_not_the_stopped_ones(project):
+    """Rank 1 exits 7 while rank 0 still runs; torchdeck then stops rank 0 (SIGTERM: a signal's code,
+    first in exit_codes). The launch's code is rank 1's 7, the root cause's, as status.json and
+    run_finished name it (failed_local_rank), not rank 0's 143."""
+    (project / "first.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n    sys.exit(7)\n"
+        "time.sleep(60)\n")
+    r = torchdeck("launch", "--nproc-per-node", "2", "first.py", cwd=project, timeout=60)
+    assert r.returncode == 7, r.stdout + r.stderr
+    (run,) = (project / "runs").iterdir()
+    final = json.loads((run / "status.json").read_text())
+    assert final["exit_codes"][1] == 7 and final["exit_codes"][0] != 0, final  # rank 0 ended by torchdeck's stop
+    assert final["status"] == "failed" and final["failed_local_rank"] == 1, final
+    (done,) = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()
+               if '"run_finished"' in ln]
+    assert done["failed_local_rank"] == 1
