@@ -41,6 +41,8 @@ def _fit(text: str, width: int) -> str:
 def header(view: RunView, now: float, width: int) -> str:
     """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
     parts go first when the terminal is narrow."""
+    if view.run_kind == "script":
+        return script_header(view, now, width)
     step, total = view.progress()
     parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
              (1, f"step {step}/{total or '?'}"), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
@@ -67,6 +69,8 @@ _OPTIONAL = ("device", "comm", "wait", "loss", "epoch")
 
 
 def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
+    if view.run_kind == "script":
+        return script_rank_line(view, r, now, width)
     total = r.total_steps or view.total_steps
     cells = {
         "rank": f"rank {r.rank:>2}",
@@ -102,6 +106,8 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
 
 
 def compact(view: RunView, now: float, width: int) -> list[str]:
+    if view.run_kind == "script":
+        return script_compact(view, now, width)
     ranks = view.rank_list()
     sps = [r.samples_per_s for r in ranks]
     slow = min(ranks, key=lambda r: (r.samples_per_s, r.step))
@@ -146,14 +152,18 @@ def log_text(line) -> str:
 
 
 def summary(view: RunView, now: float) -> list[str]:
-    """Final lines: status, accuracy, and for a failure the root cause with its traceback tail."""
-    val = view.latest_val_acc()
-    acc = ""
-    if val is not None:
-        acc = f"; val accuracy {fmt.pct(val)}"
-        if view.best_val_acc is not None and view.best_val_acc > val + 1e-9:
-            acc += f" (best {fmt.pct(view.best_val_acc)})"
-    lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}{acc}"]
+    """Final lines: status, accuracy, and for a failure the root cause with its traceback tail
+    (a script run: its exit code and the steps each rank took instead of an accuracy)."""
+    if view.run_kind == "script":
+        lines = script_summary(view, now)
+    else:
+        val = view.latest_val_acc()
+        acc = ""
+        if val is not None:
+            acc = f"; val accuracy {fmt.pct(val)}"
+            if view.best_val_acc is not None and view.best_val_acc > val + 1e-9:
+                acc += f" (best {fmt.pct(view.best_val_acc)})"
+        lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}{acc}"]
     if view.status in (Status.FAILED, Status.LOST):
         lines.append(f"root cause: {view.root_cause or 'unknown (see the rank logs)'}")
         if view.errors:
@@ -163,6 +173,124 @@ def summary(view: RunView, now: float) -> list[str]:
                 lines.append("    " + ln)
     elif view.status == Status.STOPPED and view.root_cause:
         lines.append(f"why: {view.root_cause}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- a user's script
+# torchdeck launch: what a script's ranks say is a step count and steps/s (torch.optim's step hook),
+# with loss and samples/s or tokens/s only when the script calls torchdeck.log; no epochs, no total.
+
+
+def _sps(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.1f}"
+
+
+def _logged_rate(r: RankState) -> str:
+    """What torchdeck.log said last about a rank's throughput: samples/s, else tokens/s, else ""."""
+    if r.samples_per_s > 0:
+        return f"{fmt.rate(r.samples_per_s)} samples/s"
+    if r.tokens_per_s:
+        return f"{fmt.rate(r.tokens_per_s)} tokens/s"
+    return ""
+
+
+def script_rate_text(view: RunView, now: float) -> str:
+    """The header's pace: samples/s or tokens/s summed over the ranks when the script logs them,
+    else the slowest rank's steps/s (the ranks of one job step together)."""
+    ranks = [r for r in view.rank_list() if r.exited is None or view.final]
+    if any(r.samples_per_s > 0 for r in ranks):
+        return view.rate_text(now)
+    tokens = [r.tokens_per_s for r in ranks if r.tokens_per_s]
+    if tokens:
+        return f"{fmt.rate(sum(tokens))} tokens/s"
+    paces = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
+    return f"{_sps(min(paces) if paces else None)} steps/s"
+
+
+def script_header(view: RunView, now: float, width: int) -> str:
+    """status | script | world | step | elapsed | pace | the command, cut to what is left of the
+    width (the first to go, then the loop header's order)."""
+    step, total = view.progress()
+    parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
+             (1, f"step {step}/{total}" if total else f"step {step}"),
+             (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
+    stale = view.stale_ranks(now)
+    starting = view.startup(now)
+    if starting:
+        parts.append((1, starting))
+    elif stale:
+        parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
+                         f"{','.join(str(r.rank) for r in stale)} silent"))
+    parts.append((2, script_rate_text(view, now)))
+    while len(parts) > 1 and len(" | ".join(p for _, p in parts)) > width:
+        parts.remove(max(parts, key=lambda p: p[0]))
+    text = " | ".join(p for _, p in parts)
+    room = width - len(text) - 3
+    if view.command and room >= 12:
+        text += " | " + _fit(" ".join(view.command), room)
+    return _fit(text, width)
+
+
+def _tail(view: RunView, r: RankState, now: float) -> str:
+    if r.failed_exit:
+        return f"({r.exited})"
+    if view.is_gone(r):
+        return "(gone)"
+    if view.is_stale(r, now):
+        return f"STALE {fmt.ago(now - r.last_seen)}"
+    return ""
+
+
+def script_rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
+    """rank N  [device]  step S  X.X steps/s  [loss L  R samples/s]: the device, then the logged
+    rate, then the loss drop when the terminal is narrow."""
+    cells = [("rank", f"rank {r.rank:>2}"), ("device", f"{r.place[:10]:<10}" if r.device else ""),
+             ("steps", f"step {r.step:>5}"), ("pace", f"{_sps(r.steps_per_s):>5} steps/s"),
+             ("loss", "" if r.loss is None else f"loss {fmt.num(r.loss)}"), ("rate", _logged_rate(r))]
+    tail = _tail(view, r, now)
+    line = ""
+    for dropped in ((), ("device",), ("device", "rate"), ("device", "rate", "loss")):
+        line = "  ".join(c for k, c in cells if c and k not in dropped) + (f"  {tail}" if tail else "")
+        if len(line) < width:
+            break
+    return _fit(line, width - 1)
+
+
+def script_compact(view: RunView, now: float, width: int) -> list[str]:
+    ranks = view.rank_list()
+    steps = [r.step for r in ranks]
+    paces = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
+    losses = [r.loss for r in ranks if r.loss is not None]
+    dead = [str(r.rank) for r in ranks if r.failed_exit]
+    stale = [str(r.rank) for r in view.stale_ranks(now)]
+    first = f"{len(ranks)} ranks  steps {min(steps)}-{max(steps)}"
+    if losses:
+        first += f"  mean loss {fmt.num(statistics.fmean(losses))}"
+    lines = [first]
+    if paces:
+        slow = min((r for r in ranks if r.steps_per_s is not None), key=lambda r: (r.steps_per_s, r.step))
+        lines.append(f"steps/s per rank: min {_sps(min(paces))}  median {_sps(statistics.median(paces))}  "
+                     f"max {_sps(max(paces))}  slowest rank {slow.rank}")
+    if stale:
+        lines.append(f"stale ranks (silent): {', '.join(stale)}")
+    if dead:
+        lines.append(f"ranks exited abnormally: {', '.join(dead)}")
+    return [_fit(ln, width - 1) for ln in lines]
+
+
+def script_summary(view: RunView, now: float) -> list[str]:
+    """run <status> after <elapsed>, exit code N; the steps each rank took (and how it ended, when
+    badly); the root cause follows in summary()."""
+    code = view.exit_code()
+    lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}"
+             + ("" if code is None else f", exit code {code}")]
+    ranks = view.rank_list()
+    if ranks and len(ranks) <= COMPACT_ABOVE:
+        lines.append("steps done: " + ", ".join(f"rank {r.rank} {r.step}" + (f" ({r.exited})" if r.failed_exit else "")
+                                                for r in ranks))
+    elif ranks:
+        lo, hi = min(ranks, key=lambda r: r.step), max(ranks, key=lambda r: r.step)
+        lines.append(f"steps done per rank: {lo.step} (rank {lo.rank}) to {hi.step} (rank {hi.rank})")
     return lines
 
 

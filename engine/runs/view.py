@@ -44,6 +44,7 @@ class RankState:
     val_acc: float | None = None
     samples_per_s: float = 0.0
     steps_per_s: float | None = None  # a user's script (step hook): optimizer steps/s over its last window
+    tokens_per_s: float | None = None  # a user's script, what torchdeck.log said last
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
     comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
@@ -227,6 +228,8 @@ class RunView:
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
     start_step: int = 0  # where a resumed run starts: its checkpoint's step, shown before its first step event
+    exit_codes: list | None = None  # per local rank, as the run ended (run_finished, else status.json)
+    failed_local_rank: int | None = None  # the index in exit_codes of the rank the root cause names
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
     _finished_event: bool = False
@@ -295,9 +298,10 @@ class RunView:
         for st in self.ranks.values():
             st.total_steps = st.total_steps or self.total_steps
         port = ev.get("master_port")
-        self._log(t, "info", None, f"run started: {self.strategy}, world size {self.world_size}, global batch "
-                                   f"{self.global_batch or '?'}, devices {', '.join(self.devices) or '?'}"
-                                   + (f", master port {port}" if port else ""))
+        batch = f", global batch {self.global_batch or '?'}" if self.run_kind != "script" else ""  # the script's own
+        what = " ".join(self.command) if self.run_kind == "script" and self.command else self.strategy
+        self._log(t, "info", None, f"run started: {what}, world size {self.world_size}{batch}, devices "
+                                   f"{', '.join(self.devices) or '?'}" + (f", master port {port}" if port else ""))
 
     def _on_rank_ready(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
@@ -367,6 +371,8 @@ class RunView:
             st.add_rate(rate or 0.0)
         sps = _f(ev.get("steps_per_s"))
         st.steps_per_s = sps if sps is not None else st.steps_per_s
+        tok = _f(ev.get("tokens_per_s"))
+        st.tokens_per_s = tok if tok is not None else st.tokens_per_s
         wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
@@ -446,6 +452,7 @@ class RunView:
         self.root_cause = None if ev.get("root_cause") is None else _text(ev.get("root_cause"))
         self.finished_t = t
         self._finished_event = True
+        self._codes(ev)
         elapsed = _f(ev.get("elapsed_s"))
         if elapsed is not None and elapsed >= 0:
             self.elapsed_s = elapsed  # the run's own figure: every front end shows this one
@@ -574,10 +581,39 @@ class RunView:
             self.elapsed_s = elapsed if elapsed is not None and elapsed >= 0 else self.elapsed_s
             rc = final.get("root_cause")
             self.root_cause = self.root_cause or (None if rc is None else str(rc))
+            self._codes(final)
             self.finished_t = self.finished_t or self.last_t or now
             self.version += 1
 
+    def _codes(self, final: dict) -> None:
+        codes = final.get("exit_codes")
+        if isinstance(codes, list):
+            self.exit_codes = [c if isinstance(c, int) and not isinstance(c, bool) else None for c in codes]
+        first = final.get("failed_local_rank")
+        if isinstance(first, int) and not isinstance(first, bool):
+            self.failed_local_rank = first
+
     # ------------------------------------------------------------------ derived
+    def exit_code(self) -> int | None:
+        """A script run's exit code as torchdeck launch exits with it (cli.main.script_exit_code's
+        rule): 0 when it ended well, else the first failing rank's code (failed_local_rank's, else
+        the first non-zero), a signal's death as a shell says it (128 + N), 1 when no code says
+        more; None while it runs."""
+        if not self.final:
+            return None
+        if self.status.ended_well:
+            return 0
+        codes = [c for c in self.exit_codes or [] if c is not None]
+        first = self.failed_local_rank
+        if first is not None and 0 <= first < len(self.exit_codes or []) and self.exit_codes[first] is not None:
+            codes.insert(0, self.exit_codes[first])
+        for code in codes:
+            if code > 0:
+                return code if code < 256 else 1
+            if code < 0:
+                return 128 + (-code)
+        return 1
+
     @property
     def final(self) -> bool:
         return self.status in FINAL

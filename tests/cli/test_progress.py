@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import re
 
-from torchdeck.cli.progress import Display
+from torchdeck.cli.progress import Display, block
 from torchdeck.engine import events
 from torchdeck.engine.runs.view import RunView
 
@@ -178,3 +178,80 @@ def test_messages_wrap_at_the_terminal_under_an_indent_and_keep_tracebacks():
     plain = io.StringIO()
     Display(plain, tty=False).message("x " * 60)
     assert plain.getvalue() == "x " * 60 + "\n"  # a log file gets the line whole
+
+
+# ----------------------------------------------------------------------------- torchdeck launch
+
+
+def _script_run(n=2, logged=False, t0=1000.0):
+    """A script run's events as the supervisor and the shim write them: no epochs, no total steps;
+    the step hook's events carry step and steps_per_s (loss null) and, with torchdeck.log, loss and
+    samples/s."""
+    evs = [events.make("run_started", strategy="script", run_kind="script", world_size=n, total_steps=None,
+                       epochs=None, end_epoch=None, devices=["cpu"] * n,
+                       command=["python", "train.py", "--lr", "0.1", "--data", "/very/long/path/" + "x" * 80]),
+           *[events.make("rank_ready", rank=r, local_rank=r, device=None, pid=100 + r) for r in range(n)]]
+    for r in range(n):
+        evs.append(events.make("step", rank=r, step=120 + r, steps_per_s=3.4 + r, loss=None, samples_per_s=None))
+        if logged:
+            evs.append(events.make("step", rank=r, step=121 + r, steps_per_s=3.4 + r, loss=0.25 + r,
+                                   samples_per_s=320.0))
+    for e in evs:
+        e["t"] = t0
+    return evs
+
+
+def test_a_script_runs_display_has_steps_and_steps_per_s_no_epochs_or_totals():
+    """torchdeck launch / attach on a user's script: per rank its step and steps/s, the command in the
+    header, no `ep 1 [????]` or `0/?` (the loop's columns mean nothing without epochs or a total)."""
+    v = view_of(_script_run())
+    for width in (100, 80, 40):
+        lines = block(v, 1001.0, width)
+        assert all(len(ln) < width for ln in lines), lines
+        text = "\n".join(lines)
+        assert "?" not in text and not re.search(r"\bep |/ ", text) and "[" not in text, text
+    lines = block(v, 1001.0, 100)
+    assert lines[0].startswith("RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.4 steps/s | "
+                               "python train.py --lr 0.1 --d"), lines[0]
+    assert lines[0].endswith("…") and len(lines[0]) == 99  # the command, cut to the width
+    assert lines[1] == "rank  0  step   120    3.4 steps/s"
+    assert lines[2] == "rank  1  step   121    4.4 steps/s"
+
+
+def test_a_script_that_calls_torchdeck_log_shows_loss_and_samples_per_s():
+    v = view_of(_script_run(logged=True))
+    lines = block(v, 1001.0, 100)
+    assert lines[1] == "rank  0  step   121    3.4 steps/s  loss 0.2500  320 samples/s"
+    assert "640 samples/s" in lines[0]
+    v.feed(events.make("step", rank=0, step=140, steps_per_s=3.0, loss=None, samples_per_s=None, t=1002.0))
+    assert block(v, 1002.0, 100)[1] == "rank  0  step   140    3.0 steps/s  loss 0.2500  320 samples/s"
+    v.feed(events.make("step", rank=1, step=130, steps_per_s=2.0, loss=1.5, tokens_per_s=51200.0, t=1002.0))
+    v.ranks[1].samples_per_s = 0.0  # a script that logs tokens only
+    assert block(v, 1002.0, 100)[2] == "rank  1  step   130    2.0 steps/s  loss 1.5000  51,200 tokens/s"
+
+
+def test_a_script_runs_summary_says_steps_per_rank_elapsed_and_exit_code():
+    evs = _script_run()
+    evs += [events.make("rank_exited", rank=1, exitcode=7, signal=None, t=1003.0),
+            events.make("rank_exited", rank=0, exitcode=-15, signal="SIGTERM", t=1003.0),
+            events.make("run_finished", status="failed", exit_codes=[-15, 7], failed_local_rank=1,
+                        root_cause="rank 1 exited with code 7", elapsed_s=3.0, t=1003.0)]
+    buf = io.StringIO()
+    d = Display(buf, tty=False, interval=0, clock=lambda: 1003.0)
+    v = view_of(evs)
+    d.finish(v)
+    out = buf.getvalue().splitlines()
+    assert "?" not in "\n".join(out) and not re.search(r"\bep ", "\n".join(out)), out
+    assert out[0] == "run started: python train.py --lr 0.1 --data /very/long/path/" + "x" * 80 + ", world size 2, " \
+                     "devices cpu, cpu"
+    assert "rank  1  step   121    4.4 steps/s  (exit 7)" in out
+    assert out[-3:] == ["run failed after 00:03, exit code 7",
+                        "steps done: rank 0 120 (signal SIGTERM), rank 1 121 (exit 7)",
+                        "root cause: rank 1 exited with code 7"], out
+
+
+def test_many_script_ranks_compact_to_steps_per_s_spread():
+    v = view_of(_script_run(n=12))
+    text = "\n".join(block(v, 1001.0, 100))
+    assert "12 ranks  steps 120-131" in text and "steps/s per rank: min 3.4  median 8.9  max 14.4  slowest rank 0" \
+        in text and "?" not in text, text
