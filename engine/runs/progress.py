@@ -198,8 +198,8 @@ def script_rate_text(view: RunView, now: float) -> str:
     """The header's pace: samples/s or tokens/s summed over the ranks when the script logs them,
     else the slowest rank's steps/s (the ranks of one job step together)."""
     ranks = [r for r in view.rank_list() if r.exited is None or view.final]
-    if any(r.samples_per_s > 0 for r in ranks):
-        return view.rate_text(now)
+    if any(r.samples_per_s > 0 for r in ranks) and (not view.final or view.mean_samples_per_s() > 0):
+        return view.rate_text(now)  # (over, and every logging rank failed or was stopped: the pace below)
     tokens = [r.tokens_per_s for r in ranks if r.tokens_per_s]
     if tokens:
         return f"{fmt.rate(sum(tokens))} tokens/s"

@@ -228,6 +228,10 @@ def test_a_script_that_calls_torchdeck_log_shows_loss_and_samples_per_s():
     v.feed(events.make("step", rank=1, step=130, steps_per_s=2.0, loss=1.5, tokens_per_s=51200.0, t=1002.0))
     v.ranks[1].samples_per_s = 0.0  # a script that logs tokens only
     assert block(v, 1002.0, 100)[2] == "rank  1  step   130    2.0 steps/s  loss 1.5000  51,200 tokens/s"
+    v.feed_all([events.make("rank_exited", rank=1, exitcode=7, signal=None, t=1003.0),
+                events.make("rank_exited", rank=0, exitcode=-15, signal="SIGTERM", t=1003.0),
+                events.make("run_finished", status="failed", exit_codes=[-15, 7], t=1003.0)])
+    assert "| 51,200 tokens/s |" in block(v, 1003.0, 100)[0]  # not '0 samples/s': those ranks are over
 
 
 def test_a_script_runs_summary_says_steps_per_rank_elapsed_and_exit_code():
