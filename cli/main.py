@@ -177,27 +177,11 @@ def cmd_launch(args) -> int:
     return _launch(args, cfg, origin)
 
 
-def script_exit_code(run, view) -> int:
-    """A script run's exit code, the script's: 0 when it ended well (finished, or stopped as
-    asked), else the first failing rank's exit code as the supervisor recorded it (run_finished's
-    exit_codes, per local rank; failed_rank when it says which one failed first), a signal's
-    death as a shell says it (128 + N); 1 when no rank's code says more."""
-    if view is None:  # detached from the follow: the run goes on
-        return EXIT_FAILED
-    if view.status.ended_well:
-        return EXIT_OK
-    final = run.final_status() or {}
-    codes = [c for c in final.get("exit_codes") or [] if isinstance(c, int) and not isinstance(c, bool)]
-    first = final.get("failed_local_rank")
-    if isinstance(first, int) and 0 <= first < len(final.get("exit_codes") or []):
-        picked = final["exit_codes"][first]
-        codes = [picked] + codes if isinstance(picked, int) else codes
-    for code in codes:
-        if code > 0:
-            return code if code < 256 else EXIT_FAILED
-        if code < 0:
-            return 128 + (-code)
-    return EXIT_FAILED
+def script_exit_code(view) -> int:
+    """A script run's exit code, the script's (RunView.exit_code: 0 when it ended well, else the
+    first failing rank's code, a signal's death as 128 + N); 1 while it is not over (detached)."""
+    code = view.exit_code() if view is not None else None
+    return EXIT_FAILED if code is None else code
 
 
 def _launch(args, cfg, origin: dict, root=None) -> int:
@@ -238,7 +222,7 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
         return True
 
     view = follow(run, Display(), on_interrupt)
-    return script_exit_code(run, view) if cfg.strategy == "script" else _exit_for(view)
+    return script_exit_code(view) if cfg.strategy == "script" else _exit_for(view)
 
 
 def cmd_resume(args) -> int:
