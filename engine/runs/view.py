@@ -649,7 +649,10 @@ class RunView:
         """No news of a rank for longer than it normally takes, while the run should be busy."""
         if self.status != Status.RUNNING or st.exited is not None or st.last_seen is None:
             return False
-        return now - st.last_seen > self.stale_after(st)
+        seen = st.last_seen
+        if st._step_t is None and self.first_step_t is not None:  # not stepping yet: its start-up
+            seen = max(seen, self.first_step_t)  # (a script's torch import, rendezvous) is not silence
+        return now - seen > self.stale_after(st)
 
     def stale_ranks(self, now: float) -> list[RankState]:
         return [r for r in self.rank_list() if self.is_stale(r, now)]

@@ -62,6 +62,21 @@ def test_stale_rank_is_flagged_only_while_running():
     assert not st.is_stale(r1, T0 + 100)  # a run that is over has no stale ranks
 
 
+def test_a_rank_still_starting_when_another_steps_is_not_silent_until_the_rule_says_so():
+    """A script's rank says rank_ready before it imports torch (13 s on a busy host), then nothing
+    until its first step: when another rank steps first, its start-up is not silence (seen:
+    'STALLED: rank 1 silent' for one second before rank 1's first step)."""
+    st = RunView()
+    st.feed(started())
+    st.feed_all([ev("rank_ready", 0.0, rank=r, local_rank=r, device="cpu", pid=100 + r, host="box", threads=1,
+                    cpus=None) for r in (0, 1)])
+    st.feed(step(0, 1, 13.0))
+    r1 = st.rank_list()[1]
+    assert not st.is_stale(r1, T0 + 13.5)
+    assert not st.is_stale(r1, T0 + 22.9)  # 9.9 s after the run began stepping
+    assert st.is_stale(r1, T0 + 23.5)  # then the rule holds as for any rank
+
+
 def test_stale_threshold_follows_a_slow_log_interval():
     st = RunView()
     st.feed(started())
