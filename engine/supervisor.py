@@ -28,6 +28,7 @@ from .config import resolve_all_gpus
 from .errors import TorchdeckError
 from .runs import stacks
 from .runs.layout import RunDir
+from .runs.status import Status
 from .runs.view import RunView
 from .preflight import length, load
 from .strategies import get_strategy
@@ -453,7 +454,7 @@ class Supervisor:
         self.rd.write_final(status, root_cause, exit_codes, round(time.time() - self.started, 3),
                             emit=writer.write if writer is not None else None,
                             **({} if first is None else {"failed_local_rank": first}))
-        return 0 if status in ("finished", "stopped", "preempted") else 1
+        return 0 if Status(status).ended_well else 1
 
     def run(self) -> int:
         self._install_signals()
