@@ -32,7 +32,7 @@ SCRIPT = C.ROOT / "bench" / "baselines" / "ddp_script.py"
 
 
 def sizes(quick: bool) -> dict:
-    return dict(steps=30, warm=10, batch=32, train=2048) if quick else \
+    return dict(steps=12, warm=4, batch=32, train=1024) if quick else \
         dict(steps=400, warm=100, batch=64, train=8192)
 
 
@@ -87,7 +87,7 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
         raise RuntimeError(f"{' '.join(cmd)} failed ({rc}):\n{text[-2000:]}")
     r = json.loads(out.read_text())
     res = {"steps_per_s": r["steps_per_s"], "samples_per_s": r["samples_per_s"],
-           "first_step_s": r["t_first_step"] - t0, "command_s": t_exit - t0, "threads": r["threads"],
+           "first_step_s": r["t_first_step"] - t0, "script_start_s": r["t_start"] - t0, "command_s": t_exit - t0, "threads": r["threads"],
            "omp_num_threads": r["omp_num_threads"], "under_torchdeck": r["under_torchdeck"],
            "logged": r["logged"], "steps": r["steps"], "rc": rc, "exit_failure": exit_failure}
     if kind == "torchdeck":
@@ -100,7 +100,9 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
             ready = [e["t"] for e in evs if e.get("kind") == "rank_ready"]
             res["supervisor_s"] = min(started) - t0 if started else None
             res["ranks_ready_s"] = max(ready) - t0 if ready else None
-            res["log_steps"] = sum(1 for e in evs if e.get("kind") == "step" and e.get("rank") == 0)
+            steps = [e for e in evs if e.get("kind") == "step" and e.get("rank") == 0]
+            res["step_events"] = len(steps)
+            res["loss_events"] = sum(1 for e in steps if e.get("loss") is not None)  # torchdeck.log's
     return res
 
 
@@ -144,7 +146,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     rows = []
     for label, rs in zip(labels, results):
         tp, fs = med(rs, "steps_per_s"), med(rs, "first_step_s")
-        rows.append([label, tp, med(rs, "samples_per_s"), fs, med(rs, "command_s"), rs[0]["omp_num_threads"],
+        rows.append([label, tp, med(rs, "samples_per_s"), fs, med(rs, "script_start_s"), med(rs, "command_s"), rs[0]["omp_num_threads"],
                      tp / b_tp if tp and b_tp else None, fs / b_fs if fs and b_fs else None])
     text = C.table(f"{NAME}: bench/baselines/ddp_script.py, {RANKS} ranks gloo, cnn, batch {s['batch']}/rank, "
                    f"steps {s['warm']}..{s['steps']} timed by the script, median of {reps}, alternating",

@@ -8,15 +8,18 @@ unless --log-every-step (then one `torchdeck.log` call per step).
 DistributedSampler, the CIFAR-10 tutorial CNN on an in-memory synthetic set (random 3x32x32
 images, 10 classes). Rank 0 writes its own timings to --out (or $DDP_SCRIPT_OUT) as JSON, so
 every launcher's numbers come from the script itself: time.time() at the end of its first step
-(t_first_step), at the end of step --warm and of the last step (steps/s between them), its
+(t_first_step), at its first line (t_start), at the end of step --warm and of the last step (steps/s between them), its
 threads and the launcher's environment it saw.
 """
 from __future__ import annotations
 
+import time
+
+T_START = time.time()  # the script starts (before torch is imported): the launcher's part ends here
+
 import argparse
 import json
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -87,7 +90,7 @@ def main(argv=None) -> None:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if a.out:
             with open(a.out, "w") as fh:
-                json.dump({"t_first_step": t_first, "t_warm": t_warm, "t_end": t_end, "warm": a.warm,
+                json.dump({"t_start": T_START, "t_first_step": t_first, "t_warm": t_warm, "t_end": t_end, "warm": a.warm,
                            "steps": step, "steps_per_s": (step - a.warm) / (t_end - t_warm),
                            "samples_per_s": (step - a.warm) * a.batch_size * dist.get_world_size()
                            / (t_end - t_warm),
