@@ -150,7 +150,8 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                      tp / b_tp if tp and b_tp else None, fs / b_fs if fs and b_fs else None])
     text = C.table(f"{NAME}: bench/baselines/ddp_script.py, {RANKS} ranks gloo, cnn, batch {s['batch']}/rank, "
                    f"steps {s['warm']}..{s['steps']} timed by the script, median of {reps}, alternating",
-                   ["launcher", "steps/s", "samples/s (global)", "command to 1st step s", "command total s",
+                   ["launcher", "steps/s", "samples/s (global)", "command to 1st step s", "command to script start s",
+                    "command total s",
                     "OMP threads", "steps/s vs torchrun", "1st step vs torchrun"], rows)
     text += (f"\nthroughput torchdeck/torchrun {C.fmt(tp_ratio, '.4g')} (paired {C.fmt(tp_paired, '.4g')}; "
              f"target >= {TP_TARGET}: {C.verdict(tp_ratio, TP_TARGET)}); "
