@@ -674,8 +674,13 @@ class Supervisor:
     def dump_stacks(self, pctx, writer, reason: str, wait_s: float = stacks.WAIT_S) -> list[dict]:
         """Stacks of this node's live ranks, as a `stacks` event (and a line in supervisor.log)."""
         with self._dump_lock:
+            ready = None
+            if self.script:  # a script's rank says rank_ready once its dump is installed: before that
+                with writer.lock:  # (python starting, the shim's imports) STACK_SIGNAL would kill it
+                    ready = {st.rank for st in writer.view.rank_list() if st.pid is not None}
             targets = [(f"rank {self.base + i}", self.base + i, p.pid, self.rd.stacks_path(self.base + i))
-                       for i, p in enumerate(pctx.processes) if p.is_alive()]
+                       for i, p in enumerate(pctx.processes)
+                       if p.is_alive() and (ready is None or self.base + i in ready)]
             if not targets:
                 return []
             taken = stacks.collect(targets, wait_s)

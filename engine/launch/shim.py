@@ -175,6 +175,8 @@ def main(argv: list[str], path0_is_ours: bool) -> int:
         return run(argv[0], _argv(argv[1:]), module, path0_is_ours)
     finally:
         report.flush()
+        if path:  # from here to the exit, a stack request is ignored: at finalization faulthandler
+            stacks.ignore()  # would put back the default action, and STACK_SIGNAL would kill the rank
 
 
 if __name__ == "__main__":

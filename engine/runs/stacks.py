@@ -34,6 +34,13 @@ def install(path: Path) -> None:
     _installed.append(fh)
 
 
+def ignore() -> None:
+    """Stop answering STACK_SIGNAL, and ignore it rather than die of it: a process about to exit
+    (faulthandler's finalization would restore the default action, which terminates)."""
+    faulthandler.unregister(STACK_SIGNAL)
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+
+
 @dataclass
 class Frame:
     file: str

@@ -317,3 +317,29 @@ def test_a_scripts_hook_steps_keep_the_last_logged_loss_and_rate():
     st = view.rank(0)
     assert (st.step, st.loss, st.samples_per_s) == (9, 0.5, 320.0)
     assert view.steps.points == [(5, 0.5)]  # a curve point per loss said, none repeated at the hook's steps
+
+
+def test_the_watchdogs_stack_request_skips_a_rank_that_has_not_said_ready(tmp_path):
+    """STACK_SIGNAL's default action terminates: a script's rank answers it only once its shim has
+    installed the dump (then it says rank_ready). Seen under load: the watchdog's request reached
+    both ranks of a torchdeck.log run before that, and they died of SIGUSR2."""
+    import queue
+    import signal
+    from types import SimpleNamespace
+
+    from torchdeck.engine.supervisor import EventWriter, Supervisor
+
+    run = control.start(script_cfg(tmp_path, ddp_script(tmp_path), devices=1), root=tmp_path / "runs")
+    sup = Supervisor(run.path)
+    sup.script = True
+    writer = EventWriter(run.events_path, queue.Queue())  # not started: its view is what it was fed
+    rank = subprocess.Popen(["sleep", "30"])  # a rank still starting: default action for SIGUSR2
+    try:
+        proc = SimpleNamespace(pid=rank.pid, is_alive=lambda: rank.poll() is None)
+        assert sup.dump_stacks(SimpleNamespace(processes=[proc]), writer, "test", wait_s=0.5) == []
+        time.sleep(0.2)
+        assert rank.poll() is None, f"the rank died of {signal.Signals(-rank.returncode).name}"
+    finally:
+        rank.kill()
+        rank.wait()
+        writer.close()
