@@ -309,6 +309,23 @@ def test_a_users_engine_py_runs_from_its_folder(tmp_path):
     assert f"engine.py ran __main__ 42 {tmp_path}" in run.stdout
 
 
+def test_a_script_importing_its_own_engine_module(tmp_path):
+    """torchvision's detection references: train.py does `from engine import train_one_epoch`."""
+    script(tmp_path, "def train_one_epoch():\n    return 'users engine'\n", "engine.py")
+    script(tmp_path, "def main():\n    return 'users app'\n", "app.py")
+    path = script(tmp_path, """
+        import torchdeck
+        from engine import train_one_epoch
+        from app import main
+        torchdeck.log({"loss": 2.0})
+        print(train_one_epoch(), main())
+    """)
+    run = launch([str(path)], cwd=tmp_path)
+    assert run.rc == 0, run.stderr
+    assert "users engine users app" in run.stdout
+    assert [e["loss"] for e in run.kinds("step")] == [2.0]
+
+
 def test_stacks_of_an_unchanged_script_on_demand(tmp_path):
     ready = tmp_path / "ready"
     path = script(tmp_path, f"""
