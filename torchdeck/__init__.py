@@ -31,6 +31,8 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
     samples / tokens: how many this rank processed since its previous call (a batch's size,
         its tokens): samples/s and tokens/s are these over the time between the two calls.
 
+    Calls closer together than 50 ms (TORCHDECK_LOG_EVERY_S) go out as one event: the newest
+    numbers, samples/s and tokens/s over all of them.
     Outside torchdeck it returns at once. Under torchdeck it never raises and never blocks: when
     the supervisor cannot keep up the event is dropped (and counted).
     """

@@ -8,7 +8,11 @@ Both feed one state per process, so the two never disagree about the step:
   TORCHDECK_STEP_EVERY_S seconds (default 1.0) has passed and no step event was sent within it,
   and once more at exit (flush) if steps were done since the last one. steps_per_s is the rate
   over the last window.
-- log() sends one step event per call, with the hook's step (or its own) and steps_per_s.
+- log() sends a step event at its first call, then at most one every TORCHDECK_LOG_EVERY_S
+  seconds (default 0.05; 0: every call) with the newest call's numbers, samples/s and tokens/s
+  over the calls since the last one sent, and what is left at exit. Every event costs the node's
+  supervisor CPU (about 0.3 ms); a script that logs every 10 ms step would spend a few % of a
+  core there on a host whose cores train, so calls are coalesced rather than sent one by one.
 
 Torch is never imported here: the hook is registered when the script imports torch.optim (see
 install_step_hook). Stdlib only.
@@ -25,12 +29,12 @@ from . import channel
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 
 
-def _every_s() -> float:
+def _every_s(name: str = "TORCHDECK_STEP_EVERY_S", default: float = 1.0) -> float:
     try:
-        v = float(os.environ.get("TORCHDECK_STEP_EVERY_S", "1.0"))
+        v = float(os.environ.get(name, default))
     except ValueError:
-        return 1.0
-    return v if v >= 0 and v == v else 1.0
+        return default
+    return v if v >= 0 and v == v else default
 
 
 class _State:
@@ -44,11 +48,25 @@ class _State:
         self.sent_t = None  # monotonic time of the last step event sent (either source)
         self.sent_steps = 0  # the step count in it
         self.log_calls = 0
-        self.log_t = None  # monotonic time of the previous log() call
+        self.log_every_s = _every_s("TORCHDECK_LOG_EVERY_S", 0.05)
+        self.log_t = None  # monotonic time of the last log() event sent
+        self.pending = None  # the newest call's fields, not sent yet (coalesced)
+        self.samples = self.tokens = None  # summed over the calls since the last event sent
         self.bad = 0  # metric values log() skipped, all calls together
 
 
 _state = _State()
+
+
+def _forked() -> None:
+    """A forked child (a DataLoader worker, mp fork) is a reporter of its own: its first log()
+    call goes out at once, not coalesced into the parent's window (whose end it may never reach:
+    multiprocessing's children leave through os._exit, without the exit flush)."""
+    _state.log_t, _state.pending, _state.samples, _state.tokens = None, None, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _send_step(now: float, **fields) -> None:
@@ -85,6 +103,8 @@ def flush() -> None:
     """At exit: one last step event if steps were done since the last one."""
     s = _state
     try:
+        if s.pending is not None:  # log() numbers coalesced since the last event: they go now
+            _send_log(time.monotonic())
         if s.steps and s.steps != s.sent_steps:
             now = time.monotonic()
             rate = s.rate  # the last window's, unless the one under way is long enough to say
@@ -183,6 +203,27 @@ def _rate(amount, dt):
     return None if n is _NOT_A_NUMBER else n / dt
 
 
+def _add(total, amount) -> tuple:
+    """(the sum so far, 1 if `amount` was given but is not a number)."""
+    if amount is None:
+        return total, 0
+    n = _number(amount)
+    if n is _NOT_A_NUMBER:
+        return total, 1
+    return (total or 0.0) + n, 0
+
+
+def _send_log(now: float) -> None:
+    """The pending log() numbers as one step event: the rates over the time since the last one
+    (none for the first: nothing to measure from before it)."""
+    s = _state
+    dt = now - s.log_t if s.log_t is not None else None
+    fields = dict(s.pending, steps_per_s=s.rate, samples_per_s=_rate(s.samples, dt),
+                  tokens_per_s=_rate(s.tokens, dt))
+    s.log_t, s.pending, s.samples, s.tokens = now, None, None, None
+    _send_step(now, **fields)
+
+
 def log(metrics, step=None, samples=None, tokens=None) -> None:
     """One step event with the script's own numbers (torchdeck.log: see its docstring)."""
     try:
@@ -191,8 +232,6 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
             return
         s = _state
         now = time.monotonic()
-        dt = now - s.log_t if s.log_t is not None else None
-        s.log_t = now
         s.log_calls += 1
         loss, values, skipped = None, {}, 0
         for key, value in (metrics.items() if isinstance(metrics, dict) else ()):
@@ -212,11 +251,14 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
             if step is not None:
                 skipped += 1
             step = s.steps or s.log_calls
-        fields = dict(step=step, steps_per_s=s.rate, epoch=None, loss=loss, metrics=values,
-                      samples_per_s=_rate(samples, dt), tokens_per_s=_rate(tokens, dt))
+        s.samples, bad_s = _add(s.samples, samples)
+        s.tokens, bad_t = _add(s.tokens, tokens)
+        skipped += bad_s + bad_t
+        s.pending = dict(step=step, epoch=None, loss=loss, metrics=values)
         if skipped:
             s.bad += skipped
-            fields["skipped"] = skipped
-        _send_step(now, **fields)
+            s.pending["skipped"] = skipped
+        if s.log_t is None or now - s.log_t >= s.log_every_s:
+            _send_log(now)
     except Exception:  # noqa: BLE001 - never raise into the user's training loop
         _state.bad += 1

@@ -191,7 +191,7 @@ def test_exit_code_is_the_scripts(tmp_path, code, rc):
 def test_torchdeck_log_reports_loss_metrics_and_rates(tmp_path):
     path = sgd_script(tmp_path, after_step="torchdeck.log({'loss': loss.detach(), 'lr': 0.01, 'note': 'x'}, samples=32)")
     path.write_text("import torchdeck\n" + path.read_text())
-    run = launch([str(path), "12"], cwd=tmp_path)
+    run = launch([str(path), "12"], cwd=tmp_path, env={"TORCHDECK_LOG_EVERY_S": "0"})  # every call its event
     assert run.rc == 0, run.stderr
     logged = [e for e in run.kinds("step") if "metrics" in e]
     assert [e["step"] for e in logged] == list(range(1, 13))  # the step hook's count
@@ -200,6 +200,30 @@ def test_torchdeck_log_reports_loss_metrics_and_rates(tmp_path):
     assert logged[0]["samples_per_s"] is None  # nothing to measure from before the first call
     assert all(e["samples_per_s"] > 0 for e in logged[1:])
     assert all(e["tokens_per_s"] is None for e in logged)
+
+
+def test_torchdeck_log_calls_are_coalesced_into_an_event_every_50_ms(tmp_path):
+    """Each event costs the supervisor ~0.3 ms of CPU: a script logging every fast step would take
+    a few % of a core from ranks on a busy host (bench launch_vs_torchrun), so log() sends its first
+    call, then the newest numbers at most every TORCHDECK_LOG_EVERY_S (0.05 s), with samples/s over
+    all the calls since the last event, and what is left at exit."""
+    path = script(tmp_path, """
+        import time
+        import torchdeck
+        t = time.monotonic()
+        for i in range(1, 401):  # ~0.4 s of 1 ms steps
+            torchdeck.log({"loss": float(i)}, step=i, samples=10)
+            while time.monotonic() < t + i * 0.001:
+                pass
+    """)
+    run = launch([str(path)], cwd=tmp_path)
+    assert run.rc == 0, run.stderr
+    logged = run.kinds("step")
+    assert 2 <= len(logged) <= 40, [e["step"] for e in logged]  # not 400
+    assert logged[0]["step"] == 1 and logged[-1]["step"] == 400 and logged[-1]["loss"] == 400.0  # exit flushes
+    assert [e["step"] for e in logged] == sorted(e["step"] for e in logged)
+    rates = [e["samples_per_s"] for e in logged[1:]]
+    assert all(r is not None and 2_000 < r < 20_000 for r in rates), rates  # 10 samples per ~1 ms, summed
 
 
 def test_torchdeck_log_outside_torchdeck_is_free():
@@ -233,7 +257,7 @@ def test_a_full_pipe_drops_and_counts_never_blocks(tmp_path):
             time.sleep(0.01)
         torchdeck.log({{"loss": 0.25}}, step=3000)
     """)
-    run = start([str(path)], cwd=tmp_path)
+    run = start([str(path)], cwd=tmp_path, env={"TORCHDECK_LOG_EVERY_S": "0"})  # every call its event
     deadline = time.monotonic() + 60
     while not full.exists():  # nobody reads the pipe meanwhile
         assert run.proc.poll() is None and time.monotonic() < deadline, run.proc.communicate()
