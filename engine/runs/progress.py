@@ -38,22 +38,29 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(0, width - 1)] + "…"
 
 
+def _head(view: RunView, now: float, step_text: str) -> list[tuple[int, str]]:
+    """The parts both headers open with, as (drop order, text): status, strategy, world, step,
+    elapsed, then what it is doing while starting or which ranks are silent, if either."""
+    parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
+             (1, step_text), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
+    starting = view.startup(now)
+    stale = view.stale_ranks(now)
+    if starting:
+        parts.append((1, starting))
+    elif stale:
+        parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
+                         f"{','.join(str(r.rank) for r in stale)} silent"))
+    return parts
+
+
 def header(view: RunView, now: float, width: int) -> str:
     """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
     parts go first when the terminal is narrow."""
     if view.run_kind == "script":
         return script_header(view, now, width)
     step, total = view.progress()
-    parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
-             (1, f"step {step}/{total or '?'}"), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
-    stale = view.stale_ranks(now)
-    starting = view.startup(now)
-    if starting:
-        parts.append((1, starting))
-    elif stale:
-        parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
-                         f"{','.join(str(r.rank) for r in stale)} silent"))
-    elif not view.final:
+    parts = _head(view, now, f"step {step}/{total or '?'}")
+    if len(parts) == 5 and not view.final:  # neither starting nor stalled
         parts.append((3, f"ETA {fmt.duration(view.eta(now))}"))
     parts.append((2, view.rate_text(now)))
     val = view.latest_val_acc()
@@ -211,16 +218,7 @@ def script_header(view: RunView, now: float, width: int) -> str:
     """status | script | world | step | elapsed | pace | the command, cut to what is left of the
     width (the first to go, then the loop header's order)."""
     step, total = view.progress()
-    parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
-             (1, f"step {step}/{total}" if total else f"step {step}"),
-             (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
-    stale = view.stale_ranks(now)
-    starting = view.startup(now)
-    if starting:
-        parts.append((1, starting))
-    elif stale:
-        parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
-                         f"{','.join(str(r.rank) for r in stale)} silent"))
+    parts = _head(view, now, f"step {step}/{total}" if total else f"step {step}")
     parts.append((2, script_rate_text(view, now)))
     while len(parts) > 1 and len(" | ".join(p for _, p in parts)) > width:
         parts.remove(max(parts, key=lambda p: p[0]))
