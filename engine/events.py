@@ -28,6 +28,11 @@ Kinds and their fields (beyond v, kind, t):
                    comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report
                    collective) was in flight, i.e. waiting for the other ranks; null where not
                    measured (measured today: DDP on the CPU)
+                   torchdeck's loop also sends, each rank its own (what rank_report carried):
+                   device_mem_mb (CUDA memory allocated on its GPU; on CPU the rank's RSS),
+                   peak_mem_mb (max_memory_allocated on a GPU, peak RSS on CPU), data_wait (share
+                   0..1 of the window spent waiting for batches), comm_wait (share 0..1 of the
+                   window in the all-reduce; null: not measured)
                    A user's script (torchdeck launch, engine/launch/report.py) sends: rank, step,
                    steps_per_s (optimizer steps/s over the last window; null: not known yet),
                    epoch and loss (null unless logged); from torchdeck.log also metrics ({name:
@@ -48,7 +53,14 @@ Kinds and their fields (beyond v, kind, t):
                       comm_wait       share (0..1) in the all-reduce (comm_s above; null: not measured),
                       peak_mem_mb     the most so far: max_memory_allocated on a GPU, peak RSS on CPU,
                       t               the rank's own unix time when it took the sample}
-                   Only node 0's events.jsonl has it: that is how node 0 sees every node's ranks.
+                   Only node 0's events.jsonl has it. Old runs only: since node streaming
+                   (engine/nodes) each rank's step events carry these figures and nothing gathers.
+    node_sample    one per node and second, written by node 0's supervisor (its own, and those each
+                   other node's supervisor streams to it): node_rank, host (the node's host name),
+                   gpus: [one per GPU NVML sees, {index, name, util, mem_used_mb, mem_total_mb,
+                   temp_c, power_w, power_limit_w, pids, uuid, mem_util, fan_pct}] (engine/sources
+                   GPUSample's fields; [] without NVML), host_stats: {cpu_percent, per_cpu,
+                   ram_used_mb, ram_total_mb, load1} (engine/sources HostSample's, without procs)
     stacks         rank (null), reason (why they were taken: "rank 1 silent for 12 s", "collective
                    timeout"), summary (one line, see engine/runs/stacks.py summary), groups: one
                    entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
@@ -61,6 +73,10 @@ Kinds and their fields (beyond v, kind, t):
 `epoch` (step, epoch_end, checkpoint, rank_report) is the engine's 0-based index of the epoch
 (at an epoch's end in a checkpoint: the epochs done). People read epochs from 1 everywhere:
 metrics.csv, the views, the logs; `epoch_number` is the one place that turns one into the other.
+
+Rank events that another node's supervisor streamed to node 0 (engine/nodes) keep all their
+fields and gain node_rank and host (that node's) when they lack them; every event of a node's
+ranks and samples is written by node 0 into the one events.jsonl.
 
 Events from a rank's channel (engine/launch/channel.py) may also carry dropped (the events that
 rank dropped just before this one, its pipe being full) and truncated (true: fields were left out
@@ -88,6 +104,7 @@ KINDS = (
     "error",
     "rank_exited",
     "rank_report",
+    "node_sample",
     "stacks",
     "run_finished",
 )
