@@ -142,7 +142,9 @@ def start_said(method: str | None) -> str:
             }.get(method, f"started by {method}")
 
 
-SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "torchdeck.engine.data"]
+# usercode installs the user's folders (from the environment) where workers unpickle their data set
+SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "torchdeck.engine.data",
+                  "torchdeck.engine.usercode"]
 
 
 def start_worker_server(start: dict) -> None:

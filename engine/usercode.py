@@ -3,8 +3,10 @@ that builds a user's model or data set looks for it, so `torchdeck run`, `eval`,
 `validate --memory`, `tune` and a rank all find the same module, or none of them does.
 
 The rule: a module is looked up on sys.path as Python finds any (an installed package or
-PYTHONPATH first), then in the user's folders, which are APPENDED to sys.path so that a file of
-theirs never shadows torchdeck's own modules or an installed package:
+PYTHONPATH first), then in the user's folders, searched by a finder placed LAST on
+sys.meta_path so that a file of theirs never shadows torchdeck's own modules or an installed
+package (appending them to sys.path was not enough: an editable install's finder comes after
+sys.path, so a user's torchdeck.py in the folder was imported in place of torchdeck):
   - the folder a run was started from (origin.json's "cwd"), when the command works on a run;
   - the folder of the preset file, when the preset is a file;
   - the current working directory.
@@ -13,6 +15,7 @@ No torch here: the supervisor and the preflight use it before any rank starts.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import json
 import os
 import sys
@@ -63,14 +66,51 @@ def preset_folder(path) -> str | None:
     return str(Path(path).expanduser().resolve().parent) if path else None
 
 
+class _UserFolders:
+    """The meta path finder for the user's folders: asked only after every other finder."""
+
+    def __init__(self) -> None:
+        self.folders: list[str] = []
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or not self.folders:  # a submodule: its package's __path__ finds it
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, self.folders)
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+_finder = _UserFolders()
+
+
+ENV = "TORCHDECK_USER_FOLDERS"  # the folders, for the processes this one starts (ranks, loader workers)
+
+
 def extend_path() -> list[str]:
-    """Append the user's folders to sys.path (once each); returns them."""
+    """Search the user's folders after everything else (once each); returns them. Processes
+    started from this one (spawned ranks, a fork server's loader workers unpickling the user's
+    data set) get them through the environment: importing this module there installs them."""
     found = folders()
-    added = [f for f in found if f not in sys.path]
-    if added:
-        sys.path.extend(added)
-        importlib.invalidate_caches()
+    _install(found)
+    os.environ[ENV] = os.pathsep.join(_finder.folders)
     return found
+
+
+def _install(found) -> None:
+    added = [f for f in found if f and f not in _finder.folders]
+    if added:
+        _finder.folders.extend(added)
+        importlib.invalidate_caches()
+    if _finder not in sys.meta_path:
+        sys.meta_path.append(_finder)
+    elif sys.meta_path[-1] is not _finder:  # something installed after us: stay last
+        sys.meta_path.remove(_finder)
+        sys.meta_path.append(_finder)
+
+
+if os.environ.get(ENV):
+    _install(os.environ[ENV].split(os.pathsep))
 
 
 def load_callable(path: str, kind: str, error: type[Exception]):

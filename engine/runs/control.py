@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from ..procs import module_argv
 from .layout import RunDir
 from .status import Status
 
@@ -33,7 +34,7 @@ def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(run.supervisor_log, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchdeck.engine.supervisor", str(run.path)],
+            module_argv("torchdeck.engine.supervisor", str(run.path)),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, close_fds=True,
         )

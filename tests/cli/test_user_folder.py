@@ -40,7 +40,8 @@ def test_a_folder_holding_engine_app_cli_py_and_presets_runs_quickstart(tmp_path
     status', supervisor.log showing the user's engine.py run in place of ours."""
     work = tmp_path / "detection"
     work.mkdir()
-    for name in ("engine.py", "app.py", "cli.py"):
+    # torchdeck.py, yaml.py, psutil.py: a cwd first on the supervisor's path would import them
+    for name in ("engine.py", "app.py", "cli.py", "torchdeck.py", "yaml.py", "psutil.py"):
         (work / name).write_text(USER_FILE)
     (work / "presets").mkdir()
     (work / "presets" / "__init__.py").write_text(USER_FILE)
@@ -54,18 +55,28 @@ def test_a_folder_holding_engine_app_cli_py_and_presets_runs_quickstart(tmp_path
 
 @pytest.mark.slow
 def test_a_users_model_in_a_module_named_engine_trains(tmp_path):
-    """`model.name: engine:mymodel` is the user's engine.py (theirs to name), on both ranks."""
+    """`model.name: engine:mymodel` is the user's engine.py (theirs to name), on both ranks, and
+    so is its data set in the loader workers (a fork server's, which unpickle it)."""
     work = tmp_path / "proj"
     work.mkdir()
     (work / "engine.py").write_text(
         "import os\n"
+        "import torch\n"
         "from torch import nn\n"
         "def mymodel(info):\n"
         "    with open(os.path.join(os.path.dirname(__file__), 'built'), 'a') as f:\n"
         "        f.write(os.environ.get('RANK', '?') + '\\n')\n"
         "    return nn.Sequential(nn.Flatten(),\n"
-        "                         nn.Linear(info.in_channels * info.image_size ** 2, info.num_classes))\n")
-    r = torchdeck("run", "quickstart", "--set", "model.name=engine:mymodel", *SHORT, cwd=work)
+        "                         nn.Linear(info.in_channels * info.image_size ** 2, info.num_classes))\n"
+        "class Squares(torch.utils.data.Dataset):\n"  # unpickled by a loader worker: found there too
+        "    def __init__(self, n): self.n = n\n"
+        "    def __len__(self): return self.n\n"
+        "    def __getitem__(self, i): return torch.full((1, 8, 8), i % 10 / 10.0), i % 10\n"
+        "def mydata(cfg):\n"
+        "    return Squares(256), Squares(64), {'num_classes': 10}\n")
+    (work / "torchdeck.py").write_text(USER_FILE)  # and a torchdeck.py there is not torchdeck
+    r = torchdeck("run", "quickstart", "--set", "model.name=engine:mymodel", "--set", "data.dataset=engine:mydata",
+                  "--set", "data.num_workers=1", *SHORT, cwd=work)
     run = finished(r, work)
     assert "name: engine:mymodel" in (run / "config.yaml").read_text()
     assert sorted((work / "built").read_text().split()) == ["0", "1"]  # each rank built the user's model
