@@ -34,6 +34,7 @@ CPU_AFFINITY = ("auto", "exclusive", "none")  # train.cpu_affinity (engine/affin
 CACHE_MODES = ("auto", "ram", "none")  # data.cache (engine/cache.py)
 WORKER_STARTS = ("auto", "fork", "spawn", "forkserver")  # data.worker_start: DataLoader's multiprocessing_context
 AUGMENTS = ("none", "flip", "crop", "crop+flip")  # data.augment
+LOSSES = ("auto", "cross_entropy", "mse", "bce")  # train.loss, or package.module:callable (engine/losses.py)
 BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
 _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -179,6 +180,9 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     tf32: bool = True
     deterministic: bool = False
+    # auto | cross_entropy | mse | bce | package.module:callable (engine/losses.py); auto: the model's
+    # own loss (output.loss), a scalar output, else cross-entropy on integer targets
+    loss: str = "auto"
 
 
 @dataclass
@@ -579,6 +583,11 @@ def _names(cfg: RunConfig, p: _Problems) -> None:
         p.append(("model.name", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:callable'; got {cfg.model.name!r}"))
     if cfg.data.dataset not in BUILTIN_DATASETS and not _IMPORT_PATH.match(cfg.data.dataset):
         p.append(("data.dataset", f"must be one of {', '.join(BUILTIN_DATASETS)} or 'package.module:callable'; got {cfg.data.dataset!r}"))
+    if cfg.train.loss not in LOSSES and not _IMPORT_PATH.match(cfg.train.loss):
+        guess = difflib.get_close_matches(str(cfg.train.loss), LOSSES, n=1)
+        hint = f"; did you mean '{guess[0]}'?" if guess else ""
+        p.append(("train.loss", f"must be one of {', '.join(LOSSES)} or 'package.module:callable'; "
+                                f"got {cfg.train.loss!r}{hint}"))
     if not re.match(r"^(env://|tcp://[^:/]+:\d+|file://.+)$", cfg.init_method):
         p.append(("init_method", f"must be env://, tcp://HOST:PORT or file:///PATH; got {cfg.init_method!r}"))
 

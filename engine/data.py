@@ -13,7 +13,6 @@ import itertools
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -32,30 +31,80 @@ class DataError(TorchdeckError):
     """One clear message naming the data set/root and what to do."""
 
 
-@dataclass
+IMAGE_FIELDS = ("in_channels", "num_classes", "image_size")
+_BUILTIN_IMAGE_MODELS = "cnn, mlp and resnet18"
+
+
+class MissingInfo(DataError, AttributeError):
+    """A model read an image field the data set does not have (tabular, token or dict data)."""
+
+
 class DataInfo(Mapping):
     """What a model needs to know about the data. A user's model callable gets it, and may read
-    it as `info.in_channels` or `info["in_channels"]` (a read-only mapping of these four keys)."""
+    it as `info.in_channels` or `info["in_channels"]` (a read-only mapping of its keys).
 
-    in_channels: int
-    num_classes: int
-    image_size: int
-    name: str
+    in_channels, num_classes and image_size are for image data and may be unknown (None) for
+    other data (tabular rows, token ids, dict samples): reading one that is unknown raises a
+    MissingInfo naming what the built-in image models need (getattr(info, key, None) and
+    info.get(key) give None). Any other key the data callable's info dict names (vocab_size,
+    num_features...) reads the same way."""
+
+    def __init__(self, in_channels=None, num_classes=None, image_size=None, name: str = "", **extra):
+        values = {"in_channels": in_channels, "num_classes": num_classes, "image_size": image_size, "name": name}
+        values.update(extra)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, key: str):
+        values = self.__dict__.get("_values", {})
+        if key not in values:
+            raise AttributeError(f"data info has no {key!r} (it has {', '.join(values)})")
+        v = values[key]
+        if v is None and key in IMAGE_FIELDS:
+            raise MissingInfo(
+                f"{values.get('name') or 'the data set'} has no {key} (not image data, or its info dict does not say "
+                f"it and the data cannot tell): the built-in models {_BUILTIN_IMAGE_MODELS} need in_channels, "
+                "image_size and num_classes; return them in the info dict (train, val, {...}), or use a model "
+                "of your own (model.name: package.module:callable)")
+        return v
+
+    def __setattr__(self, key, value):
+        raise AttributeError("data info is read-only")
+
+    def known(self, key: str, default=None):
+        """The value, or `default` where it is unknown (never raises)."""
+        v = self._values.get(key)
+        return default if v is None else v
 
     def __getitem__(self, key: str):
-        if key not in self._keys():
-            raise KeyError(f"{key!r}: data info has {', '.join(self._keys())}")
+        if key not in self._values:
+            raise KeyError(f"{key!r}: data info has {', '.join(self._values)}")
         return getattr(self, key)
 
-    def __iter__(self):
-        return iter(self._keys())
+    def get(self, key, default=None):
+        return self.known(key, default)
+
+    def __contains__(self, key) -> bool:
+        return self._values.get(key) is not None
+
+    def __iter__(self):  # the keys it knows: dict(info) holds no None
+        return iter([k for k, v in self._values.items() if v is not None])
 
     def __len__(self) -> int:
-        return len(self._keys())
+        return sum(1 for v in self._values.values() if v is not None)
 
-    @classmethod
-    def _keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DataInfo) and self._values == other._values
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return "DataInfo(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+    def __getstate__(self):
+        return dict(self._values)
+
+    def __setstate__(self, state):
+        object.__setattr__(self, "_values", dict(state))
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -421,32 +470,35 @@ def _load_callable(path: str, kind: str, error: type[Exception]):
 def _infer_info(path: str, train: Dataset, given: dict) -> DataInfo:
     """Fill what the callable did not say from the first sample and the labels it exposes."""
     info = dict(given)
-    if "in_channels" not in info or "image_size" not in info:
+    if "in_channels" not in info or "image_size" not in info or "num_classes" not in info:
         try:
-            x = train[0][0]
+            sample = train[0]
         except Exception as exc:
             raise DataError(f"data.dataset {path!r}: reading train[0] failed: {type(exc).__name__}: {exc}") from None
-        if not isinstance(x, torch.Tensor) or x.dim() < 2:
-            raise DataError(f"data.dataset {path!r}: samples must be (image tensor, label); "
-                            "or return an info dict with in_channels and image_size")
-        info.setdefault("in_channels", int(x.shape[0]) if x.dim() == 3 else 1)
-        info.setdefault("image_size", int(x.shape[-1]))
-    if "num_classes" not in info:
+        x = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:  # (image, ...): its channels and side
+            info.setdefault("in_channels", int(x.shape[0]) if x.dim() == 3 else 1)
+            info.setdefault("image_size", int(x.shape[-1]))
+    if "num_classes" not in info:  # integer labels only: float targets are not classes
         if hasattr(train, "classes"):
             info["num_classes"] = len(train.classes)
-        elif isinstance(train, TensorDataset):
+        elif isinstance(train, TensorDataset) and len(train.tensors) > 1 and not train.tensors[-1].is_floating_point():
             info["num_classes"] = int(train.tensors[-1].max()) + 1
         elif hasattr(train, "targets"):
-            info["num_classes"] = int(torch.as_tensor(train.targets).max()) + 1
-        else:
-            raise DataError(f"data.dataset {path!r}: cannot tell the number of classes; return "
-                            "(train, val, {'num_classes': N}) from the callable")
+            targets = torch.as_tensor(train.targets)
+            if not targets.is_floating_point():
+                info["num_classes"] = int(targets.max()) + 1
     info.setdefault("name", path)
     try:
-        return DataInfo(int(info["in_channels"]), int(info["num_classes"]), int(info["image_size"]),
-                        str(info["name"]))
+        for key in IMAGE_FIELDS:
+            info[key] = None if info.get(key) is None else int(info[key])
+        info["name"] = str(info["name"])
     except (TypeError, ValueError) as exc:
         raise DataError(f"data.dataset {path!r}: bad info dict {given!r}: {exc}") from None
+    bad = [k for k in info if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise DataError(f"data.dataset {path!r}: info dict keys must be names, got {bad!r}")
+    return DataInfo(**info)
 
 
 def _user_set(path: str, cfg):
@@ -489,10 +541,15 @@ def build_datasets(cfg, share: NodeShare | None = None) -> tuple[Dataset, Datase
         if name in _TV:
             return _torchvision_set(name, d.root, d.download, node_share)
         return _image_folder(d.root, d.image_size, use, node_share, d.augment)
+    if name == "text":  # bytes of a text file or folder as tokens (engine/text.py)
+        from .text import block_size_of, text_datasets
+
+        train, val, info = text_datasets(d.root, block_size_of(cfg))
+        return train, val, DataInfo(**info)
     if ":" in name:
         return _user_set(name, cfg)
     raise DataError(f"data.dataset: unknown data set {name!r}; use synthetic, cifar10, mnist, "
-                    "fashionmnist, imagefolder or package.module:callable")
+                    "fashionmnist, imagefolder, text or package.module:callable")
 
 
 # ----------------------------------------------------------------------------- the training loader

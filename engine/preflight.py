@@ -388,7 +388,8 @@ def file_problems(cfg) -> list[Problem]:
         problems.append(("checkpoint.resume", f"{resume!r} is not a PyTorch checkpoint (torch.save writes a zip "
                                               "archive; this is not one, or it is cut short)"))
     for fld, value, builtin in (("model.name", cfg.model.name, cfgmod.BUILTIN_MODELS),
-                                ("data.dataset", cfg.data.dataset, cfgmod.BUILTIN_DATASETS)):
+                                ("data.dataset", cfg.data.dataset, cfgmod.BUILTIN_DATASETS),
+                                ("train.loss", cfg.train.loss, cfgmod.LOSSES)):
         if value not in builtin and ":" in value:
             why = callable_problem(value)
             if why:
@@ -581,6 +582,9 @@ def describe(cfg) -> list[str]:
                  f"lr {cfg.optimizer.lr:g}, epochs {cfg.train.epochs}"
                  + (f", max steps {cfg.train.max_steps}" if cfg.train.max_steps else ""))
     lines.append("length: " + length(cfg).said())  # which of train.epochs / train.max_steps ends it
+    from .losses import describe as loss_said
+
+    lines.append(loss_said(cfg))  # train.loss, where the config tells it; else decided on the first batch
     from .cache import plan
 
     lines.append(plan(cfg, n).line)  # decoded once within the node's budget, or streamed

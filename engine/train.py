@@ -22,6 +22,7 @@ from .cache import NodeShare
 from .data import BatchPrep, BatchTensors, TrainData, keep_batch
 from .errors import TorchdeckError
 from .events import EVENT_VERSION
+from .losses import Loss, batch_size, logits_of, slice_batch, to_device, token_count
 from .optim import Precision, set_speed_flags
 
 
@@ -100,9 +101,13 @@ def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | None = None,
-                   num_workers: int = 0, channels_last: bool = False, prep: BatchPrep | None = None) -> dict:
-    """Loss/accuracy over the whole set, sharded over ranks and summed so every rank gets the global value.
-    In-memory sets are read a batch at a time (decoded images normalized by `prep`, as in training)."""
+                   num_workers: int = 0, channels_last: bool = False, prep: BatchPrep | None = None,
+                   loss: Loss | None = None) -> dict:
+    """Loss (and accuracy, for classification; extra metrics) over the whole set, sharded over ranks
+    and summed so every rank gets the global value: `loss` is the run's (engine/losses.py; a fresh
+    auto one decides on the first batch). In-memory sets are read a batch at a time (decoded images
+    normalized by `prep`, as in training)."""
+    loss = loss if loss is not None else Loss()
     world = ctx.world_size if _distributed() else 1
     rank = ctx.rank if _distributed() else 0
     shard, valid = eval_shard(dataset, rank, world)
@@ -114,36 +119,76 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
     else:
         loader = DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                             **affinity.loader_kwargs())
-    sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss, correct, count
+    sums = None  # loss, correct, count, extra metrics...
     was_training = model.training
     model.eval()
     seen = 0
     autocast = precision.autocast if precision is not None else contextlib.nullcontext
-    for x, y in loader:
-        b = y.shape[0]
+    for batch in loader:
+        b = _samples_in(batch)
         n = max(0, min(b, valid - seen))
         seen += b
-        x = x.to(dev, non_blocking=True)
-        y = y.to(dev, non_blocking=True)
-        if prep is not None and prep.normalize:
-            x = prep(x, train=False)
-        if channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        # the model's own loss or a callable's sees only the real samples (the forward count stays
+        # the same on every rank, which FSDP needs); the built-in losses slice the output
+        if 0 < n < b and loss.decided and loss.rule in ("output", "callable"):
+            batch = slice_batch(batch, n)
+        batch = to_device(batch, dev)
+        x, y = loss.split(batch)
+        if isinstance(x, torch.Tensor):
+            if prep is not None and prep.normalize:
+                x = prep(x, train=False)
+            if channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
-            out = model(x)
+            out = model(**x) if isinstance(x, dict) else model(x)
         if n == 0:
             continue
-        if out.device != sums.device:  # model-parallel: logits on the last stage
-            out = out.to(sums.device)
-        out, y = out[:n].float(), y[:n]
-        sums[0] += F.cross_entropy(out, y, reduction="sum").double()
-        sums[1] += (out.argmax(1) == y).sum()
-        sums[2] += n
+        if isinstance(out, torch.Tensor) and out.device != dev:  # model-parallel: logits on the last stage
+            out = out.to(dev)
+        if not loss.decided:
+            loss(out, y, batch)  # decides the rule on this first batch (torchdeck eval)
+        extras, correct = None, None
+        if loss.rule in ("output", "callable"):  # the batch was cut to the real samples above
+            value, extras = loss(out, y, batch)
+            value = value.double() * n
+        else:
+            logits = logits_of(out).float()
+            logits, y = (logits[:n], y[:n]) if n < b else (logits, y)
+            if loss.classification:  # as before: the summed cross-entropy and the argmax hits
+                value = F.cross_entropy(logits, y, reduction="sum").double()
+                correct = (logits.argmax(1) == y).sum().double()
+            else:
+                value, extras = loss(logits, y, batch)
+                value = value.double() * n
+        row = [value, correct if correct is not None else torch.zeros((), dtype=torch.float64, device=dev),
+               torch.tensor(float(n), dtype=torch.float64, device=dev)]
+        row += [e.double() * n for e in (extras or [])]
+        part = torch.stack([r.to(dev) for r in row])
+        sums = part if sums is None else sums + part
     model.train(was_training)
+    if sums is None:  # no batch at all on this rank: its share of the reduction still counts
+        sums = torch.zeros(3 + len(loss.names), dtype=torch.float64, device=dev)
     _all_reduce(sums)
-    loss, correct, count = sums.tolist()
-    count = max(count, 1.0)
-    return {"loss": loss / count, "accuracy": correct / count, "samples": int(count)}
+    total = sums.tolist()
+    loss_sum, correct, count, extra = total[0], total[1], max(total[2], 1.0), total[3:]
+    metrics = {name: v / count for name, v in zip(loss.names, extra)}
+    if loss.tokens:
+        metrics["perplexity"] = _perplexity(loss_sum / count)
+    return {"loss": loss_sum / count, "accuracy": correct / count if loss.classification else None,
+            "metrics": metrics, "samples": int(count), "loss_rule": loss.said}
+
+
+def _samples_in(batch) -> int:
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor):
+        return batch[1].shape[0]  # (x, y): as before
+    return batch_size(batch)
+
+
+def _perplexity(loss: float) -> float:
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 @dataclass
@@ -159,41 +204,68 @@ class _Window:
     """What one rank saw since its last step event (and in its epoch so far). Per micro-batch only
     its detached loss and predictions are kept; fold() turns them into sums a log window (or 64
     micro-batches) at a time: one argmax per step instead of five small ops, and on a GPU no
-    extra kernels per step."""
+    extra kernels per step. sums: loss sum, correct (classification), then the extra metrics'
+    sums (engine/losses.py), weighted by samples as the loss is; tokens are counted on the host."""
 
-    def __init__(self, device, comm):
-        self.device, self.comm = device, comm
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    def __init__(self, device, comm, classification: bool = True):
+        self.device, self.comm, self.classification = device, comm, classification
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct, extras...
         self.epoch_sums = torch.zeros(2, dtype=torch.float64, device=device)
         self.epoch_samples = 0
-        self._loss, self._pred, self._y, self._b = [], [], [], []
+        self._loss, self._pred, self._y, self._b, self._extra = [], [], [], [], []
         self.restart(time.perf_counter())
 
     def restart(self, now: float) -> None:
         self.sums.zero_()
-        self.t0, self.data_wait, self.samples = now, 0.0, 0
+        self.t0, self.data_wait, self.samples, self.tokens = now, 0.0, 0, None
         self.comm0 = self.comm.total if self.comm is not None else 0.0
 
-    def add(self, loss, out, y) -> None:
-        b = y.shape[0]
+    def add(self, loss, out, y, b: int | None = None, extras=None, tokens: int | None = None) -> None:
+        b = y.shape[0] if b is None else b
         self._loss.append(loss.detach())
-        self._pred.append(out.detach().argmax(1))
-        self._y.append(y)
+        if self.classification:
+            self._pred.append((out if isinstance(out, torch.Tensor) else logits_of(out)).detach().argmax(1))
+            self._y.append(y)
+        if extras:
+            self._extra.append(torch.stack(extras))
         self._b.append(b)
         if len(self._b) >= 64:
             self.fold()
         self.samples += b
         self.epoch_samples += b
+        if tokens is not None:
+            self.tokens = (self.tokens or 0) + tokens
 
     def fold(self) -> None:
         if not self._loss:
             return
         losses = torch.stack(self._loss).double()
-        loss_sum = losses @ torch.tensor(self._b, dtype=torch.float64, device=losses.device)
-        correct = torch.cat(self._pred).eq(torch.cat(self._y)).sum()
-        self.sums.add_(torch.stack([loss_sum, correct.double()]).to(self.device))
-        for pending in (self._loss, self._pred, self._y, self._b):
+        weights = torch.tensor(self._b, dtype=torch.float64, device=losses.device)
+        loss_sum = losses @ weights
+        if self._pred:
+            correct = torch.cat(self._pred).eq(torch.cat(self._y)).sum().double()
+        else:
+            correct = torch.zeros((), dtype=torch.float64, device=losses.device)
+        parts = [loss_sum, correct]
+        if self._extra:
+            parts += list((torch.stack(self._extra).double() * weights.to(self._extra[0].device)[:, None]).sum(0)
+                          .to(losses.device))
+        folded = torch.stack(parts).to(self.device)
+        if folded.numel() > self.sums.numel():  # the extra metrics' names came with the first batch
+            self.sums = _grown(self.sums, folded.numel())
+        self.sums[:folded.numel()].add_(folded)
+        for pending in (self._loss, self._pred, self._y, self._b, self._extra):
             pending.clear()
+
+    def close(self) -> None:
+        """The window's sums into the epoch's."""
+        if self.sums.numel() > self.epoch_sums.numel():
+            self.epoch_sums = _grown(self.epoch_sums, self.sums.numel())
+        self.epoch_sums += self.sums
+
+
+def _grown(t: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([t, torch.zeros(n - t.numel(), dtype=t.dtype, device=t.device)])
 
 
 class Trainer:
@@ -205,6 +277,7 @@ class Trainer:
         self.device = ctx.device
         set_speed_flags(cfg, self.device)
 
+        self.loss_fn = Loss(t.loss)  # train.loss: its callable found before the data is built
         emit("phase", phase="data")
         self.data = data = TrainData(cfg, ctx, self._node_share())
         self.train_ds, self.val_ds, self.info = data.train_ds, data.val_ds, data.info
@@ -327,8 +400,8 @@ class Trainer:
             "format": ckpt.FORMAT, "events_version": EVENT_VERSION,
             "epoch": self.pos.epoch, "step": self.pos.step, "batches_done": self.pos.batches_done,
             "world_size": c.world_size, "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
-            "data": {"name": self.info.name, "in_channels": self.info.in_channels,
-                     "num_classes": self.info.num_classes, "image_size": self.info.image_size},
+            "data": {"name": self.info.name, "in_channels": self.info.get("in_channels"),
+                     "num_classes": self.info.get("num_classes"), "image_size": self.info.get("image_size")},
         }
         path = self.strategy.save_checkpoint(self, meta)
         if c.rank == 0:
@@ -460,6 +533,7 @@ class Trainer:
         self._first_batch = True
         self.emit("phase", phase="batch", step=self.pos.step, epoch=self.pos.epoch)  # where it trains from
         self._elsewhere = None  # model-parallel: whether the logits come out on another device than the batch
+        self._loss_said = False
 
     def _run_epoch(self, epoch: int) -> None:
         """One epoch, or the rest of it after a resume, up to max_steps or an agreed stop."""
@@ -467,7 +541,7 @@ class Trainer:
         self.sampler.set_epoch(epoch)
         self.sampler.skip = self.pos.batches_done * self.cfg.train.batch_size
         it = iter(self.loader)
-        window = _Window(self.device, self.comm)
+        window = _Window(self.device, self.comm, self.loss_fn.classification or not self.loss_fn.decided)
         ep_wait0, ep_t0 = self._wait_total, time.perf_counter()
         micro = self.pos.batches_done
         while micro + k <= self.steps_per_epoch * k and self.pos.step < self.total_steps:
@@ -476,7 +550,7 @@ class Trainer:
             if self._after_step(epoch, micro, window):
                 break
         window.fold()
-        window.epoch_sums += window.sums
+        window.close()
         if self.stopped:
             return
         waited = (self._wait_total - ep_wait0, time.perf_counter() - ep_t0)
@@ -492,25 +566,36 @@ class Trainer:
         """One optimizer step: forward and backward over grad_accum micro-batches (only the last
         backward syncs the gradients), then the update. One call per step, the forward inline: this
         is the hot path."""
-        k, prec = self.cfg.train.grad_accum, self.precision
+        k, prec, loss_fn = self.cfg.train.grad_accum, self.precision, self.loss_fn
         for j in range(k):
-            x, y = self._batch(it, epoch, micro + j, window)
+            x, y, batch, b, tokens = self._batch(it, epoch, micro + j, window)
             with self.strategy.no_sync(self.model) if j < k - 1 else _SYNCS:
                 with prec.autocast():
-                    out = self.forward_model(x)
+                    out = self.forward_model(**x) if type(x) is dict else self.forward_model(x)
                     if self._elsewhere is None:  # model-parallel: logits on the last stage's device
-                        self._elsewhere = out.device != y.device
+                        self._elsewhere = (isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor)
+                                           and out.device != y.device)
                     if self._elsewhere:
                         y = y.to(out.device, non_blocking=True)
-                    loss = F.cross_entropy(out, y)
+                    loss, extras = loss_fn(out, y, batch)
                 prec.backward(loss / k if k > 1 else loss)
-            window.add(loss, out, y)
-            self._samples_total += y.shape[0]
+            if not self._loss_said:
+                self._say_loss(window)
+            window.add(loss, out, y, b, extras, tokens)
+            self._samples_total += b
         if self.comm is not None:
             self.comm.settle()
         prec.step(self.optimizer, self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+
+    def _say_loss(self, window: "_Window") -> None:
+        """The first batch decided the loss: rank 0 says which, once; accuracy is counted only
+        where the task is classification."""
+        self._loss_said = True
+        window.classification = self.loss_fn.classification
+        if self.ctx.rank == 0:
+            self.emit("log", level="info", message=self.loss_fn.said)
 
     def _after_step(self, epoch: int, micro: int, window: "_Window") -> bool:
         """The step's bookkeeping: position, step event, stop agreement, periodic checkpoint.
@@ -546,22 +631,24 @@ class Trainer:
         work, and the host blocks in them only while the GPU is behind (as Lightning's profiler
         keeps `train_dataloader_next` apart from `batch_to_device`)."""
         t0 = time.perf_counter()
-        x, y = next(it)
+        batch = next(it)
         fetched = time.perf_counter()
         if self._first_batch:
             self._first_batch = False
             self.emit("phase", phase="steps")
+        tokens = token_count(batch)  # input_ids (real ones, with an attention_mask): read on the host
         if self.device.type != "cpu":  # on the CPU the loader's tensors are already where they go
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-        if self.prep.active:
-            x = self.prep(x, epoch, index)
-        if self.cfg.train.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+            batch = to_device(batch, self.device)  # whole: tuples and dicts, nested
+        x, y = self.loss_fn.split(batch)  # model(x) or model(**x), and the targets
+        if isinstance(x, torch.Tensor):
+            if self.prep.active:
+                x = self.prep(x, epoch, index)
+            if self.cfg.train.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
         waited = (time.perf_counter() if self.device.type == "cpu" else fetched) - t0
         window.data_wait += waited
         self._wait_total += waited
-        return x, y
+        return x, y, batch, _samples_in(batch), tokens
 
     def _emit_step(self, epoch: int, step: int, window: "_Window", pause: bool = False) -> None:
         """One step event for the micro-batches since the last one (the log window). pause: what
@@ -569,14 +656,16 @@ class Trainer:
         does not time it as one."""
         now = time.perf_counter()
         window.fold()
-        window.epoch_sums += window.sums
-        loss_sum, correct = window.sums.tolist()
+        window.close()
+        loss_sum, correct, *extra = window.sums.tolist()
         n = window.samples
         wall = max(now - window.t0, 1e-9)
         comm = self.comm
         self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
-                  loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
-                  samples_per_s=n / wall, data_wait_s=window.data_wait,
+                  loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1) if self.loss_fn.classification else None,
+                  metrics={name: v / max(n, 1) for name, v in zip(self.loss_fn.names, extra)},
+                  samples_per_s=n / wall, tokens_per_s=None if window.tokens is None else window.tokens / wall,
+                  data_wait_s=window.data_wait,
                   compute_s=max(0.0, wall - window.data_wait), lr=float(self.scheduler.get_last_lr()[0]),
                   comm_s=None if comm is None else comm.total - window.comm0, pause=pause)
         window.restart(now)
@@ -593,16 +682,21 @@ class Trainer:
     def _end_epoch(self, epoch, sums, samples, has_eval, waited=(0.0, 0.0), partial=False) -> None:
         """waited: (seconds waiting for data, seconds of the epoch) on this rank."""
         extra = torch.tensor([float(samples), *waited], dtype=torch.float64, device=sums.device)
-        sums = _all_reduce(torch.cat([sums, extra]))
-        loss_sum, correct, n, wait_s, wall_s = sums.tolist()
+        sums = _all_reduce(torch.cat([sums, extra]))  # the extra metrics' sums ride along
+        loss_sum, correct, *metric_sums, n, wait_s, wall_s = sums.tolist()
         if wall_s > 0:
             self._data_bottleneck(epoch, wait_s / wall_s)
-        val = {"loss": None, "accuracy": None}
+        val = {"loss": None, "accuracy": None, "metrics": {}}
         if has_eval:
             val = evaluate_model(self.forward_model, self.val_ds, self.ctx, self.cfg.train.batch_size, self.precision,
-                                 channels_last=self.cfg.train.channels_last, prep=self.val_prep)
+                                 channels_last=self.cfg.train.channels_last, prep=self.val_prep, loss=self.loss_fn)
+        lf = self.loss_fn
+        train_metrics = {name: v / n for name, v in zip(lf.names, metric_sums)} if n else {}
+        if lf.tokens and n:
+            train_metrics["perplexity"] = _perplexity(loss_sum / n)
         fields = dict(epoch=epoch, step=self.pos.step, train_loss=loss_sum / n if n else None,
-                      train_acc=correct / n if n else None, val_loss=val["loss"], val_acc=val["accuracy"])
+                      train_acc=correct / n if n and lf.classification else None, val_loss=val["loss"],
+                      val_acc=val["accuracy"], train_metrics=train_metrics, val_metrics=val["metrics"])
         if partial:
             fields["partial"] = True
         self.emit("epoch_end", **fields)
