@@ -101,6 +101,33 @@ def rank_groups(devices: list[tuple[int, str]]) -> str:
     return "; ".join(f"rank {a}: {w}" if a == b else f"ranks {a}-{b}: {w}" for a, b, w in groups)
 
 
+def rank_span(ranks: list[int]) -> str:
+    """Rank numbers as runs of consecutive ones: [0, 1, 2, 3, 8] -> '0-3,8'."""
+    out: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def ranks_text(ranks: list[int], most: int = 4) -> str:
+    """Ranks named in a line: '0,1' when few, else as runs ('136-143,203'): 256 silent ranks
+    must not push the rest of a header off the line."""
+    return ",".join(map(str, ranks)) if len(ranks) <= most else rank_span(ranks)
+
+
+def device_list(devices: list[str]) -> str:
+    """A node's devices, one per local rank, as a log line says them: listed when few, else grouped
+    (64 ranks on the CPU read `cpu, cpu, ...` 64 times: now `ranks 0-63: cpu`)."""
+    plain = ", ".join(devices)
+    if len(devices) <= 8:
+        return plain
+    grouped = rank_groups(list(enumerate(devices)))
+    return grouped if len(grouped) < len(plain) else plain
+
+
 def fit_table(cols: list[tuple[str, str]], cells: list[dict], width: int | None = None,
               drop: tuple[str, ...] = (), all_in: str = "") -> list[str]:
     """An aligned text table of `cols` (key, label) over `cells`; with a width (a terminal's),

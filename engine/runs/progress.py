@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from . import fmt
+from . import fleet, fmt
 from .status import Status
 from .view import RankState, RunView
 
@@ -49,7 +49,7 @@ def _head(view: RunView, now: float, step_text: str) -> list[tuple[int, str]]:
         parts.append((1, starting))
     elif stale:
         parts.append((2, f"STALLED: rank{'s' if len(stale) > 1 else ''} "
-                         f"{','.join(str(r.rank) for r in stale)} silent"))
+                         f"{fmt.ranks_text([r.rank for r in stale])} silent"))
     return parts
 
 
@@ -112,9 +112,9 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
     return ""  # not reached
 
 
-def compact(view: RunView, now: float, width: int) -> list[str]:
+def compact(view: RunView, now: float, width: int, every_node: bool = False) -> list[str]:
     if view.run_kind == "script":
-        return script_compact(view, now, width)
+        return script_compact(view, now, width, every_node)
     ranks = view.rank_list()
     sps = [r.samples_per_s for r in ranks]
     slow = min(ranks, key=lambda r: (r.samples_per_s, r.step))
@@ -124,24 +124,97 @@ def compact(view: RunView, now: float, width: int) -> list[str]:
     dead = [str(r.rank) for r in ranks if r.failed_exit]
     stale = [str(r.rank) for r in view.stale_ranks(now)]
     lines = [
-        f"{len(ranks)} ranks  steps {min(steps)}-{max(steps)}/{total or '?'}  "
+        f"{len(ranks)} ranks{_on_nodes(ranks)}  steps {min(steps)}-{max(steps)}/{total or '?'}  "
         f"mean loss {fmt.num(statistics.fmean(losses) if losses else None)}",
         f"samples/s per rank: min {fmt.rate(min(sps))}  median {fmt.rate(statistics.median(sps))}  "
         f"max {fmt.rate(max(sps))}  slowest rank {slow.rank} (data wait {fmt.pct(slow.data_wait, 0)})",
     ]
     if stale:
-        lines.append(f"stale ranks (silent): {', '.join(stale)}")
+        lines.append(f"stale ranks (silent): {_ranks(stale)}")
     if dead:
-        lines.append(f"ranks exited abnormally: {', '.join(dead)}")
+        lines.append(f"ranks exited abnormally: {_ranks(dead)}")
+    lines += scale_lines(view, now, every_node)
     return [_fit(ln, width - 1) for ln in lines]
 
 
-def block(view: RunView, now: float, width: int) -> list[str]:
+def _ranks(ranks: list[str]) -> str:
+    return ", ".join(ranks) if len(ranks) <= 8 else fmt.rank_span([int(r) for r in ranks])
+
+
+def _on_nodes(ranks: list[RankState]) -> str:
+    n = len({fleet.node_of(r) for r in ranks})
+    return f" on {n} nodes" if n > 1 else ""
+
+
+def pick_line(view: RunView, p: "fleet.Pick", now: float, unit: str, many_nodes: bool) -> str:
+    """  slowest   rank 203  node 25  step 1200  352 samples/s (-45% vs median)  wait 3%"""
+    r = p.rank
+    speed = fleet.pace(r)
+    text = f"  {p.why:<9} rank {r.rank:>3}" + (f"  node {fleet.node_of(r):<2}" if many_nodes else "")
+    text += f"  step {r.step}  {'-' if speed is None else fleet._pace_num(speed)}{_short(unit)}"
+    if p.vs_median and abs(p.vs_median) >= 0.005:
+        text += f" {p.vs_median:+.0%}"
+    if r.data_wait is not None:
+        text += f"  wait {fmt.pct(r.data_wait, 0)}"
+    tail = _tail(view, r, now)
+    return text + (f"  {tail}" if tail else "")
+
+
+def _short(unit: str) -> str:
+    return {"samples/s": "/s", "tokens/s": " tok/s"}.get(unit, " " + unit)
+
+
+def node_summary(groups: list, unit: str) -> list[str]:
+    """The ranks by node in a line or two: the slowest node against the others, the node that
+    waits most for data."""
+    paced = [g for g in groups if g.pace is not None]
+    out = []
+    if len(paced) >= 2:
+        slow = min(paced, key=lambda g: (g.pace[1], g.node))
+        others = statistics.median(g.pace[1] for g in paced if g is not slow)
+        behind = 1.0 - slow.pace[1] / others if others else 0.0
+        if behind >= 0.01:
+            out.append(f"slowest node {slow.node} (ranks {slow.rank_span}) {behind:.0%} behind, median "
+                       f"{fleet._pace_num(slow.pace[1])}{_short(unit)} against {fleet._pace_num(others)}")
+        else:
+            out.append(f"every node within 1% of {fleet._pace_num(others)}{_short(unit)}")
+    waits = [g for g in groups if g.wait is not None]
+    if waits:
+        w = max(waits, key=lambda g: (g.wait, -g.node))
+        out.append(f"most data wait node {w.node} ({fmt.pct(w.wait, 0)})")
+    bad = [f"node {g.node}: {g.stale} stale, {g.failed} exited" for g in groups if g.stale or g.failed]
+    text = "nodes: " + "; ".join(out)
+    return [text] + ([f"  {'; '.join(bad[:6])}" + (f" (+{len(bad) - 6} nodes)" if len(bad) > 6 else "")] if bad else [])
+
+
+def scale_lines(view: RunView, now: float, every_node: bool = False) -> list[str]:
+    """A run too big to list rank by rank: the ranks worth a look (stale and failed first, the
+    median rank as the reference, the slowest, those that wait most for data), the ranks by node
+    (every node's line once the run is over, else the slowest node), and every GPU in two lines."""
+    ranks = view.rank_list()
+    if not ranks:
+        return []
+    unit = fleet.pace_unit(ranks)
+    groups = fleet.node_groups(view, now)
+    picks, left_out = fleet.rank_picks(view, now)
+    lines = [pick_line(view, p, now, unit, len(groups) > 1) for p in picks]
+    if left_out:
+        lines.append(f"  ... and {left_out} more stale or exited ranks")
+    if len(groups) > 1:
+        lines += ["by node:"] + ["  " + fleet.group_line(g, unit) for g in groups] if every_node \
+            else node_summary(groups, unit)
+    for extra in (fleet.fleet_line(view.fleet), view.fleet.imbalance_line()):
+        if extra:
+            lines.append(extra)
+    return lines
+
+
+def block(view: RunView, now: float, width: int, every_node: bool = False) -> list[str]:
     """The live block: a header line and a line per rank (or a compact summary)."""
     ranks = view.rank_list()
     lines = [header(view, now, width - 1)]
     if len(ranks) > COMPACT_ABOVE:
-        lines += compact(view, now, width)
+        lines += compact(view, now, width, every_node)
     else:
         lines += [rank_line(view, r, now, width) for r in ranks]
     balance = view.balance_line()
@@ -254,14 +327,14 @@ def script_rank_line(view: RunView, r: RankState, now: float, width: int) -> str
     return _fit(line, width - 1)
 
 
-def script_compact(view: RunView, now: float, width: int) -> list[str]:
+def script_compact(view: RunView, now: float, width: int, every_node: bool = False) -> list[str]:
     ranks = view.rank_list()
     steps = [r.step for r in ranks]
     paces = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
     losses = [r.loss for r in ranks if r.loss is not None]
     dead = [str(r.rank) for r in ranks if r.failed_exit]
     stale = [str(r.rank) for r in view.stale_ranks(now)]
-    first = f"{len(ranks)} ranks  steps {min(steps)}-{max(steps)}"
+    first = f"{len(ranks)} ranks{_on_nodes(ranks)}  steps {min(steps)}-{max(steps)}"
     if losses:
         first += f"  mean loss {fmt.num(statistics.fmean(losses))}"
     lines = [first]
@@ -270,9 +343,10 @@ def script_compact(view: RunView, now: float, width: int) -> list[str]:
         lines.append(f"steps/s per rank: min {_sps(min(paces))}  median {_sps(statistics.median(paces))}  "
                      f"max {_sps(max(paces))}  slowest rank {slow.rank}")
     if stale:
-        lines.append(f"stale ranks (silent): {', '.join(stale)}")
+        lines.append(f"stale ranks (silent): {_ranks(stale)}")
     if dead:
-        lines.append(f"ranks exited abnormally: {', '.join(dead)}")
+        lines.append(f"ranks exited abnormally: {_ranks(dead)}")
+    lines += scale_lines(view, now, every_node)
     return [_fit(ln, width - 1) for ln in lines]
 
 
@@ -379,7 +453,7 @@ class Display:
         """Last draw, then the summary lines."""
         self.show(view, force=True)
         if not self.tty and view.ranks:
-            for line in block(view, self.clock(), 10_000)[1:]:
+            for line in block(view, self.clock(), 10_000, every_node=True)[1:]:
                 self._write(line + "\n")
         self._drawn = []
         for line in summary(view, self.clock()):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..events import epoch_number
 from . import fmt
+from .fleet import Fleet
 from .status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
@@ -227,6 +228,7 @@ class RunView:
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
+    fleet: Fleet = field(default_factory=Fleet)  # every node's GPUs and host (node_sample events)
     start_step: int = 0  # where a resumed run starts: its checkpoint's step, shown before its first step event
     exit_codes: list | None = None  # per local rank, as the run ended (run_finished, else status.json)
     failed_local_rank: int | None = None  # the index in exit_codes of the rank the root cause names
@@ -301,17 +303,26 @@ class RunView:
         batch = f", global batch {self.global_batch or '?'}" if self.run_kind != "script" else ""  # the script's own
         what = " ".join(self.command) if self.run_kind == "script" and self.command else self.strategy
         self._log(t, "info", None, f"run started: {what}, world size {self.world_size}{batch}, devices "
-                                   f"{', '.join(self.devices) or '?'}" + (f", master port {port}" if port else ""))
+                                   f"{fmt.device_list(self.devices) or '?'}" + (f", master port {port}" if port else ""))
 
     def _on_rank_ready(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         st.device = _text(ev.get("device"))
         st.cpus = _text(ev.get("cpus"))
         st.host = _text(ev.get("host")) or st.host
+        self._node(st, ev)
         pid = ev.get("pid")
         st.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         st.from_report = False
         st.last_seen = t
+
+    @staticmethod
+    def _node(st: RankState, ev: dict) -> None:
+        """The node a rank's event came from (node 0's supervisor tags other nodes' events)."""
+        if ev.get("node_rank") is not None:
+            st.node_rank = _i(ev.get("node_rank"), st.node_rank or 0)
+        if ev.get("host") and not st.host:
+            st.host = _text(ev["host"])
 
     def _seen(self, st: RankState, t: float) -> None:
         if st._step_t is not None and t > st._step_t:
@@ -358,6 +369,7 @@ class RunView:
     def _on_step(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         st.from_report = False
+        self._node(st, ev)
         st.epoch = epoch_number(ev.get("epoch"), st.epoch)
         st.step = _i(ev.get("step"), st.step)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
@@ -510,6 +522,14 @@ class RunView:
             st.comm_wait = comm if comm is not None and 0.0 <= comm <= 1.0 else None
             self._seen(st, rt)
             self._stepping(rt, st.step)
+
+    def _on_node_sample(self, ev, t) -> None:
+        """A node's GPUs and host, once a second (node 0's supervisor writes every node's)."""
+        gpus = ev.get("gpus")
+        if ev.get("node_rank") is None or not isinstance(gpus, list):
+            raise Malformed("node_sample without node_rank or gpus")
+        stats = ev.get("host_stats")
+        self.fleet.add(_i(ev.get("node_rank")), _text(ev.get("host")), gpus, stats if isinstance(stats, dict) else None, t)
 
     def add_history(self, evs, upto_step: int, source: str) -> None:
         """The curves of the run this one resumed (steps up to its checkpoint), so a resumed run's
@@ -843,4 +863,5 @@ class RunView:
         snap.steps = self.steps.copy()
         snap.step_acc = self.step_acc.copy()
         snap.step_t = None if self.step_t is None else self.step_t.copy()
+        snap.fleet = self.fleet.copy()
         return snap

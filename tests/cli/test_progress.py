@@ -259,3 +259,70 @@ def test_many_script_ranks_compact_to_steps_per_s_spread():
     text = "\n".join(block(v, 1001.0, 100))
     assert "12 ranks  steps 120-131" in text and "steps/s per rank: min 3.4  median 8.9  max 14.4  slowest rank 0" \
         in text and "?" not in text, text
+
+
+# ----------------------------------------------------------------------------- 256 ranks on 32 nodes (issue 31)
+
+
+def _fleet_view(seconds=12, now_after=1.0):
+    """bench.fake_run's recorded fleet: 32 nodes x 8 ranks, node 17 at 80 % of the pace with its GPUs
+    at ~60 %, rank 203 at 55 %, ranks 44/45/130 waiting for data, node 5's GPU 3 at 84 °C."""
+    from bench import fake_run
+
+    t0 = 1_750_000_000.0
+    evs = fake_run.fleet_events("fleet", 32, 8, t0, seconds)
+    return view_of(evs), max(e["t"] for e in evs) + now_after
+
+
+def test_256_ranks_on_32_nodes_fit_80_columns_with_the_slowest_the_waiting_and_every_gpu():
+    """A 256-rank run printed a line per question, not per rank: the median rank as the reference,
+    the slowest (rank 203, then node 17's), the ranks that wait most for data, the slowest node, and
+    every GPU in two lines (the straggler node's idle GPUs named); no `devices cpu, cpu, ...`."""
+    v, now = _fleet_view()
+    for width in (80, 140):
+        lines = block(v, now, width)
+        assert all(len(ln) < width for ln in lines), [ln for ln in lines if len(ln) >= width]
+        assert len(lines) <= 16, lines  # a screenful at 24 rows, with room for log lines above
+        text = "\n".join(lines)
+        assert "256 ranks on 32 nodes" in text
+        rows = [ln.split() for ln in lines if ln.startswith("  ") and " rank " in ln]
+        kinds = [(r[0] if r[0] != "data" else "wait", int(r[r.index("rank") + 1])) for r in rows]
+        assert kinds[0][0] == "median" and kinds[1] == ("slowest", 203), kinds
+        assert {r for k, r in kinds if k == "slowest"} <= {203} | set(range(136, 144))
+        assert [r for k, r in kinds if k == "wait"] == [44, 45, 130], kinds
+        assert "slowest node 17 (ranks 136-143)" in text
+        assert "GPUs: 256 on 32 nodes" in text and "hottest node 5 GPU 3 84°C" in text
+        assert "GPU imbalance: util" in text and "node 17 GPU" in text
+    out = io.StringIO()
+    d = Display(out, tty=False, interval=0)
+    d.finish(v)
+    printed = out.getvalue()
+    assert "cpu, cpu" not in printed and "devices cuda:0, cuda:1" in printed
+    by_node = [ln for ln in printed.splitlines() if ln.startswith("  node ")]
+    assert len(by_node) == 32 and "ranks 136-143" in by_node[17] and "512/512/512" in by_node[17]
+
+
+def test_a_64_rank_node_says_its_devices_once():
+    v = view_of([_started(64)])
+    assert "devices ranks 0-63: cpu" in v.logs[0].text and "cpu, cpu" not in v.logs[0].text
+
+
+def test_256_ranks_redraw_on_a_terminal_at_most_4_times_a_second():
+    """A busy 256-rank run (an event per rank per tick) redraws its block at most 4 times a second."""
+    import time
+
+    v, now = _fleet_view(seconds=4)
+    buf = io.StringIO()
+    d = Display(buf, tty=True, width=80, clock=lambda: now)
+    from bench import fake_run
+
+    t0 = time.monotonic()
+    k = 100
+    while time.monotonic() - t0 < 1.2:  # 1.2 s of events as fast as they come
+        for r in range(0, 256, 16):
+            v.feed(fake_run.step_event(r, k, 256, 8, 32, t=now))
+        d.show(v)
+        k += 1
+    assert k > 150  # many more shows than frames
+    assert 2 <= d.frames <= 6, d.frames  # 4/s over 1.2 s, the first frame at once
+    assert "256 ranks on 32 nodes" in buf.getvalue()

@@ -1,0 +1,40 @@
+"""Every node's GPUs through one model (engine/runs/fleet.py, issue 31): node_sample events in the
+run's events and the Monitor's own sampler on node 0 end in the same Fleet."""
+from __future__ import annotations
+
+from torchdeck.app.sources.nvml import GPUSample
+from torchdeck.engine import events
+from torchdeck.engine.runs.view import RunView
+
+
+def _sample(node, utils, t, temp=60.0):
+    ev = events.make("node_sample", node_rank=node, host=f"n{node}", host_stats={
+        "cpu_percent": 10.0 * (node + 1), "per_cpu": [1.0] * 4, "ram_used_mb": 1000.0, "ram_total_mb": 4000.0,
+        "load1": 0.5}, gpus=[{"index": i, "name": "H100", "util": u, "mem_used_mb": 1000.0 * (i + 1),
+                               "mem_total_mb": 80_000.0, "temp_c": temp + i, "power_w": 300.0, "power_limit_w": 700.0,
+                               "pids": [], "uuid": "", "mem_util": None, "fan_pct": None} for i, u in enumerate(utils)])
+    ev["t"] = t
+    return ev
+
+
+def test_node_samples_and_the_local_sampler_make_one_fleet():
+    v = RunView()
+    assert v.feed(_sample(1, [90.0, 30.0], 10.0)) and v.feed(_sample(2, [95.0, 94.0], 10.5))
+    assert not v.feed({"kind": "node_sample", "t": 11.0, "gpus": "nope"}) and v.skipped == 1  # counted, not raised
+    snap = v.snapshot()
+    v.feed(_sample(1, [91.0, 31.0], 11.0))
+    assert [g.util for g in snap.fleet.nodes[1].gpus] == [90.0, 30.0]  # a snapshot does not move with the reader
+    assert v.fleet.nodes[1].util_history(1) == (30.0, 31.0)
+
+    local = [GPUSample(0, "NVIDIA H100", 20.0, 500.0, 80_000.0, 81.0, 200.0, 700.0, [4101])]
+    fleet = v.fleet.with_local(0, "n0", local)
+    assert sorted(fleet.nodes) == [0, 1, 2] and 0 not in v.fleet.nodes and fleet.nodes[0].local
+    assert fleet.nodes[0].gpus[0].pids == (4101,)
+    b = fleet.imbalance()
+    assert b["gpus"] == 5 and b["nodes"] == 3 and b["util"]["lo"].label == "node 0 GPU 0" and b["util"]["big"]
+    assert fleet.imbalance_line().startswith("GPU imbalance: util 75 pts (node 0 GPU 0 at 20%, median")
+    assert fleet.nodes[0].hottest().temp_c == 81.0 and fleet.nodes[1].util() == (31.0, 61.0, 91.0)
+    # node 0's own node_sample events, once they come, say more than the Monitor's guess: they win
+    v.feed(_sample(0, [50.0], 12.0))
+    assert v.fleet.with_local(0, "n0", local).nodes[0].gpus[0].util == 50.0
+    assert "busiest node 2" in v.fleet.host_line(skip=0)
