@@ -31,15 +31,18 @@ from .runs.layout import RunDir
 from .runs.status import Status
 from .runs.view import RunView
 from .preflight import length, load
+from .metrics import KINDS as METRIC_KINDS
 from .strategies import get_strategy
 
-FLUSH_EVERY_S = 0.2
+FLUSH_EVERY_S = 0.1  # events.jsonl: a line reaches the file this long after the writer got it, at most
+IDLE_POLL_S = 0.2  # the writer's wait for a line when nothing waits to be flushed
 DRAIN_POLL_S = 0.2  # once the ranks are gone: an empty queue for this long is drained
 POLL_S = 0.5
 STOP_GRACE_S = 30.0
 SLOW_DUMP_EVERY_S = 60.0  # at most one stacks dump a minute for slow steps (a stale rank: always)
 RESERVE_BYTES = 64 << 10
 FAIL_GRACE_S = 2.0
+NODE_DRAIN_S = 3.0  # node 0, its ranks gone: how long it waits for the other nodes' last events
 
 
 # ----------------------------------------------------------------------------- events file
@@ -57,6 +60,7 @@ class EventWriter(threading.Thread):
         self.done = threading.Event()
         self._ending = threading.Event()  # stop(): drain what is there, then end
         self.count = 0
+        self.flushes = 0
         self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
         self.view = RunView()  # the ranks as a front end sees them: the watchdog asks it who is stale
         self.metrics = None  # engine.metrics.MetricsSink: metrics.csv (and TensorBoard) fed as events come
@@ -87,21 +91,23 @@ class EventWriter(threading.Thread):
         self.fh.write(text)
         self.fh.flush()
 
-    def _note_error(self, line: str) -> None:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            return
-        if ev.get("kind") == "error":
-            self.errors.append(ev)
-
-    def _watch(self, line: str) -> None:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            return
+    def _take(self, line: str) -> None:
+        """One line from the ranks: parsed once, for the errors, the watchdog's view and
+        metrics.csv; written as it came (a line that is not an event too: it was sent)."""
+        ev = events.parse(line) if line.startswith("{") else None
+        kind = ev.get("kind") if ev is not None else None
         with self.lock:
-            self.view.feed(ev)
+            if kind is not None:
+                if kind == "error":
+                    self.errors.append(ev)
+                self.view.feed(ev)
+            if self.write_error is None:
+                try:
+                    self.fh.write(line + "\n")
+                except OSError as exc:
+                    self.write_error = exc
+        if kind in METRIC_KINDS:
+            self._to_metrics("add", ev)
 
     def stale(self, now: float) -> list:
         """(rank, seconds silent) of the ranks the run's own rule calls stale (engine/runs/view.py)."""
@@ -114,33 +120,36 @@ class EventWriter(threading.Thread):
             return [(r.rank, took, med) for r, took, med in self.view.slow_ranks(now)]
 
     def run(self) -> None:
-        last_flush = time.monotonic()
-        pending = 0
+        """Lines are written as they come and flushed FLUSH_EVERY_S after the first one not yet
+        flushed at the latest (a follower sees an event that soon), never more often."""
+        due = None  # monotonic time by which what is written must be flushed; None: nothing pending
         while True:
             ending = self._ending.is_set()
+            if ending:
+                timeout = DRAIN_POLL_S
+            elif due is not None:
+                timeout = max(0.0, due - time.monotonic())
+            else:
+                timeout = IDLE_POLL_S
             try:
-                ev = self.q.get(timeout=DRAIN_POLL_S if ending else FLUSH_EVERY_S)
+                ev = self.q.get(timeout=timeout)
             except queue_mod.Empty:
-                if ending:
+                if ending and due is None:
                     break  # the ranks are gone and the pipe is empty
                 ev = None
             except (EOFError, OSError):
                 break
             if ev is not None:
                 # Ranks send events already serialized: the one writer thread only writes lines.
-                line = ev if isinstance(ev, str) else events.dumps(ev)
-                if '"kind":"error"' in line:
-                    self._note_error(line)
-                self._watch(line)
-                self._guarded(self.fh.write, line + "\n")
-                self._to_metrics("add_line", line)
-                pending += 1
+                self._take(ev if isinstance(ev, str) else events.dumps(ev))
                 self.count += 1
-            now = time.monotonic()
-            if pending and (now - last_flush >= FLUSH_EVERY_S or ev is None):
+                if due is None:
+                    due = time.monotonic() + FLUSH_EVERY_S
+            if due is not None and (ev is None or time.monotonic() >= due):
                 self._guarded(self.fh.flush)
                 self._to_metrics("flush")
-                pending, last_flush = 0, now
+                self.flushes += 1
+                due = None
         self._guarded(self.fh.flush)
         self.done.set()
 
@@ -257,6 +266,14 @@ def _port_problem(cfg, port: int, bind: str, exc: OSError) -> str:
 # ----------------------------------------------------------------------------- supervisor
 
 
+def _say(level: str, message: str) -> None:
+    """A line in supervisor.log (this process's output), never raising (a full disk)."""
+    try:
+        print(f"{level}: {message}", flush=True)
+    except OSError:
+        pass
+
+
 @dataclasses.dataclass
 class _Plan:
     """What the supervisor decided before starting the ranks (Supervisor._plan)."""
@@ -276,9 +293,13 @@ class Ranks:
     A script run's ranks are engine.launch.ranks.ScriptRanks, with the same interface."""
 
     processes: list
+    reader: object = None  # engine.launch.ranks.EventReader of the ranks' pipes
 
     def finish(self) -> None:
-        """After the ranks are gone (a script run's ranks clean up their trees and pipes here)."""
+        """After the ranks are gone: read what is left in their pipes (a script run's ranks also
+        clean up their trees here)."""
+        if self.reader is not None:
+            self.reader.stop()
 
 
 @contextlib.contextmanager
@@ -407,6 +428,10 @@ class Supervisor:
         self.script = False  # strategy script: the user's own script (torchdeck launch)
         self.stop_grace_s = STOP_GRACE_S  # a stop's SIGKILL comes this long after it (script.stop_grace_s)
         self.failed_local_rank: int | None = None  # the local rank _root_cause blames (status.json, run_finished)
+        self.writer: EventWriter | None = None
+        self.sender = None  # engine.nodes.link.Sender: a non-zero node streaming to node 0
+        self.receiver = None  # engine.nodes.link.Receiver: node 0, hearing the other nodes
+        self.sampler = None  # engine.nodes.sampler.NodeSampler: node_sample once a second (several nodes)
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -475,7 +500,7 @@ class Supervisor:
             plan = self._plan(cfg)
         except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config
             return self._finish(None, "failed", [], str(exc))
-        writer = EventWriter(rd.events_path, None)
+        writer = self.writer = EventWriter(rd.events_path, None)
         metrics_note = _open_metrics(writer, cfg, rd)
         if metrics_note:
             plan.notes = [*plan.notes, ("warning", metrics_note)]
@@ -486,14 +511,102 @@ class Supervisor:
                 plan.store.sock.close()
             return self._finish(None, "failed", [],
                                 f"{_cannot_write(rd.events_path, writer.write_error)}; nothing was started")
+        self._link_open(cfg, plan, writer)
         try:
             ranks, stop_event = (self._start_script if self.script else self._spawn)(cfg, plan, writer)
         except OSError as exc:  # no_python: the executable cannot be run
+            self._link_close(writer)
+            if self.sender is not None:
+                self.sender.close()
             if writer.is_alive():
                 writer.stop()
             writer.close()
             return self._finish(None, "failed", [], f"cannot start the ranks: {exc}")
+        for thread in (self.receiver, self.sampler):  # the writer's queue exists now
+            if thread is not None:
+                thread.start()
         return self._collect(ranks, stop_event, writer)
+
+    # ---------------------------------------------------------------- node link (engine/nodes)
+    def _link_open(self, cfg, plan: "_Plan", writer: EventWriter) -> None:
+        """Several nodes: node 0 listens for the others' events (Receiver), each other node streams
+        its own to node 0 (Sender); every node samples its GPUs and host once a second. The threads
+        that need the writer's queue start once the ranks are started."""
+        from . import nodes
+        from .nodes import link
+        from .nodes.sampler import NodeSampler
+
+        n = cfg.nodes
+        secret = os.environ.pop(nodes.ENV_SECRET, "")  # the ranks (a user's script) never see it
+        if n.num_nodes <= 1:
+            return
+        host_name = socket.gethostname()
+        meet_host, meet_port, _ = meeting_point(cfg, plan.port)
+        try:
+            port = int(os.environ.get(nodes.ENV_PORT) or meet_port + nodes.PORT_OFFSET)
+        except ValueError:
+            port = meet_port + nodes.PORT_OFFSET
+        if n.node_rank == 0:
+            if not secret:
+                secret = self._new_secret(writer)
+            bind, _, note = network.store_address(meet_host, n.num_nodes, n.ifname)
+            try:
+                self.receiver = link.Receiver(bind, port, secret, self._remote, log=_say, num_nodes=n.num_nodes)
+            except Exception as exc:  # noqa: BLE001 - zmq.ZMQError (port taken): the run goes on without it
+                writer.write(events.make("log", rank=None, level="warning", message=(
+                    f"node link: cannot listen on {bind or 'every interface'}:{port} ({exc}): the other nodes' "
+                    f"events stay on their nodes")))
+            else:
+                writer.write(events.make("log", rank=None, level="info", message=(
+                    f"node link: listening on {self.receiver.endpoint} for the other nodes' events and samples"
+                    + (f"; {note}" if note else ""))))
+        elif not secret:
+            writer.write(events.make("log", rank=None, level="warning", message=(
+                f"node link: {nodes.ENV_SECRET} is not set on this node: its events stay in its own run "
+                f"directory and node 0 does not show its ranks (set it to node 0's secret)")))
+        else:
+            self.sender = link.Sender(meet_host, port, secret, n.node_rank, host_name, log=self._link_log)
+            self.sender.start()
+        self.sampler = NodeSampler(self._put, n.node_rank, host_name)
+
+    def _new_secret(self, writer: EventWriter) -> str:
+        """Node 0 without a secret: one for this run, in RUN_DIR/node.key that only its owner reads."""
+        import secrets
+
+        from . import nodes
+
+        secret = secrets.token_hex(32)
+        path = self.rd.path / "node.key"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secret + "\n")
+            said = (f"{nodes.ENV_SECRET} is not set: made one for this run in {path} (readable by you only); "
+                    f"start the other nodes with {nodes.ENV_SECRET}=\"$(cat {path})\" in their environment")
+        except OSError as exc:
+            said = f"{nodes.ENV_SECRET} is not set and {path} cannot be written ({exc}): no other node can stream here"
+        writer.write(events.make("log", rank=None, level="warning", message=f"node link: {said}"))
+        return secret
+
+    def _remote(self, line: str) -> None:
+        """An event another node streamed here (Receiver's thread)."""
+        self.writer.q.put(line)
+
+    def _link_log(self, level: str, message: str) -> None:
+        """What a non-zero node's Sender says (node 0 unreachable, refused, reached): in this node's events."""
+        if self.writer is not None:
+            self._write(self.writer, events.make("log", rank=None, level=level, message=message))
+
+    def _link_close(self, writer: EventWriter) -> None:
+        """The ranks are gone: the last samples; node 0 waits briefly for the other nodes' last events."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.receiver is not None:
+            if self.receiver.is_alive():
+                self.receiver.wait_done(NODE_DRAIN_S)
+            self.receiver.stop()
+            if self.receiver.refused:
+                _say("warning", f"node link: refused {self.receiver.refused} connection(s) in all")
 
     def _plan(self, cfg) -> "_Plan":
         """Everything decided before a rank starts: port, store socket, threads, environment.
@@ -557,16 +670,19 @@ class Supervisor:
             f"{cfg.nodes.node_rank}, {cfg.nodes.master_addr}:{plan.port}, {plan.threads} thread(s) per rank")))
         node = launch_env.plan_for(cfg, self.rd.path, nproc, plan.port, plan.threads, plan.child_env)
         self.base = cfg.nodes.node_rank * nproc
-        ranks = launch_ranks.start(cfg.script, node, writer.q.put)
+        ranks = launch_ranks.start(cfg.script, node, self._put)
         return ranks, ranks.stop_event
 
     def _spawn(self, cfg, plan: "_Plan", writer: EventWriter):
-        """Start the node's ranks (spawn context: events are text, no torch needed to carry them)."""
+        """Start the node's ranks (spawn context: events are text, no torch needed to carry them),
+        each with its own event pipe (worker.PipeReporter), read by one thread into the writer's
+        queue, as a script run's ranks are (engine/launch/ranks.py)."""
+        from .launch.ranks import EventReader
         from .worker import rank_main
 
         nproc = strategies.nproc_per_node(cfg)
         ctx_mp = multiprocessing.get_context("spawn")
-        q = writer.q = ctx_mp.Queue()
+        writer.q = queue_mod.Queue()
         stop_event = ctx_mp.Event()
         writer.start()
         writer.write(events.make("log", rank=None, level="info", message=(
@@ -574,17 +690,41 @@ class Supervisor:
             f"{plan.threads} thread(s) per rank")))
         cfg_dict = cfg.to_dict()
         store = plan.store
+        pipes = [ctx_mp.Pipe(duplex=False) for _ in range(nproc)]  # (read end, write end) per rank
         ranks = Ranks([ctx_mp.Process(target=rank_main, name=f"rank{i}",
-                                      args=(i, cfg_dict, str(self.rd.path), q, stop_event, plan.port, plan.meet,
+                                      args=(i, cfg_dict, str(self.rd.path), pipes[i][1], stop_event, plan.port,
+                                            plan.meet,
                                             (store.sock, store.connect) if store is not None and i == 0 else None))
                        for i in range(nproc)])
-        with _environ(plan.child_env):  # the children inherit it; this process (maybe a test) keeps its own
-            for p in ranks.processes:
-                p.start()
+        try:
+            with _environ(plan.child_env):  # the children inherit it; this process (maybe a test) keeps its own
+                for p in ranks.processes:
+                    p.start()
+        finally:
+            fds = []
+            for r, w in pipes:
+                w.close()  # each rank holds its own write end: its pipe ends when it (and its children) are gone
+                fds.append(os.dup(r.fileno()))  # the reader owns (and closes) its copy
+                r.close()
+        ranks.reader = EventReader(fds, self._put, node_rank=cfg.nodes.node_rank)
+        ranks.reader.start()
         if store is not None:
             store.sock.close()  # local rank 0 holds it now
         self.base = cfg.nodes.node_rank * nproc
         return ranks, stop_event
+
+    def _put(self, line: str) -> None:
+        """A line from this node's ranks (or its sampler): into events.jsonl, and towards node 0
+        when this node streams to it."""
+        self.writer.q.put(line)
+        if self.sender is not None:
+            self.sender.send(line)
+
+    def _write(self, writer: EventWriter, ev: dict) -> None:
+        """A supervisor event that node 0 should have too (stacks, rank exits, the link's own news)."""
+        writer.write(ev)
+        if self.sender is not None:
+            self.sender.send(events.dumps(ev))
 
     def _collect(self, ranks: "Ranks", stop_event, writer: EventWriter) -> int:
         """Wait for the ranks, then record how each ended and the run's outcome."""
@@ -597,10 +737,13 @@ class Supervisor:
                     p.join(5)
             ranks.finish()
         codes = [p.exitcode for p in ranks.processes]
+        self._link_close(writer)  # the other nodes' last events, into the queue before it is drained
         writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
         self.writer_errors = writer.errors
         for i, code in enumerate(codes):
-            writer.write(events.make("rank_exited", rank=self.base + i, exitcode=code, signal=_signal_text(code)))
+            self._write(writer, events.make("rank_exited", rank=self.base + i, exitcode=code, signal=_signal_text(code)))
+        if self.sender is not None:
+            self.sender.close()  # what is queued, then a bye (node 0 waits for it)
         status, cause = self._outcome(codes, died_first, self.base, reported)
         records = self.rd.flight_records() if status == "failed" else []
         if records:  # NCCL's watchdog dumped what each rank's last collectives were (a GPU timeout)
@@ -687,7 +830,7 @@ class Supervisor:
             groups = stacks.group(taken)
             self.where.update({ps.rank: ps.where for ps in taken if not ps.error})
             line = stacks.summary(groups)
-            writer.write(events.make("stacks", rank=None, reason=reason, summary=line, groups=groups,
+            self._write(writer, events.make("stacks", rank=None, reason=reason, summary=line, groups=groups,
                                      files=[ps.file for ps in taken]))
             try:
                 print(f"stacks ({reason}): {line}", flush=True)

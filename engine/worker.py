@@ -77,15 +77,26 @@ def keep_freed_buffers() -> bool:
         return False
 
 
-class QueueReporter:
-    """emit(kind, **fields) -> one event on the supervisor's queue, tagged with this rank."""
+class PipeReporter:
+    """emit(kind, **fields) -> one event line, tagged with this rank, on the rank's own pipe to its
+    node's supervisor (engine/launch/channel.py, the channel a user's script uses too): never
+    blocks (a full pipe drops the event and the next one says how many), every line atomic, so a
+    rank killed mid-send loses at most its own last event and the other ranks' pipes are theirs.
+    (A shared multiprocessing queue had one cross-process write lock: a rank SIGKILLed while
+    sending kept it, and every other rank of the node went silent.)"""
 
-    def __init__(self, queue, rank: int):
-        self.queue, self.rank = queue, rank
+    def __init__(self, conn, rank: int):
+        from .launch.channel import Channel
+
+        self.conn = conn  # the write end (a multiprocessing Connection, which owns the fd): kept open
+        self.channel = Channel(conn.fileno())
+        self.rank = rank
 
     def __call__(self, kind: str, **fields) -> None:
+        if kind not in events.KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
         fields.setdefault("rank", self.rank)
-        self.queue.put(events.dumps(events.make(kind, **fields)))  # the writer thread only writes lines
+        self.channel.send(kind, **fields)
 
 
 class FileReporter:
@@ -167,6 +178,7 @@ def check_ifname(ifname: str) -> None:
             f"or leave it empty to let gloo/NCCL choose")
 
 
+REPORTER: PipeReporter | None = None  # this rank's, under the supervisor (tests reach its pipe here)
 _SERVED = None  # the rendezvous store this rank serves, for the life of the process
 
 
@@ -372,10 +384,11 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
             dist.destroy_process_group()
 
 
-def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None, listener=None) -> None:
+def rank_main(local_rank, cfg_dict, run_dir, events_conn, stop_event, port, addr=None, listener=None) -> None:
     """Started once per local rank by the supervisor (multiprocessing, spawn); `addr` is where the
     rendezvous store listens (loopback on one node), else nodes.master_addr; local rank 0 of node 0
-    gets the store's `listener` and serves it."""
+    gets the store's `listener` and serves it; `events_conn` is the write end of this rank's own
+    event pipe (PipeReporter)."""
     cfg = from_dict(cfg_dict)  # checked in full at launch
     nproc, world = nproc_per_node(cfg), world_size(cfg)
     rank = cfg.nodes.node_rank * nproc + local_rank
@@ -390,7 +403,8 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
     os.environ.update(MASTER_ADDR=addr or cfg.nodes.master_addr, MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(cfg.nodes.node_rank))
-    emit = QueueReporter(queue, rank)
+    global REPORTER
+    emit = REPORTER = PipeReporter(events_conn, rank)
     try:
         if train_rank(RankJob(cfg, run_dir, rank, local_rank, world, listener=listener), emit, stop_event.is_set):
             rd.stop_path.touch()  # stopped (maybe asked on another node): the run is 'stopped'
@@ -400,17 +414,15 @@ def rank_main(local_rank, cfg_dict, run_dir, queue, stop_event, port, addr=None,
         sys.stdout.flush()
         sys.stderr.flush()
         raise
-    _fast_exit(queue)
+    _fast_exit()
 
 
-def _fast_exit(queue) -> None:
+def _fast_exit() -> None:
     """Done and clean: skip the interpreter teardown (with torch loaded, 1-2 s per rank) once the
-    data-loader workers are gone and every event has reached the pipe."""
+    data-loader workers are gone (every event is in the pipe already: each send is one write)."""
     import gc
 
     gc.collect()  # finalizes data-loader iterators, which shut their worker processes down
-    queue.close()
-    queue.join_thread()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -80,10 +80,12 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
         "nodes.timeout_s": 60})
     preset = write_preset(tmp_path / "two-node.yaml", cfg)
     procs = []
+    env = dict(os.environ, TORCHDECK_NODE_SECRET="the run's secret, on both nodes only")
     for k in (0, 1):
         procs.append(subprocess.Popen(
             torchdeck_cmd("run", str(preset), "--node-rank", str(k), "--runs-dir", str(tmp_path / f"node{k}")),
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL))
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+            env=env))
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
 
@@ -91,6 +93,7 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
     evs = [events.read_all(r / "events.jsonl") for r in runs]
     for k, (run, ev) in enumerate(zip(runs, evs)):
         assert cfgmod.load(run / "config.yaml").nodes.node_rank == k
+        ev = [e for e in ev if e.get("node_rank", k) == k]  # node 0's file has node 1's too (below)
         ready = sorted((e["rank"], e["local_rank"]) for e in ev if e["kind"] == "rank_ready")
         assert ready == [(2 * k, 0), (2 * k + 1, 1)]  # global rank = node_rank x 2 + local_rank
         assert {e["rank"] for e in ev if e["kind"] == "step" and e["step"] == 4} == {2 * k, 2 * k + 1}
@@ -98,6 +101,22 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
         assert started["world_size"] == 4 and started["node_rank"] == k and started["num_nodes"] == 2
         assert json.loads((run / "status.json").read_text())["status"] == "finished"
     assert (runs[1] / "rank2.log").exists() and not (runs[1] / "rank0.log").exists()
+
+    # node streaming (issue 31): node 1's supervisor sent its ranks' events and its samples to node
+    # 0's, which wrote them into the one events.jsonl, tagged with node and host
+    host = socket.gethostname()
+    remote_steps = [e for e in evs[0] if e["kind"] == "step" and e["rank"] in (2, 3)]
+    assert {e["rank"] for e in remote_steps if e["step"] == 4} == {2, 3}, [e["kind"] for e in evs[0]]
+    assert all(e["node_rank"] == 1 and e["host"] == host for e in remote_steps)
+    assert {(e["rank"], e.get("node_rank", 0)) for e in evs[0] if e["kind"] == "rank_exited"} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    samples = [e for e in evs[0] if e["kind"] == "node_sample"]
+    assert {e["node_rank"] for e in samples} == {0, 1}, samples
+    for e in samples:
+        assert e["host"] == host and isinstance(e["gpus"], list)
+        assert set(e["host_stats"]) == {"cpu_percent", "per_cpu", "ram_used_mb", "ram_total_mb", "load1"}
+        assert e["host_stats"]["ram_total_mb"] > 0
+    assert [e["kind"] for e in evs[0]].count("run_started") == 1  # node 1's own stays in its directory
+    assert not any(e["kind"] == "node_sample" and e["node_rank"] == 0 for e in evs[1])
 
     reports = [e for e in evs[0] if e["kind"] == "rank_report"]
     assert reports and not any(e["kind"] == "rank_report" for e in evs[1])
@@ -113,7 +132,7 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
     # what `torchdeck run` printed on node 0 ends with every rank of the job, node 1's from the reports
     final = [ln.split() for ln in outs[0].splitlines() if re.match(r"rank +\d+ .* ep \d+/\d+ ", ln)][-4:]  # not the balance line
     assert [ln[1] for ln in final] == ["0", "1", "2", "3"], outs[0]
-    assert all("4/4" in ln for ln in final) and final[2][2:4] == ["node", "1"], outs[0]
+    assert all("4/4" in ln for ln in final), outs[0]  # node 1's ranks from their own streamed events
 
     assert not (runs[1] / "checkpoints").exists()  # rank 0 (node 0) writes the checkpoints
     one = small_cfg(**{"train.batch_size": 32, "train.max_steps": 4})
