@@ -230,7 +230,7 @@ class Receiver(threading.Thread):
         key = frames[6] if len(frames) > 6 else b""
         ok = mechanism == b"CURVE" and hmac.compare_digest(key, self.keys.client_public_raw)
         if not ok:
-            self._refused(f"a connection from {address} with another key (not this run's secret)")
+            self._refused(f"a connection from {address} with another key (not this run's secret)", "zap")
         self.zap.send_multipart([b"1.0", request_id, b"200" if ok else b"400",
                                  b"OK" if ok else b"not this run's node", b"", b""])
 
@@ -248,13 +248,13 @@ class Receiver(threading.Thread):
         if ev == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return  # said by _authenticate, with the peer's address
         self._refused("a connection that failed the handshake (a wrong secret, or bytes that are "
-                      "not this protocol)")
+                      "not this protocol)", "handshake")
 
-    def _refused(self, why: str) -> None:
+    def _refused(self, why: str, key: str) -> None:
         self.refused += 1
         if len(self.refusals) < 100:
             self.refusals.append(why)
-        self.say("refused", "warning", f"node link {self.endpoint}: refused {why}")
+        self.say(key, "warning", f"node link {self.endpoint}: refused {why}")
 
     def _close_sockets(self) -> None:
         for name in ("monitor", "pull", "zap"):

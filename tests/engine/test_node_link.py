@@ -1,0 +1,151 @@
+"""Issue 31: events travel per rank, then per node. A rank killed mid-send silences only itself
+(each rank has its own pipe); node 0's port admits only the run's nodes (CURVE keys from the
+run's secret): a wrong secret, a stranger's connection and garbage bytes are refused, said in
+supervisor.log, and write nothing, while the real node's events keep arriving. The two-node
+run itself (node 1's steps and samples in node 0's file) is tests/engine/test_multinode.py."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import time
+
+import pytest
+
+from torchdeck.engine import events
+from tests.engine.helpers import Run, ddp_cfg
+
+MID_SEND = '''
+import gc, os, signal, sys
+from torchdeck.engine.models import mlp
+
+
+def dies_mid_send(info, at=3, rank="1"):
+    """In the forward of its at-th step, rank `rank` is SIGKILLed while sending an event: half a
+    line in its own pipe (today), or holding the shared queue's write lock (before issue 31)."""
+    net = mlp(info, 32)
+    calls = [0]
+
+    def hook(mod, args):
+        if not mod.training or os.environ.get("RANK") != rank:
+            return
+        calls[0] += 1
+        if calls[0] < at:
+            return
+        reporter = getattr(sys.modules.get("torchdeck.engine.worker"), "REPORTER", None)
+        if reporter is not None:
+            os.write(reporter.channel.fd, b'{"v":1,"kind":"step","t":1.0,"rank":1,"ste')
+        else:
+            import multiprocessing.queues
+            for q in [o for o in gc.get_objects() if isinstance(o, multiprocessing.queues.Queue)]:
+                q._wlock.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    net.register_forward_pre_hook(hook)
+    return net
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_send_silences_only_itself(tmp_path, runs):
+    """Rank 1 dies by SIGKILL in the middle of sending an event. Rank 0 then fails in the
+    all-reduce (its peer is gone): its error reaches events.jsonl, and the run ends failed naming
+    rank 1's SIGKILL. On the shared queue rank 0's error never arrived (the lock died with rank 1)."""
+    (tmp_path / "midsend.py").write_text(MID_SEND)
+    r = Run(tmp_path, ddp_cfg(**{"model.name": "midsend:dies_mid_send", "model.kwargs": {"at": 3},
+                                 "train.max_steps": 50, "nodes.timeout_s": 30}))
+    runs.append(r)
+    assert r.wait(timeout=120) == 1, r.output()
+    ev = r.events()
+    errors = [e for e in ev if e["kind"] == "error"]
+    assert [e["rank"] for e in errors] == [0], (errors, r.output())  # the peer lost, said by rank 0 itself
+    assert {e["rank"] for e in ev if e["kind"] == "step"} == {0, 1}  # both reported until then
+    exits = {e["rank"]: e["signal"] for e in ev if e["kind"] == "rank_exited"}
+    assert exits[1] == "SIGKILL" and exits[0] is None, exits  # rank 0 left on its own, not stopped
+    assert "rank 1 killed by signal 9 (SIGKILL)" in r.status()["root_cause"], r.status()
+    assert all(line.endswith(b"\n") for line in (r.dir / "events.jsonl").read_bytes().splitlines(keepends=True))
+
+
+SECRET = "this run's secret"
+
+
+def _step(rank: int, step: int) -> str:
+    return events.dumps(events.make("step", rank=rank, step=step, loss=1.0))
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_node_port_refuses_wrong_secret_stranger_and_garbage_while_the_node_streams(tmp_path):
+    """Node 0's receiver on a real loopback port, writing through the supervisor's EventWriter;
+    node 1 streams steps all along. A node with another secret, a stranger's second connection
+    (the run's server key but its own client key; and one without CURVE), and garbage bytes:
+    each refused at the handshake, counted and said, none of their events written; node 1's
+    steps all arrive in order."""
+    import zmq
+
+    from torchdeck.engine.nodes.link import Keys, Receiver, Sender
+    from torchdeck.engine.supervisor import EventWriter
+
+    path = tmp_path / "events.jsonl"
+    writer = EventWriter(path, queue.Queue())
+    writer.start()
+    said: list[str] = []
+    receiver = Receiver("127.0.0.1", 0, SECRET, writer.q.put, log=lambda level, m: said.append(m), num_nodes=4)
+    receiver.start()
+    node1 = Sender("127.0.0.1", receiver.port, SECRET, 1, "node-one")
+    node1.start()
+    wrong = Sender("127.0.0.1", receiver.port, "another run's secret", 2, "node-two")
+    ctx = zmq.Context()
+    stranger = ctx.socket(zmq.PUSH)
+    plain = ctx.socket(zmq.PUSH)
+    garbage = []
+    try:
+        step = 0
+        node1.send(_step(2, step := step + 1))
+        _wait(lambda: receiver.received >= 1, 10, "node 1's first event")
+        wrong.start()
+        wrong.send(_step(4, 1))
+        public, secret = zmq.curve_keypair()
+        stranger.curve_serverkey = Keys(SECRET).server_public  # knows the server's key, not the secret
+        stranger.curve_publickey, stranger.curve_secretkey = public, secret
+        for sock in (stranger, plain):
+            sock.linger = 0
+            sock.connect(f"tcp://127.0.0.1:{receiver.port}")
+            sock.send_multipart([b"td1", b'{"node_rank":3,"host":"x"}', _step(6, 1).encode()], zmq.NOBLOCK)
+        for payload in (os.urandom(4096), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+                        b"\xff" + bytes(8) + b"\x7f\x03\x01NULL" + bytes(16)):  # a ZMTP greeting, no CURVE
+            s = socket.create_connection(("127.0.0.1", receiver.port))
+            s.sendall(payload)
+            garbage.append(s)
+        deadline = time.monotonic() + 20
+        while receiver.refused < 5 and time.monotonic() < deadline:
+            node1.send(_step(2, step := step + 1))  # the real node keeps streaming meanwhile
+            time.sleep(0.05)
+        assert receiver.refused >= 5, (receiver.refused, receiver.refusals)
+        node1.send(_step(2, step := step + 1))
+        node1.close()
+        assert receiver.wait_done(10)
+    finally:
+        wrong.close()
+        for s in garbage:
+            s.close()
+        stranger.close(0)
+        plain.close(0)
+        ctx.term()
+        receiver.stop()
+        writer.stop()
+        writer.close()
+    written = events.read_all(path)
+    assert [(e["rank"], e["step"], e["node_rank"], e["host"]) for e in written] == \
+        [(2, k, 1, "node-one") for k in range(1, step + 1)]  # every one, in order, and nothing else
+    assert receiver.rejected_lines == 0 and receiver.nodes == {1: "node-one"}
+    assert any("another key" in r for r in receiver.refusals)  # the stranger, refused by ZAP with its address
+    assert any("failed the handshake" in r for r in receiver.refusals)  # wrong secret, plain, garbage
+    assert any("refused a connection from 127.0.0.1 with another key" in m for m in said), said
+    assert any("refused a connection that failed the handshake" in m for m in said), said
+    assert json.loads(path.read_text().splitlines()[-1])["step"] == step
