@@ -132,7 +132,9 @@ def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str 
 
 
 def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
-    """A SLURM script: srun starts one torchrun per node, which meet through c10d rendezvous.
+    """A SLURM script: srun starts one torchrun per node, which meet through c10d rendezvous. The
+    job makes its node link secret when it runs (TORCHDECK_NODE_SECRET: for torchdeck's node
+    supervisors, engine/nodes; torchrun's ranks do not read it).
 
     The resolved config is embedded, so the job runs exactly what was validated here.
     """
@@ -168,6 +170,10 @@ set -euo pipefail
 # Use the environment torchdeck is installed in (override with TORCHDECK_VENV).
 VENV="${{TORCHDECK_VENV:-$SLURM_SUBMIT_DIR/.venv}}"
 if [ -f "$VENV/bin/activate" ]; then source "$VENV/bin/activate"; fi
+
+# The node link's secret (TORCHDECK_NODE_SECRET, engine/nodes): made here, when the job runs, one per
+# job; every node gets it in its environment through srun, never in a file or on a command line.
+export TORCHDECK_NODE_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
 
 # The config, as validated by `torchdeck export` (on the shared file system, read by every node).
 export TD_CONFIG="$SLURM_SUBMIT_DIR/torchdeck-$SLURM_JOB_ID.yaml"
@@ -296,5 +302,8 @@ set -euo pipefail
 cd {shlex.quote(str(script_cwd(cfg).resolve()))}
 {exports}export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export TD_PORT={n.master_port or 29500}
+# The node link's secret (TORCHDECK_NODE_SECRET, engine/nodes): made here, when the job runs, one per
+# job; every node gets it in its environment through srun, never in a file or on a command line.
+export TORCHDECK_NODE_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
 srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c {shlex.quote(inner)}
 """

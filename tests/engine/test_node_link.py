@@ -149,3 +149,21 @@ def test_node_port_refuses_wrong_secret_stranger_and_garbage_while_the_node_stre
     assert any("refused a connection from 127.0.0.1 with another key" in m for m in said), said
     assert any("refused a connection that failed the handshake" in m for m in said), said
     assert json.loads(path.read_text().splitlines()[-1])["step"] == step
+
+
+def test_an_exported_sbatch_job_makes_its_own_secret_when_it_runs():
+    """`torchdeck export --sbatch`: the script holds no secret; each run of it makes a new one
+    (64 hex digits) and exports it to srun's environment."""
+    import re
+    import subprocess
+
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine.export import sbatch
+    from tests.engine.helpers import small_cfg
+
+    text = sbatch(cfgmod.from_dict(small_cfg(strategy="ddp", **{"nodes.num_nodes": 2})))
+    (line,) = [ln for ln in text.splitlines() if "TORCHDECK_NODE_SECRET=" in ln]
+    made = [subprocess.run(["bash", "-c", f"{line}; echo \"$TORCHDECK_NODE_SECRET\""], capture_output=True,
+                           text=True, timeout=30).stdout.strip() for _ in range(2)]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", m) for m in made) and made[0] != made[1], made
+    assert made[0] not in text
