@@ -261,7 +261,7 @@ def cmd_attach(args) -> int:
 
 def cmd_runs(args) -> int:
     from ..engine.runs import fmt
-    from ..engine.runs.catalog import COLUMNS, NARROW_DROP, collect
+    from ..engine.runs.catalog import NARROW_DROP, collect, columns
     from ..engine.runs.layout import runs_root
 
     root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
@@ -270,7 +270,7 @@ def cmd_runs(args) -> int:
         print(f"no runs under {root}")
         return EXIT_OK
     cells = [r.cells() for r in rows]
-    cols = [(k, label) for k, label in COLUMNS if any(c[k] for c in cells)]  # no empty columns
+    cols = [(k, label) for k, label in columns(rows) if any(c[k] for c in cells)]  # no empty columns
     print("\n".join(fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)))
     for r in rows:
         if r.root_cause and r.status.ended_early:
@@ -295,12 +295,19 @@ def cmd_compare(args) -> int:
                              f"({presets.user_preset_path(args.save_best)}); pick another name or delete it")
     if args.target_acc is not None and not 0 < args.target_acc <= 1:
         raise UsageError(f"--target-acc: a validation accuracy between 0 and 1 (0.8 for 80%), got {args.target_acc:g}")
+    from ..engine.runs.metric import parse_target
+
+    try:  # --target val_loss<=1.6 (any metric); --target-acc X is --target val_acc>=X
+        target = parse_target(args.target) if args.target is not None else (
+            None if args.target_acc is None else parse_target(args.target_acc))
+    except UsageError as exc:
+        raise UsageError(f"--target: {exc}") from None
     facts, entries = compare.plan(args.preset, strategies, _overrides(args), args.steps, args.epochs)
     try:
         path = compare.new_dir(facts["name"], Path(args.runs_dir) if args.runs_dir else None)
     except OSError as exc:
         raise UsageError(f"cannot create the comparison directory: {exc.strerror or exc}") from None
-    compare.write_plan(path, facts, entries, args.target_acc)
+    compare.write_plan(path, facts, entries, target)
     for line in compare.header_lines(facts):
         print(fmt.wrap(line, _terminal_width()))
     print(f"comparison directory: {path}", flush=True)
@@ -333,7 +340,7 @@ def cmd_compare(args) -> int:
     if args.save_best:
         best = compare.fastest(comparison)
         if best is None:
-            print(f"--save-best: no strategy finished{' at the target accuracy' if comparison.target else ''}; "
+            print(f"--save-best: no strategy finished{' at the target ' + comparison.target.text if comparison.target else ''}; "
                   "nothing saved")
         else:
             from ..engine.presets import save_user_preset
@@ -548,9 +555,27 @@ def cmd_eval(args) -> int:
 
     where = f" ({epoch_at(res['epoch'], res.get('batches_done', 0))}, step {res['step']})" if "step" in res else ""
     print(f"checkpoint {ckpt}{where}")
-    print(f"  dataset {res.get('dataset')}: {res.get('samples')} samples, loss {res.get('loss'):.4f}, "
-          f"accuracy {100 * res.get('accuracy', 0):.2f}%")
+    print(f"  dataset {res.get('dataset')}: {res.get('samples')} samples, " + ", ".join(eval_metrics(res)))
     return EXIT_OK
+
+
+def eval_metrics(res: dict) -> list[str]:
+    """What engine.evaluate found, in words: the loss, the accuracy where the task is
+    classification, then the task's own metrics (perplexity, a loss callable's)."""
+    from ..engine.runs import fmt, metric
+
+    out = [] if fmt.real(res.get("loss")) is None else [f"loss {res['loss']:.4f}"]
+    if fmt.real(res.get("accuracy")) is not None:
+        out.append(f"accuracy {100 * res['accuracy']:.2f}%")
+    extra = dict(res.get("metrics") or {}) if isinstance(res.get("metrics"), dict) else {}
+    extra.update({k: v for k, v in res.items() if k not in _EVAL_FACTS and k not in extra})
+    for name, v in extra.items():
+        if fmt.real(v) is not None:
+            out.append(f"{metric.label(name)} {metric.show(name, fmt.real(v))}")
+    return out or ["no metrics"]
+
+
+_EVAL_FACTS = ("loss", "accuracy", "samples", "metrics", "dataset", "step", "epoch", "batches_done")
 
 
 def cmd_env(args) -> int:
@@ -679,7 +704,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N", help="optimizer steps per strategy")
     g.add_argument("--epochs", type=int, metavar="N", help="epochs per strategy")
-    s.add_argument("--target-acc", type=float, metavar="X", help="time each strategy to this validation accuracy (0-1)")
+    t = s.add_mutually_exclusive_group()
+    t.add_argument("--target", metavar="METRIC<=X",
+                   help="time each strategy to this validation metric: val_acc>=0.9, val_loss<=1.6, perplexity<=5")
+    t.add_argument("--target-acc", type=float, metavar="X", help="the same as --target val_acc>=X (0-1)")
     s.add_argument("--save-best", metavar="NAME",
                    help="save the fastest strategy that reached the target as user preset NAME")
     s.set_defaults(func=cmd_compare, node_rank=None)

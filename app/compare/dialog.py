@@ -1,5 +1,6 @@
 """Compare strategies, from Configure: which strategies (checkboxes), how long, and a target
-accuracy; the form's job is then run under each, one after another (engine.runs.compare.launch)."""
+(`val_acc>=0.9`, `val_loss<=1.6`, or an accuracy as a number: `torchdeck compare --target`'s text);
+the form's job is then run under each, one after another (engine.runs.compare.launch)."""
 from __future__ import annotations
 
 from textual.binding import Binding
@@ -7,7 +8,9 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from ...engine.errors import UsageError
 from ...engine.runs.compare import ALL_STRATEGIES
+from ...engine.runs.metric import parse_target
 
 DEFAULT = ("cpu", "ddp", "fsdp", "zero")
 
@@ -23,7 +26,7 @@ class Tick(Checkbox):
 
 
 class CompareDialog(ModalScreen["dict | None"]):
-    """Returns {"strategies": [...], "steps": int, "target": float | None}, or None when cancelled."""
+    """Returns {"strategies": [...], "steps": int, "target": metric.Target | None}, or None when cancelled."""
 
     # One line per checkbox, no border (a focused one is highlighted instead), in columns as wide
     # as their names: 'model-parallel' whole in a 64-column dialog at 80 columns.
@@ -35,6 +38,7 @@ class CompareDialog(ModalScreen["dict | None"]):
     CompareDialog .cmp-line { height: auto; }
     CompareDialog .cmp-line Label { padding: 1 1 0 0; }
     CompareDialog .cmp-line Input { width: 14; }
+    CompareDialog .cmp-line #cmp-target { width: 1fr; }
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
@@ -51,8 +55,8 @@ class CompareDialog(ModalScreen["dict | None"]):
             with Horizontal(classes="cmp-line"):
                 yield Label("steps each")
                 yield Input("50", id="cmp-steps", type="integer")
-                yield Label("target val acc")
-                yield Input("", id="cmp-target", placeholder="e.g. 0.6")
+                yield Label("target")
+                yield Input("", id="cmp-target", placeholder="e.g. 0.6, val_loss<=1.6")
             yield Static("", id="cmp-error", classes="field-msg -error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Compare", variant="primary", id="go")
@@ -75,12 +79,10 @@ class CompareDialog(ModalScreen["dict | None"]):
         text = self.query_one("#cmp-target", Input).value.strip()
         target = None
         if text:
-            try:
-                target = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
-            except ValueError:
-                target = -1.0
-            if not 0 < target <= 1:
-                return "target val acc: between 0 and 1 (0.6, or 60%), or empty"
+            try:  # the text `torchdeck compare --target` takes; a bare number is an accuracy (0.6, 60%)
+                target = parse_target(text)
+            except UsageError as exc:
+                return f"target: {exc}"
         return {"strategies": picked, "steps": steps, "target": target}
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

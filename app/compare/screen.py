@@ -1,6 +1,7 @@
 """The Compare screen: several runs side by side, a comparison directory (`torchdeck compare`)
 or runs marked in the Runs list. The table is engine.runs.compare's rows, the same numbers
-`torchdeck compare` prints; under it the runs' loss and validation-accuracy curves overlaid,
+`torchdeck compare` prints; under it the runs' loss and validation-accuracy curves overlaid (the
+validation loss where no run has an accuracy),
 one colour per run, x by step or by wall time (x toggles).
 
 The events files are read in a thread worker; while a run of it is live the screen reads them
@@ -57,7 +58,7 @@ class CompareScreen(Screen):
         self.rows: list[compare.Row] = []
         self.curves: list[compare.Curve] = []
         self.header: list[str] = []
-        self.target: float | None = None
+        self.target = None  # engine.runs.metric.Target of the comparison, if it has one
         self.x_by = "step"  # or "time"
         self.loaded = False
         self._timer = None
@@ -164,7 +165,8 @@ class CompareScreen(Screen):
             cells.append({k: Text(v, style=STATUS_STYLE.get(v, "") if k == "status" else "",
                                   justify="left" if k in ("strategy", "status", "mem") else "right")
                           for k, v in c.items()})
-        cols, widths, note = fitted(compare.columns(self.target), cells, self.app.size.width, compare.NARROW_DROP)
+        cols, widths, note = fitted(compare.columns(self.target, self.rows), cells, self.app.size.width,
+                                    compare.narrow_drop(self.rows))
         more = note[:-1] + f"; all in {compare.TABLE_FILE})" if note and self.comparison else note
         note = more if len(more) <= self.app.size.width - 2 else note
         for (key, label), w in zip(cols, widths):
@@ -191,8 +193,9 @@ class CompareScreen(Screen):
         legend.append(f"x: {'step' if self.x_by == 'step' else 'seconds since start'} (x toggles)", style="dim")
         self.query_one("#cmp-legend", Static).update(legend)
         at = 0 if self.x_by == "step" else 1
-        for wid, title, attr, scale, marker in (("#cmp-loss", "training loss", "loss", 1.0, "braille"),
-                                                ("#cmp-acc", "val acc %", "val_acc", 100.0, "dot")):
+        val = (("#cmp-acc", "val acc %", "val_acc", 100.0, "dot") if any(c.val_acc for c in self.curves)
+               or not any(c.val_loss for c in self.curves) else ("#cmp-acc", "val loss", "val_loss", 1.0, "dot"))
+        for wid, title, attr, scale, marker in (("#cmp-loss", "training loss", "loss", 1.0, "braille"), val):
             widget = self.query_one(wid, PlotextPlot)
             p = widget.plt
             p.clear_data()

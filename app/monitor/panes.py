@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
-from ...engine.runs import fmt
+from ...engine.runs import fmt, metric
 from ...engine.runs.view import RunView
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -157,18 +157,24 @@ def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Te
     else:
         eta = state.eta(now)
         t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
+    tok = state.tokens_per_s(now)  # batches with token ids (a language model), or a script that logs tokens
+    tok = "" if tok is None else f"  ·  {'mean ' if state.final else ''}{fmt.rate(tok)} tokens/s"
     if script:
-        t.append(f"  ·  {_script_rate(state, now)}  ·  step {step}")
+        t.append(f"  ·  {_script_rate(state, now)}{tok}  ·  step {step}")
     else:
-        t.append(f"  ·  {state.rate_text(now)}  ·  step {step}/{total or '?'}")
+        t.append(f"  ·  {state.rate_text(now)}{tok}  ·  step {step}/{total or '?'}")
     if state.total_epochs:
         t.append(f"  ·  epoch {max(1, state.epoch())}/{state.total_epochs}")
-    val = state.latest_val_acc()
-    if val is not None:
-        t.append("  ·  val acc ")
-        t.append(fmt.pct(val), style="bold")
-        if state.best_val_acc is not None and state.best_val_acc > val + 1e-9:
-            t.append(f" (best {fmt.pct(state.best_val_acc)})")
+    main = state.main()  # accuracy for classification, else the validation loss (metric.main_of)
+    if main is not None:
+        name, value, best = main
+        t.append(f"  ·  {metric.label(name)} ")
+        t.append(metric.show(name, value), style="bold")
+        if best is not None:
+            t.append(f" (best {metric.show(name, best)})")
+        ppl = state.latest("perplexity") if name == metric.LOSS else None
+        if ppl is not None:
+            t.append(f"  ·  perplexity {metric.show('perplexity', ppl)}")
     if state.root_cause and st.ended_early:
         t.append("\n")
         t.append(f" root cause: {state.root_cause}", style="red" if st.went_wrong else "yellow")
@@ -302,12 +308,22 @@ def host_text(host, state: RunView, width: int, why_none: str = "") -> Text:
 # ----------------------------------------------------------------------------- ranks
 
 
-def rank_header(width: int) -> Text:
+def task_cols(state: RunView | None) -> tuple[bool, bool]:
+    """(an accuracy column, tokens/s in the rate column): a task without accuracy (a language
+    model, a regression) leaves tr.acc blank, and batches with token ids count tokens/s."""
+    if state is None:
+        return True, False
+    return state.has_accuracy is not False, any(r.tokens_per_s is not None for r in state.rank_list())
+
+
+def rank_header(width: int, state: RunView | None = None) -> Text:
     cols = _rank_cols(width)
+    acc, tokens = task_cols(state)
     dev = f"{'device':<{cols['dev']}}" if cols["dev"] else ""
     mem = f" {'a-red':>5} {'mem':>6}" if cols["dev"] else ""
     return Text(f"{'rank':<5}{dev}{'ep':>3} {'progress':<{cols['bar'] + 1 + cols['steps']}} "
-                f"{'loss':>8} {'tr.acc':>6} {'samples/s':>10} {'wait':>5}{mem} {'seen':>11}", style="bold")
+                f"{'loss':>8} {'tr.acc' if acc else '':>6} {'tokens/s' if tokens else 'samples/s':>10} "
+                f"{'wait':>5}{mem} {'seen':>11}", style="bold")
 
 
 def _rank_cols(width: int) -> dict:
@@ -364,8 +380,9 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     style = "red" if r.failed_exit else "green" if (total and r.step >= total) else "cyan"
     t.append_text(bar(frac, cols["bar"], style))
     t.append(f" {str(r.step) + '/' + (str(total) if total else '?'):<{cols['steps']}}")
-    t.append(f" {fmt.num(r.loss):>8} {fmt.pct(r.acc):>6}")
-    t.append(f" {r.samples_per_s:>10,.0f}")
+    acc, tokens = task_cols(state)
+    t.append(f" {fmt.num(r.loss):>8} {fmt.pct(r.acc) if acc else '':>6}")
+    t.append(f" {fmt.rate(r.tokens_per_s) if tokens else format(r.samples_per_s, ',.0f'):>10}")
     t.append(f" {'-' if r.data_wait is None else format(100 * r.data_wait, '.0f') + '%':>5}")
     if cols["dev"]:  # share of time in the all-reduce (waiting for the others), then device memory
         t.append(f" {'-' if r.comm_wait is None else format(100 * r.comm_wait, '.0f') + '%':>5}")
@@ -459,8 +476,8 @@ class RanksPane(Vertical):
 
     def show(self, state: RunView, now: float) -> None:
         width = self.query_one("#rank-head", TextPane).width(120)
-        head = script_rank_header if state.run_kind == "script" else rank_header
-        self.query_one("#rank-head", TextPane).show(head(width))
+        head = script_rank_header(width) if state.run_kind == "script" else rank_header(width, state)
+        self.query_one("#rank-head", TextPane).show(head)
         rows = self.query_one("#rank-rows", Vertical)
         have = {w.rank: w for w in rows.children if isinstance(w, RankRow)}
         ranks = state.rank_list()
@@ -494,8 +511,8 @@ class RankRow(TextPane):
 
 
 class Curves(Horizontal):
-    """Loss and accuracy plots; plotext is costly, so they redraw at most once a second and only
-    when a point was added."""
+    """Loss and accuracy plots (a task without accuracy: its extra metrics instead, or the loss
+    alone); plotext is costly, so they redraw at most once a second and only when a point was added."""
 
     def compose(self):
         from textual_plotext import PlotextPlot
@@ -515,38 +532,67 @@ class Curves(Horizontal):
 
         loss = self.query_one("#plot-loss", PlotextPlot)
         acc = self.query_one("#plot-acc", PlotextPlot)
-        empty = not state.steps.points and not state.epochs
+        empty = not state.steps.points and not state.epochs and not state.step_metrics
         self.query_one("#curves-empty").display = empty
-        loss.display = acc.display = not empty
+        ep = [state.epochs[k] for k in sorted(state.epochs)]
+        accuracy = bool(state.step_acc.points) or any(e.train_acc is not None or e.val_acc is not None for e in ep)
+        extra = metric_series(state, ep) if not accuracy else {}
+        loss.display = not empty
+        acc.display = not empty and (accuracy or bool(extra))  # neither: the loss takes the width
         if empty:
             return
-        ep = [state.epochs[k] for k in sorted(state.epochs)]
         # No legend inside the plots (it covered the newest points, top left or right): the title
         # says which mark is which.
         series = {
-            loss: ("loss  ⠿ step o epoch x val", 1.0, state.steps.points,
+            loss: ("loss  ⠿ step o epoch x val", 1.0, [(state.steps.points,
                    [(e.step, e.train_loss) for e in ep if e.train_loss is not None],
-                   [(e.step, e.val_loss) for e in ep if e.val_loss is not None]),
-            acc: ("acc %  ⠿ step o epoch x val", 100.0, state.step_acc.points,
+                   [(e.step, e.val_loss) for e in ep if e.val_loss is not None])]),
+            acc: ("acc %  ⠿ step o epoch x val", 100.0, [(state.step_acc.points,
                   [(e.step, e.train_acc) for e in ep if e.train_acc is not None],
-                  [(e.step, e.val_acc) for e in ep if e.val_acc is not None]),
+                  [(e.step, e.val_acc) for e in ep if e.val_acc is not None])]),
         }
-        for widget, (title, scale, steps, train, val) in series.items():
+        if extra:  # a task without accuracy: its own metrics, one colour each, named in the title
+            room = max(12, self.size.width // 2 - 10)  # plotext leaves out a title wider than its plot
+            names = " / ".join(metric.label(k) for k in extra)
+            title = names + "  ⠿ step o epoch x val" if len(names) + 23 <= room else names
+            series[acc] = (title if len(title) <= room else title[:room - 1] + "…", 1.0, list(extra.values()))
+        for widget, (title, scale, lines) in series.items():
             p = widget.plt
             p.clear_data()
             p.clear_figure()
             p.title(title)
             p.xlabel("step")
-            xs = [x for x, _ in steps] + [x for x, _ in train] + [x for x, _ in val]
-            if steps:
-                p.plot([x for x, _ in steps], [scale * y for _, y in steps], marker="braille")
-            for pts, marker in ((train, "o"), (val, "x")):
-                if pts:
-                    p.scatter([x for x, _ in pts], [scale * y for _, y in pts], marker=marker)
+            xs = []
+            for i, (steps, train, val) in enumerate(lines):
+                colour = {"color": METRIC_COLOURS[i % len(METRIC_COLOURS)]} if extra and widget is acc else {}
+                xs += [x for x, _ in steps] + [x for x, _ in train] + [x for x, _ in val]
+                if steps:
+                    p.plot([x for x, _ in steps], [scale * y for _, y in steps], marker="braille", **colour)
+                for pts, marker in ((train, "o"), (val, "x")):
+                    if pts:
+                        p.scatter([x for x, _ in pts], [scale * y for _, y in pts], marker=marker, **colour)
             ticks = step_ticks(min(xs), max(xs)) if xs else []
             if ticks:
                 p.xticks(ticks, [str(t) for t in ticks])
             widget.refresh()
+
+
+METRIC_COLOURS = ("cyan", "magenta", "yellow", "green")  # at most this many extra metrics are plotted
+
+
+def metric_series(state: RunView, ep: list) -> dict:
+    """A task's extra metrics as curves: name -> (step points, epoch-end train points, val
+    points); the step events' metrics (the curve's rank) and the epochs' train_metrics and
+    val_metrics (perplexity) by the same name, the first METRIC_COLOURS of them."""
+    names = list(state.step_metrics)
+    for e in ep:
+        names += [k for k in list(e.train_metrics) + list(e.val_metrics) if k not in names]
+    out = {}
+    for name in names[:len(METRIC_COLOURS)]:
+        steps = state.step_metrics[name].points if name in state.step_metrics else []
+        out[name] = (steps, [(e.step, e.train_metrics[name]) for e in ep if name in e.train_metrics],
+                     [(e.step, e.val_metrics[name]) for e in ep if name in e.val_metrics])
+    return out
 
 
 def step_ticks(lo: float, hi: float, most: int = 5) -> list[int]:

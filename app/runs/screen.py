@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable
+from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable, val_label
 from ...engine.runs.fmt import fit_columns
 from ...engine.runs.layout import runs_root
 
@@ -93,7 +93,7 @@ class RunsScreen(Screen):
         self._timer = None
         self._suspended = False
         self.marked: set[str] = set()  # keys of the runs marked for comparing
-        self.shown: tuple = ()  # (column keys, widths) the table has now
+        self.shown: tuple = ()  # (column keys, widths, labels) the table has now
         self._cells: dict[str, dict[str, Text]] = {}  # what it shows of each run
 
     @property
@@ -189,9 +189,10 @@ class RunsScreen(Screen):
         if len(rows) + 1 > table.size.height > 0:  # a vertical scrollbar takes its share
             width -= table.styles.scrollbar_size_vertical
         # as `torchdeck runs`: no column that no run fills (--set, most often), then the fit
-        cols = [(k, label) for k, label in COLUMNS if not cells or any(c[k].plain for c in cells)]
+        val = val_label(rows, "Val acc", "Val loss", "Val acc/loss")  # the run's main metric (catalog's rule)
+        cols = [(k, val if k == "val" else label) for k, label in COLUMNS if not cells or any(c[k].plain for c in cells)]
         cols, widths, note = fitted(cols, cells, width, NARROW_DROP)
-        shown = (tuple(k for k, _ in cols), tuple(widths))
+        shown = (tuple(k for k, _ in cols), tuple(widths), tuple(label for _, label in cols))
         if shown == self.shown and old_keys == new_keys and table.row_count == len(rows):
             for r, c in zip(rows, cells):
                 before = self._cells.get(r.key, {})

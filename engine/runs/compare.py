@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import events
-from . import fmt
+from . import fmt, metric
 from .layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from .view import RunView
 from ..strategies import global_batch, world_size
@@ -54,6 +54,9 @@ class Row:
     mem_kind: str = "RSS"  # RSS (CPU) or allocated (GPU)
     time_to_target_s: float | None = None  # from the run's start to the first eval at the target
     final_val_acc: float | None = None
+    main: str | None = None  # its main validation metric (metric.main_of): val_acc, val_loss; None: no eval yet
+    final_main: float | None = None  # that metric's newest value
+    tokens_per_s: float | None = None  # global, warm-up left out; None: its batches carry no token ids
     steps: int = 0
     warmup_steps: int = 0
     reason: str | None = None  # why it was skipped, or the root cause of a failure
@@ -63,7 +66,7 @@ class Row:
     def name(self) -> str:
         return self.label or self.strategy
 
-    def cells(self, target: float | None = None) -> dict[str, str]:
+    def cells(self, target=None) -> dict[str, str]:
         """The row as words, the same in the CLI, compare.md and the app."""
         mem = self.peak_mem_mb
         if not mem:
@@ -78,22 +81,30 @@ class Row:
             "world": "-" if self.world is None else str(self.world),
             "batch": "-" if self.global_batch is None else str(self.global_batch),
             "rate": fmt.rate(self.samples_per_s),
+            "tokens": fmt.rate(self.tokens_per_s),
             "ratio": "-" if self.ratio is None else f"{self.ratio:.2f}x",
             "step": "-" if self.step_s is None else f"{1000 * self.step_s:.1f} ms",
             "wait": fmt.pct(self.data_wait),
             "mem": mem_s,
             "target": (fmt.duration(self.time_to_target_s) if self.time_to_target_s is not None
-                       else "not reached" if target is not None and self.run and self.final_val_acc is not None
+                       else "not reached" if target is not None and self.run and self.main is not None
                        else "-"),
-            "val": fmt.pct(self.final_val_acc),
+            "val": metric.show(self.main or metric.ACC, self.final_main),
         }
 
 
-def columns(target: float | None = None) -> tuple[tuple[str, str], ...]:
+def columns(target=None, rows=None) -> tuple[tuple[str, str], ...]:
+    """The table's columns: TOKENS/S where a row counts tokens, the target as given (`TO 90%` for
+    an accuracy, `TO val_loss<=1.6`), and the main metric's name (VAL ACC, VAL LOSS)."""
+    rows = list(rows or [])
+    target = None if target is None else metric.parse_target(target)
+    kinds = {r.main for r in rows if r.main is not None}
+    val = "VAL ACC" if metric.LOSS not in kinds else "VAL LOSS" if metric.ACC not in kinds else "VAL ACC/LOSS"
+    tokens = (("tokens", "TOKENS/S"),) if any(r.tokens_per_s for r in rows) else ()
     return (("strategy", "STRATEGY"), ("status", "STATUS"), ("world", "WORLD"), ("batch", "GLOBAL BATCH"),
-            ("rate", "SAMPLES/S"), ("ratio", "VS FIRST"), ("step", "STEP"), ("wait", "DATA WAIT"),
-            ("mem", "PEAK MEM/RANK"),
-            ("target", "TO " + (fmt.pct(target, 0) if target is not None else "TARGET")), ("val", "VAL ACC"))
+            ("rate", "SAMPLES/S"), *tokens, ("ratio", "VS FIRST"), ("step", "STEP"), ("wait", "DATA WAIT"),
+            ("mem", "PEAK MEM/RANK"), ("target", "TO " + (target.short if target is not None else "TARGET")),
+            ("val", val))
 
 
 def _view(rd: RunDir) -> RunView:
@@ -106,7 +117,7 @@ def _view(rd: RunDir) -> RunView:
     return view
 
 
-def measure(run, strategy: str | None = None, target: float | None = None) -> Row:
+def measure(run, strategy: str | None = None, target=None) -> Row:
     """One run's row, from its events and status files. The rate is the global batch over the
     time per optimizer step of the lowest rank, summed over its logged windows after the first
     (each step event covers the steps since the one before; evaluation is not in any window)."""
@@ -135,7 +146,14 @@ def measure(run, strategy: str | None = None, target: float | None = None) -> Ro
                 row.samples_per_s = row.global_batch / row.step_s
         total = sum(r.timed_s for r in timed)
         row.data_wait = sum(r.timed_wait_s for r in timed) / total if total > 0 else None
+    per_sample = [r.mean_tokens_per_s / r.mean_samples_per_s for r in ranks
+                  if r.mean_tokens_per_s > 0 and r.mean_samples_per_s > 0]
+    if per_sample and row.samples_per_s:  # tokens per sample as the ranks counted them, at the row's rate
+        row.tokens_per_s = row.samples_per_s * sum(per_sample) / len(per_sample)
     row.final_val_acc = view.latest_val_acc()
+    main = view.main()
+    if main is not None:
+        row.main, row.final_main = main[0], main[1]
     row.time_to_target_s = None if target is None else view.reached(target)
     return row
 
@@ -155,21 +173,25 @@ class Curve:
     label: str
     loss: list = field(default_factory=list)
     val_acc: list = field(default_factory=list)
+    val_loss: list = field(default_factory=list)
 
 
 def curves(run, label: str | None = None) -> Curve:
-    """Training loss (the lowest rank's step events) and validation accuracy (epoch ends)."""
+    """Training loss (the lowest rank's step events), validation accuracy and loss (epoch ends)."""
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
     view = RunView.replay(events.iter_events(rd.events_path), timed=True)
     losses = view.timed_losses()
     accs = [(p.step, p.t, p.val_acc) for _, p in sorted(view.epochs.items())
             if p.rank in (0, -1) and p.val_acc is not None and p.t is not None]
+    vloss = [(p.step, p.t, p.val_loss) for _, p in sorted(view.epochs.items())
+             if p.rank in (0, -1) and p.val_loss is not None and p.t is not None]
     start = view.started_t
     if start is None:  # no run_started event: the first point's time
         start = min([t for _, t, _ in losses[:1] + accs[:1]], default=0.0)
     c = Curve(label or rd.short_name)
     c.loss = [(step, t - start, loss) for step, t, loss in losses]
     c.val_acc = [(step, t - start, acc) for step, t, acc in accs]
+    c.val_loss = [(step, t - start, v) for step, t, v in vloss]
     return c
 
 
@@ -185,11 +207,22 @@ class Comparison:
     rows: list
 
     @property
-    def target(self) -> float | None:
-        return fmt.real(self.plan.get("target_acc"))
+    def target(self) -> metric.Target | None:
+        return plan_target(self.plan)
 
     def header(self) -> list[str]:
         return header_lines(self.plan)
+
+
+def plan_target(plan: dict) -> metric.Target | None:
+    """A plan's target: its `target` text (val_loss<=1.6), or the `target_acc` of older plans."""
+    for value in (plan.get("target"), fmt.real(plan.get("target_acc"))):
+        if value is not None:
+            try:
+                return metric.parse_target(value)
+            except Exception:  # a hand-edited plan: no target rather than no table
+                continue
+    return None
 
 
 def read_plan(path) -> dict:
@@ -204,7 +237,7 @@ def load(path) -> Comparison:
     """The rows of a comparison directory, measured now from its runs (a live one too)."""
     path = Path(path)
     plan = read_plan(path)
-    target = fmt.real(plan.get("target_acc"))
+    target = plan_target(plan)
     rows = []
     for e in plan.get("entries") or []:
         if not isinstance(e, dict):
@@ -223,7 +256,7 @@ def load(path) -> Comparison:
     return Comparison(path, plan, tell_apart(with_ratios(rows)))
 
 
-def of_runs(paths, target: float | None = None) -> list[Row]:
+def of_runs(paths, target=None) -> list[Row]:
     """Rows for runs picked by hand (the Runs list's marks), in the order given; runs of the same
     strategy are told apart (tell_apart)."""
     return tell_apart(with_ratios([measure(p, None, target) for p in paths]))
@@ -270,16 +303,24 @@ def header_lines(plan: dict) -> list[str]:
 NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
 
 
-def table_lines(rows: list[Row], target: float | None = None, width: int | None = None) -> list[str]:
+def narrow_drop(rows) -> tuple[str, ...]:
+    """NARROW_DROP, with TOKENS/S (after STEP) where the rows have that column."""
+    if not any(r.tokens_per_s for r in rows):
+        return NARROW_DROP
+    i = NARROW_DROP.index("step") + 1
+    return NARROW_DROP[:i] + ("tokens",) + NARROW_DROP[i:]
+
+
+def table_lines(rows: list[Row], target=None, width: int | None = None) -> list[str]:
     """The table as aligned text, then one line per skipped or failed row saying why. With a
     width (a terminal's), columns are left out until a row fits on one line."""
-    out = fmt.fit_table(list(columns(target)), [r.cells(target) for r in rows], width, NARROW_DROP, TABLE_FILE)
+    out = fmt.fit_table(list(columns(target, rows)), [r.cells(target) for r in rows], width, narrow_drop(rows), TABLE_FILE)
     out += [f"{r.name}: {r.status}: {r.reason}" for r in rows if r.reason]
     return out
 
 
 def markdown(comparison: Comparison) -> str:
-    cols = columns(comparison.target)
+    cols = columns(comparison.target, comparison.rows)
     lines = [f"# {comparison.header()[0]}", ""] + [ln for ln in comparison.header()[1:]] + [""]
     lines.append("| " + " | ".join(label for _, label in cols) + " |")
     lines.append("|" + "---|" * len(cols))
@@ -422,8 +463,12 @@ def new_dir(preset_name: str, root: Path | None = None) -> Path:
     return new_group_dir("compare", preset_name, root)
 
 
-def write_plan(path: Path, facts: dict, entries: list[Entry], target: float | None) -> dict:
-    data = dict(facts, target_acc=target, created=time.time(), entries=[
+def write_plan(path: Path, facts: dict, entries: list[Entry], target) -> dict:
+    """compare.json's plan. The target is kept as its text (`target`: val_loss<=1.6) and, for an
+    accuracy target, also as `target_acc`, the number older readers know."""
+    target = None if target is None else metric.parse_target(target)
+    acc = target.value if target is not None and target.name == metric.ACC and target.op == ">=" else None
+    data = dict(facts, target=None if target is None else target.text, target_acc=acc, created=time.time(), entries=[
         {"strategy": e.strategy, "run": None, "skipped": e.skipped,
          "world": world_size(e.cfg) if e.cfg is not None else None,
          "global_batch": global_batch(e.cfg) if e.cfg is not None else None} for e in entries])
@@ -487,7 +532,7 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
 
 
 def launch(job, strategies: list[str], steps: int | None = None, epochs: int | None = None,
-           target: float | None = None, root: Path | None = None, hw=None) -> Path:
+           target=None, root: Path | None = None, hw=None) -> Path:
     """Start a comparison of the config `job` that outlives the caller (the app): the plan is made
     here, so a refusal is an exception and nothing starts; then `python -m torchdeck.engine.runs.compare DIR`
     runs it in its own session. Returns the comparison directory."""

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from . import fleet, fmt
+from . import fleet, fmt, metric
 from .status import Status
 from .view import RankState, RunView
 
@@ -53,6 +53,25 @@ def _head(view: RunView, now: float, step_text: str) -> list[tuple[int, str]]:
     return parts
 
 
+def _task_parts(view: RunView, now: float) -> list[tuple[int, str]]:
+    """What the task adds to a header: tokens/s where the batches carry token ids, the main
+    validation metric (`val 93.4%` for an accuracy, `val loss 1.6021` for a task without one) and
+    the extra metrics the run sends (a loss callable's, a script's torchdeck.log numbers)."""
+    parts = []
+    tok = view.tokens_per_s(now)
+    if tok is not None:
+        parts.append((3, f"{'mean ' if view.final else ''}{fmt.rate(tok)} tokens/s"))
+    main = view.main()
+    if main is not None:
+        name, value, _ = main
+        parts.append((4, f"val {metric.show(name, value)}" if name == metric.ACC
+                      else f"{metric.label(name)} {metric.show(name, value)}"))
+    extra = view.metrics_now()
+    if extra:
+        parts.append((8, "  ".join(f"{metric.label(k)} {fmt.num(v, '.4g')}" for k, v in list(extra.items())[:4])))
+    return parts
+
+
 def header(view: RunView, now: float, width: int) -> str:
     """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
     parts go first when the terminal is narrow."""
@@ -63,16 +82,14 @@ def header(view: RunView, now: float, width: int) -> str:
     if len(parts) == 5 and not view.final:  # neither starting nor stalled
         parts.append((3, f"ETA {fmt.duration(view.eta(now))}"))
     parts.append((2, view.rate_text(now)))
-    val = view.latest_val_acc()
-    if val is not None:
-        parts.append((4, f"val {fmt.pct(val)}"))
+    parts += _task_parts(view, now)
     while len(parts) > 1 and len(" | ".join(p for _, p in parts)) > width:
         parts.remove(max(parts, key=lambda p: p[0]))
     return _fit(" | ".join(p for _, p in parts), width)
 
 
 # columns of a rank line, in the order they are dropped when the terminal is narrow
-_OPTIONAL = ("device", "comm", "wait", "loss", "epoch")
+_OPTIONAL = ("device", "comm", "wait", "tokens", "loss", "epoch")
 
 
 def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
@@ -86,6 +103,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
         "steps": f"{r.step:>5}/{total or '?':<5}",
         "loss": f"loss {fmt.num(r.loss)}",
         "rate": f"{fmt.rate(r.samples_per_s):>6}/s",
+        "tokens": "" if r.tokens_per_s is None else f"{fmt.rate(r.tokens_per_s):>7} tok/s",
         "wait": f"wait {fmt.pct(r.data_wait, 0):>4}",
         "comm": "" if r.comm_wait is None else f"all-reduce {fmt.pct(r.comm_wait, 0):>4}",
     }
@@ -97,7 +115,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
         tail = f"STALE {fmt.ago(now - r.last_seen)}"
     else:
         tail = ""
-    order = ["rank", "device", "epoch", "bar", "steps", "loss", "rate", "wait", "comm"]
+    order = ["rank", "device", "epoch", "bar", "steps", "loss", "rate", "tokens", "wait", "comm"]
     dropped: set = set()
 
     def build(bar_w: int) -> str:
@@ -237,12 +255,13 @@ def summary(view: RunView, now: float) -> list[str]:
     if view.run_kind == "script":
         lines = script_summary(view, now)
     else:
-        val = view.latest_val_acc()
+        main = view.main()
         acc = ""
-        if val is not None:
-            acc = f"; val accuracy {fmt.pct(val)}"
-            if view.best_val_acc is not None and view.best_val_acc > val + 1e-9:
-                acc += f" (best {fmt.pct(view.best_val_acc)})"
+        if main is not None and main[0] == metric.ACC:
+            _, val, best = main
+            acc = f"; val accuracy {fmt.pct(val)}" + (f" (best {fmt.pct(best)})" if best is not None else "")
+        elif main is not None:  # a task without accuracy: its loss (and perplexity)
+            acc = f"; {view.main_text()}"
         lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}{acc}"]
     if view.status in (Status.FAILED, Status.LOST):
         lines.append(f"root cause: {view.root_cause or 'unknown (see the rank logs)'}")
@@ -293,6 +312,7 @@ def script_header(view: RunView, now: float, width: int) -> str:
     step, total = view.progress()
     parts = _head(view, now, f"step {step}/{total}" if total else f"step {step}")
     parts.append((2, script_rate_text(view, now)))
+    parts += [p for p in _task_parts(view, now) if not p[1].endswith("tokens/s")]  # the pace says tokens/s already
     while len(parts) > 1 and len(" | ".join(p for _, p in parts)) > width:
         parts.remove(max(parts, key=lambda p: p[0]))
     text = " | ".join(p for _, p in parts)

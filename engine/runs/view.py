@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..events import epoch_number
-from . import fmt
+from . import fmt, metric
 from .fleet import Fleet
 from .status import FINAL, Status, decide
 
@@ -45,7 +45,8 @@ class RankState:
     val_acc: float | None = None
     samples_per_s: float = 0.0
     steps_per_s: float | None = None  # a user's script (step hook): optimizer steps/s over its last window
-    tokens_per_s: float | None = None  # a user's script, what torchdeck.log said last
+    tokens_per_s: float | None = None  # what its last step event said (the batch carries token ids, or torchdeck.log)
+    metrics: dict = field(default_factory=dict)  # {name: float} its step events' extra metrics, the newest of each
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
     comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
@@ -61,6 +62,8 @@ class RankState:
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
     _rates: int = 0  # step-window rates it reported, and the sum of their inverses: each window
     _inv_rate_sum: float = 0.0  # is the same number of samples, so their harmonic mean is its mean rate
+    _tok_rates: int = 0  # the same for tokens/s
+    _inv_tok_sum: float = 0.0
     warmup_steps: int | None = None  # the step of its first timed window: warm-up, left out of the sums below
     timed_steps: int = 0  # steps of its timed windows after warm-up (the run's rate: engine.runs.compare)
     timed_s: float = 0.0  # their data_wait_s + compute_s (training only: evaluation is in no window)
@@ -76,6 +79,16 @@ class RankState:
     @property
     def mean_samples_per_s(self) -> float:
         return self._rates / self._inv_rate_sum if self._rates else 0.0
+
+    def add_tokens(self, tokens_per_s: float) -> None:
+        self.tokens_per_s = tokens_per_s
+        if tokens_per_s > 0:
+            self._tok_rates += 1
+            self._inv_tok_sum += 1.0 / tokens_per_s
+
+    @property
+    def mean_tokens_per_s(self) -> float:
+        return self._tok_rates / self._inv_tok_sum if self._tok_rates else 0.0
 
     def add_window(self, step: int, wall_s: float, wait_s: float) -> None:
         """A step event that timed its window (the steps since the one before): the first is warm-up
@@ -124,6 +137,21 @@ class EpochPoint:
     val_acc: float | None
     t: float | None = None  # when it ended (event time)
     rank: int = -1  # whose it is: 0, else -1 (the supervisor's), else the first rank to send it
+    val_metrics: dict = field(default_factory=dict)  # {name: float}: perplexity, a loss callable's own
+    train_metrics: dict = field(default_factory=dict)
+
+
+def epoch_text(p: EpochPoint) -> str:
+    """An epoch's figures as the log says them: train loss 0.3 acc 91.0%, val loss 0.4 acc 89.5%
+    for classification; a task without accuracy names its loss and its own metrics instead
+    (train loss 2.1, val loss 1.9 perplexity 6.7)."""
+    classify = p.train_acc is not None or p.val_acc is not None
+
+    def part(loss, acc, extra) -> str:
+        out = f"loss {fmt.num(loss)}" + (f" acc {fmt.pct(acc)}" if classify else "")
+        return out + "".join(f" {metric.label(k)} {metric.show(k, v)}" for k, v in extra.items())
+
+    return f"train {part(p.train_loss, p.train_acc, p.train_metrics)}, val {part(p.val_loss, p.val_acc, p.val_metrics)}"
 
 
 # A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
@@ -189,6 +217,18 @@ def _text(v, default: str = "") -> str:
     return default if v is None else str(v)
 
 
+def _numbers(v) -> dict:
+    """An event's {name: number} (metrics, val_metrics): the names whose values are numbers."""
+    if not isinstance(v, dict):
+        return {}
+    out = {}
+    for k, x in v.items():
+        x = _f(x)
+        if x is not None:
+            out[str(k)] = x
+    return out
+
+
 @dataclass
 class RunView:
     run: str = ""
@@ -225,6 +265,10 @@ class RunView:
     step_acc: Thinned = field(default_factory=Thinned)  # (step, train batch accuracy)
     step_t: Thinned | None = None  # (step, (event time, rank)) of each point of `steps`: replay(timed=True)
     best_val_acc: float | None = None
+    best_val_loss: float | None = None
+    has_accuracy: bool | None = None  # the task is classification: True once an accuracy came, False once a loss came without one
+    loss_rule: str = ""  # the loss the run decided on, as it said it (run_started's loss, or rank 0's "loss: ..." line)
+    step_metrics: dict = field(default_factory=dict)  # name -> Thinned (step, value): the curve rank's extra metrics
     elapsed_s: float | None = None  # how long the run took, as it recorded it (run_finished)
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
@@ -297,6 +341,8 @@ class RunView:
         # (end_epoch, engine.preflight.Length; older run directories carry only epochs)
         self.total_epochs = _i(ev.get("end_epoch"), 0) or _i(ev.get("epochs"), 0) or None
         self.started_t = t
+        loss = ev.get("loss")
+        self.loss_rule = loss if isinstance(loss, str) and loss else self.loss_rule
         for st in self.ranks.values():
             st.total_steps = st.total_steps or self.total_steps
         port = ev.get("master_port")
@@ -378,13 +424,21 @@ class RunView:
         st.loss = st.loss if script_hook else loss
         acc = _f(ev.get("accuracy"))
         st.acc = acc if acc is not None else st.acc
+        if acc is not None:
+            self.has_accuracy = True
+        elif loss is not None and self.has_accuracy is None and self.run_kind != "script":
+            self.has_accuracy = False  # the loop says a batch's accuracy wherever the task has one
         rate = _f(ev.get("samples_per_s"))
         if rate is not None or "steps_per_s" not in ev:  # the hook's null: the last log() rate stands
             st.add_rate(rate or 0.0)
         sps = _f(ev.get("steps_per_s"))
         st.steps_per_s = sps if sps is not None else st.steps_per_s
         tok = _f(ev.get("tokens_per_s"))
-        st.tokens_per_s = tok if tok is not None else st.tokens_per_s
+        if tok is not None:
+            st.add_tokens(tok)
+        metrics = _numbers(ev.get("metrics"))
+        if metrics:
+            st.metrics = {**st.metrics, **metrics}  # a new dict: a snapshot keeps the one it copied
         wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
@@ -404,6 +458,10 @@ class RunView:
             if acc is not None:
                 self.step_acc.add(st.step, acc)
             self.curve_version += 1
+        if st.rank == self._curve_rank and metrics:  # a script logs metrics without a loss too
+            for name, v in metrics.items():
+                self.step_metrics.setdefault(name, Thinned(self.steps.cap)).add(st.step, v)
+            self.curve_version += 1
 
     def _on_epoch_end(self, ev, t) -> None:
         r = _rank_of(ev.get("rank", -1) if ev.get("rank") is not None else -1)
@@ -418,15 +476,20 @@ class RunView:
         if have is None or r == 0:
             p = self.epochs[epoch] = EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
                                                 _f(ev.get("train_acc")), _f(ev.get("val_loss")), val_acc,
-                                                t, r)
-            if val_acc is not None and (self.best_val_acc is None or val_acc > self.best_val_acc):
-                self.best_val_acc = val_acc
+                                                t, r, _numbers(ev.get("val_metrics")), _numbers(ev.get("train_metrics")))
+            self._best(p)
             self.curve_version += 1
             if have is None:
                 of = f"/{self.total_epochs}" if self.total_epochs else ""
-                self._log(t, "info", None,
-                          f"epoch {epoch}{of} done at step {p.step}: train loss {fmt.num(p.train_loss)} "
-                          f"acc {fmt.pct(p.train_acc)}, val loss {fmt.num(p.val_loss)} acc {fmt.pct(p.val_acc)}")
+                self._log(t, "info", None, f"epoch {epoch}{of} done at step {p.step}: {epoch_text(p)}")
+
+    def _best(self, p: EpochPoint) -> None:
+        if p.val_acc is not None or p.train_acc is not None:
+            self.has_accuracy = True
+        if p.val_acc is not None and (self.best_val_acc is None or p.val_acc > self.best_val_acc):
+            self.best_val_acc = p.val_acc
+        if p.val_loss is not None and (self.best_val_loss is None or p.val_loss < self.best_val_loss):
+            self.best_val_loss = p.val_loss
 
     def _on_checkpoint(self, ev, t) -> None:
         self._log(t, "info", ev.get("rank") if ev.get("rank") is None else _rank_of(ev.get("rank")),
@@ -438,6 +501,8 @@ class RunView:
         rank = None if ev.get("rank") is None else _rank_of(ev.get("rank"))
         if rank is None and msg.startswith("stop requested"):
             self.stop_requested = True
+        if msg.startswith("loss: ") and rank in (0, None) and level == "info":
+            self.loss_rule = msg[6:].strip()  # the loss the run decided on (rank 0 says it once)
         self._log(t, level, rank, msg)
 
     def _on_error(self, ev, t) -> None:
@@ -515,6 +580,9 @@ class RunView:
             st.step = _i(rep.get("step"), st.step)
             st.total_steps = st.total_steps or self.total_steps
             st.add_rate(_f(rep.get("samples_per_s")) or 0.0)
+            tok = _f(rep.get("tokens_per_s"))
+            if tok is not None:
+                st.add_tokens(tok)
             wait = _f(rep.get("data_wait"))
             if wait is not None:
                 st.data_wait = wait if 0.0 <= wait <= 1.0 else None
@@ -555,11 +623,11 @@ class RunView:
                         self.step_acc.add(_i(ev.get("step")), acc)
                 elif kind == "epoch_end" and ev.get("rank") in (0, None) and _i(ev.get("step"), upto_step + 1) <= upto_step:
                     epoch = epoch_number(ev.get("epoch"), 1)
-                    val = _f(ev.get("val_acc"))
-                    self.epochs.setdefault(epoch, EpochPoint(epoch, _i(ev.get("step")), _f(ev.get("train_loss")),
-                                                             _f(ev.get("train_acc")), _f(ev.get("val_loss")), val))
-                    if val is not None and (self.best_val_acc is None or val > self.best_val_acc):
-                        self.best_val_acc = val
+                    p = self.epochs.setdefault(epoch, EpochPoint(
+                        epoch, _i(ev.get("step")), _f(ev.get("train_loss")), _f(ev.get("train_acc")),
+                        _f(ev.get("val_loss")), _f(ev.get("val_acc")), val_metrics=_numbers(ev.get("val_metrics")),
+                        train_metrics=_numbers(ev.get("train_metrics"))))
+                    self._best(p)
             except (TypeError, ValueError, OverflowError):
                 continue
         if n:
@@ -768,22 +836,74 @@ class RunView:
             out.append((what, max(0.0, t1 - t0)))
         return out
 
-    def latest_val_acc(self) -> float | None:
+    def latest(self, name: str) -> float | None:
+        """The newest epoch's value of a metric: val_acc, val_loss, perplexity, a loss callable's own."""
         for k in sorted(self.epochs, reverse=True):
-            if self.epochs[k].val_acc is not None:
-                return self.epochs[k].val_acc
+            v = metric.point_value(self.epochs[k], name)
+            if v is not None:
+                return v
         return None
 
-    def reached(self, val_acc: float) -> float | None:
+    def latest_val_acc(self) -> float | None:
+        return self.latest(metric.ACC)
+
+    def main_metric(self) -> str | None:
+        """The run's main validation metric (engine.runs.metric.main_of, the one rule): val_acc for
+        classification, else val_loss; None before its first evaluation."""
+        return metric.main_of(self.epochs.values())
+
+    def main(self) -> tuple[str, float, float | None] | None:
+        """(main metric, its newest value, its best where better than the newest) or None."""
+        name = self.main_metric()
+        value = None if name is None else self.latest(name)
+        if value is None:
+            return None
+        if name == metric.ACC:
+            best = self.best_val_acc if self.best_val_acc is not None and self.best_val_acc > value + 1e-9 else None
+        else:
+            best = self.best_val_loss if self.best_val_loss is not None and self.best_val_loss < value - 1e-9 else None
+        return name, value, best
+
+    def main_text(self) -> str:
+        """The main metric in words: 'val acc 93.4% (best 95.0%)', 'val loss 1.6021 (best 1.5900)'
+        with the perplexity where the run reports one; "" before its first evaluation."""
+        m = self.main()
+        if m is None:
+            return ""
+        name, value, best = m
+        out = f"{metric.label(name)} {metric.show(name, value)}" + (f" (best {metric.show(name, best)})" if best is not None else "")
+        ppl = self.latest("perplexity") if name == metric.LOSS else None
+        return out + (f", perplexity {metric.show('perplexity', ppl)}" if ppl is not None else "")
+
+    def reached(self, target) -> float | None:
         """Seconds from the run's start to the first epoch end (rank 0's or the supervisor's) whose
-        validation accuracy is at least `val_acc`; None if none is, or the start is unknown."""
+        metric meets `target` (a metric.Target, its text `val_loss<=1.6`, or a validation accuracy
+        as a number); None if none does, or the start is unknown."""
+        target = metric.parse_target(target)
         if self.started_t is None:
             return None
         for k in sorted(self.epochs):
             p = self.epochs[k]
-            if p.rank in (0, -1) and p.val_acc is not None and p.val_acc >= val_acc and p.t is not None:
+            if p.rank in (0, -1) and p.t is not None and target.met(metric.point_value(p, target.name)):
                 return max(0.0, p.t - self.started_t)
         return None
+
+    def tokens_per_s(self, now: float | None = None) -> float | None:
+        """The ranks' tokens/s added up while it trains (their means once it is over); None where
+        no rank counts tokens (batches without token ids)."""
+        ranks = [r for r in self.rank_list() if r.tokens_per_s is not None]
+        if not ranks:
+            return None
+        if self.final:
+            return sum(r.mean_tokens_per_s for r in ranks if not r.failed_exit)
+        if now is not None and self.stale_ranks(now):
+            return 0.0
+        return sum(r.tokens_per_s for r in ranks if r.exited is None)
+
+    def metrics_now(self) -> dict:
+        """The extra metrics the curve's rank sent last ({name: value}), for the headers."""
+        st = self.ranks.get(self._curve_rank) if self._curve_rank is not None else None
+        return dict(st.metrics) if st is not None else {}
 
     def timed_losses(self) -> list[tuple[int, float, float]]:
         """The loss curve with its times: (step, event time, loss) of the lowest rank's step events
@@ -864,4 +984,5 @@ class RunView:
         snap.step_acc = self.step_acc.copy()
         snap.step_t = None if self.step_t is None else self.step_t.copy()
         snap.fleet = self.fleet.copy()
+        snap.step_metrics = {k: v.copy() for k, v in self.step_metrics.items()}
         return snap
