@@ -76,11 +76,11 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
 
 def _peak_rss(cfg: dict, root) -> list[float]:
     """Each rank's peak resident memory (MiB) over a real run, as the rank reports it at its last
-    step (peak_mem_mb of the final rank_report: the kernel's high-water mark, which sampling from
+    step (peak_mem_mb of its last step event: the kernel's high-water mark, which sampling from
     outside misses on a short run)."""
-    evs = C.run_engine(C.engine_config(**C.merge(cfg, {"train": {"report_every_s": 3600}})), root)["events"]
-    last = [e for e in evs if e.get("kind") == "rank_report"][-1]["reports"]
-    return [next((r.get("peak_mem_mb") for r in last if r["rank"] == k), None) for k in range(RANKS)]
+    evs = C.run_engine(C.engine_config(**cfg), root)["events"]
+    last = {e["rank"]: e for e in evs if e.get("kind") == "step"}
+    return [last[k].get("peak_mem_mb") if k in last else None for k in range(RANKS)]
 
 
 def _memory(s: dict, quick: bool) -> dict:

@@ -468,15 +468,16 @@ class Trainer:
             self._proc = psutil.Process()
         return self._proc.memory_info().rss / 2 ** 20
 
-    def _peak_mem_mb(self) -> float:
+    def _peak_mem_mb(self, now_mb: float | None = None) -> float:
         """The most this rank has held so far: what decides whether a job fits (sampling the current
-        figure from outside misses short peaks and short runs)."""
+        figure from outside misses short peaks and short runs). now_mb: _device_mem_mb() just read."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2 ** 20
         import resource
 
         # KiB on Linux; the kernel's high-water mark lags the RSS psutil reads by a few pages
-        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10, self._device_mem_mb())
+        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10,
+                   self._device_mem_mb() if now_mb is None else now_mb)
 
     def _gather_report(self, flag, per_step, wait_total, samples_total, now) -> list[list[float]]:
         """Every rank's REPORT_ROW, through one all-gather; rank 0 emits them as a rank_report."""
@@ -661,13 +662,16 @@ class Trainer:
         n = window.samples
         wall = max(now - window.t0, 1e-9)
         comm = self.comm
+        comm_s = None if comm is None else comm.total - window.comm0
+        mem = self._device_mem_mb()  # each rank's own figures: node 0 gets every rank's step events (issue 31)
         self.emit("step", epoch=epoch, step=step, total_steps=self.total_steps,
                   loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1) if self.loss_fn.classification else None,
                   metrics={name: v / max(n, 1) for name, v in zip(self.loss_fn.names, extra)},
                   samples_per_s=n / wall, tokens_per_s=None if window.tokens is None else window.tokens / wall,
                   data_wait_s=window.data_wait,
                   compute_s=max(0.0, wall - window.data_wait), lr=float(self.scheduler.get_last_lr()[0]),
-                  comm_s=None if comm is None else comm.total - window.comm0, pause=pause)
+                  comm_s=comm_s, pause=pause, device_mem_mb=mem, peak_mem_mb=self._peak_mem_mb(mem),
+                  data_wait=min(1.0, window.data_wait / wall), comm_wait=None if comm_s is None else min(1.0, comm_s / wall))
         window.restart(now)
 
     def _stop_now(self, step: int, last: bool) -> bool:

@@ -217,6 +217,19 @@ def _text(v, default: str = "") -> str:
     return default if v is None else str(v)
 
 
+def _memory(st, ev: dict) -> None:
+    """A rank's device_mem_mb and peak_mem_mb from its step event (or an old run's rank_report row)."""
+    mem = _f(ev.get("device_mem_mb"))
+    if mem is not None:
+        st.device_mem_mb = mem
+    peak = _f(ev.get("peak_mem_mb"))
+    if peak is not None:
+        st.peak_mem_mb = max(peak, st.peak_mem_mb or 0.0)
+    high = peak if peak is not None else mem  # runs from before peak_mem_mb
+    if high is not None:
+        st.mem_high_mb = max(high, st.mem_high_mb or 0.0)
+
+
 def _numbers(v) -> dict:
     """An event's {name: number} (metrics, val_metrics): the names whose values are numbers."""
     if not isinstance(v, dict):
@@ -439,6 +452,7 @@ class RunView:
         metrics = _numbers(ev.get("metrics"))
         if metrics:
             st.metrics = {**st.metrics, **metrics}  # a new dict: a snapshot keeps the one it copied
+        _memory(st, ev)  # the loop's step events carry each rank's memory (issue 31; before: rank_report)
         wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
@@ -560,15 +574,7 @@ class RunView:
                 continue
             st = self.rank(rep.get("rank"))
             rt = _f(rep.get("t")) or t
-            mem = _f(rep.get("device_mem_mb"))
-            if mem is not None:
-                st.device_mem_mb = mem
-            peak = _f(rep.get("peak_mem_mb"))
-            if peak is not None:
-                st.peak_mem_mb = max(peak, st.peak_mem_mb or 0.0)
-            high = peak if peak is not None else mem  # runs from before peak_mem_mb
-            if high is not None:
-                st.mem_high_mb = max(high, st.mem_high_mb or 0.0)
+            _memory(st, rep)
             if rep.get("node_rank") is not None:
                 st.node_rank = _i(rep.get("node_rank"))
             if rep.get("host") and not st.host:
