@@ -29,13 +29,13 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
 OFFLOAD = ("none", "cpu")  # deepspeed.offload_optimizer / offload_param
-BUILTIN_MODELS = ("cnn", "resnet18", "mlp")
+BUILTIN_MODELS = ("cnn", "resnet18", "mlp", "gpt")
 CPU_AFFINITY = ("auto", "exclusive", "none")  # train.cpu_affinity (engine/affinity.py)
 CACHE_MODES = ("auto", "ram", "none")  # data.cache (engine/cache.py)
 WORKER_STARTS = ("auto", "fork", "spawn", "forkserver")  # data.worker_start: DataLoader's multiprocessing_context
 AUGMENTS = ("none", "flip", "crop", "crop+flip")  # data.augment
 LOSSES = ("auto", "cross_entropy", "mse", "bce")  # train.loss, or package.module:callable (engine/losses.py)
-BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder")
+BUILTIN_DATASETS = ("synthetic", "cifar10", "mnist", "fashionmnist", "imagefolder", "text")
 _SCI_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -116,10 +116,14 @@ class NodesConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "cnn"  # cnn | resnet18 | mlp | package.module:callable
+    name: str = "cnn"  # cnn | resnet18 | mlp | gpt | package.module:callable
     small_stem: bool = True  # resnet18: 3x3 stem, no max-pool, for 32x32 images
     hidden: int = 256  # mlp width
-    kwargs: dict = field(default_factory=dict)  # passed to a user callable
+    n_layer: int = 4  # gpt: transformer blocks
+    n_head: int = 4  # gpt: attention heads (n_embd must be a multiple)
+    n_embd: int = 128  # gpt: width
+    block_size: int = 64  # gpt: context length; the text data set's samples are this many tokens
+    kwargs: dict = field(default_factory=dict)  # passed to a user callable (gpt: its sizes, these names win)
 
 
 @dataclass
@@ -590,6 +594,12 @@ def _names(cfg: RunConfig, p: _Problems) -> None:
                                 f"got {cfg.train.loss!r}{hint}"))
     if not re.match(r"^(env://|tcp://[^:/]+:\d+|file://.+)$", cfg.init_method):
         p.append(("init_method", f"must be env://, tcp://HOST:PORT or file:///PATH; got {cfg.init_method!r}"))
+    if cfg.model.name == "gpt":  # its sizes (model.kwargs of the same names are checked when it is built)
+        m = cfg.model
+        for f in ("n_layer", "n_head", "n_embd", "block_size"):
+            p.at_least(f"model.{f}", getattr(m, f), 1)
+        if m.n_head >= 1 and m.n_embd % m.n_head:
+            p.append(("model.n_embd", f"must be a multiple of model.n_head ({m.n_head}), got {m.n_embd}"))
 
 
 def _train_rules(cfg: RunConfig, p: _Problems) -> None:

@@ -1,0 +1,133 @@
+"""The built-in language-model workload: the gpt model, the text data set and its default corpus,
+MFU's arithmetic, the lm presets' runs. Real tensors, real files; no mocks."""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+import pytest
+import torch
+
+from torchdeck.engine import config as c
+from torchdeck.engine.config import RunConfig
+from torchdeck.engine.data import DataError, build_datasets
+from torchdeck.engine.models import GPT, ModelError, build_model, mfu, model_flops_per_token, peak_flops
+from torchdeck.engine.text import DEFAULT_BYTES, default_corpus
+
+# sha256 of the built-in corpus: the lm presets' stated val losses are measured on exactly these
+# bytes. Changing the generator changes this, and those numbers must be measured again.
+CORPUS_SHA256 = "1371b6598f9b31bdbb8aca2370cbf52c390ad72c262231e0748e50a746d19833"
+
+
+def _text_cfg(root: str = "", block: int = 16) -> RunConfig:
+    cfg = RunConfig()
+    cfg.data.dataset, cfg.data.root = "text", root
+    cfg.model.name, cfg.model.block_size = "gpt", block
+    cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd = 2, 2, 32
+    return cfg
+
+
+def test_gpt_shapes_causal_mask_initial_loss_and_flops():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32).eval()
+    x = torch.randint(0, 256, (3, 16))
+    out = model(x)
+    assert out.logits.shape == (3, 16, 256) and "loss" not in out
+    # causal: changing the tokens after position 7 leaves positions 0..7's logits as they were
+    y = x.clone()
+    y[:, 8:] = torch.randint(0, 256, (3, 8))
+    same = model(y).logits
+    assert torch.allclose(out.logits[:, :8], same[:, :8], atol=1e-6)
+    assert not torch.allclose(out.logits[:, 8:], same[:, 8:], atol=1e-3)
+    # with labels: the HF-style output carries the mean cross-entropy, ln(256) at init
+    labeled = model(input_ids=x, labels=torch.roll(x, -1, 1))
+    assert labeled["loss"] is labeled.loss and labeled.loss.dim() == 0
+    assert abs(labeled.loss.item() - math.log(256)) < 0.1
+    # the head is the token embedding (tied), and FLOPs per token are nanoGPT's 6N + 12 L H Q T
+    assert model.head.weight is model.tok_emb.weight
+    n = sum(p.numel() for p in model.parameters()) - 16 * 32  # without the position embedding
+    assert model.flops_per_token() == 6 * n + 12 * 2 * 2 * 16 * 16
+    ddp_like = torch.nn.Module()
+    ddp_like.module = model  # what DDP and torch.compile wrap it in: .module / ._orig_mod
+    assert model_flops_per_token(ddp_like) == model.flops_per_token()
+    assert model_flops_per_token(torch.nn.Linear(2, 2)) is None
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_mfu_arithmetic_and_the_peak_table():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("Tesla T4") is None and peak_flops(None) is None and peak_flops("cpu") is None
+    assert mfu(6e6, 1e6, "NVIDIA H100 80GB HBM3") == pytest.approx(6e12 / 989e12)
+    assert mfu(6e6, 1e6, "NVIDIA A100-SXM4-40GB") == pytest.approx(6e12 / 312e12)
+    assert mfu(6e6, 1e6, "Some Future GPU") is None
+    assert mfu(None, 1e6, "NVIDIA H200") is None and mfu(6e6, None, "NVIDIA H200") is None
+
+
+def test_text_set_split_windows_and_determinism(tmp_path):
+    raw = bytes(random.Random(0).choices(range(32, 127), k=3800))
+    (tmp_path / "a.txt").write_bytes(raw)
+    cfg = _text_cfg(str(tmp_path / "a.txt"))
+    train, val, info = build_datasets(cfg)
+    assert (info.vocab_size, info.block_size) == (256, 16) and info.name.startswith("text:")
+    n_val = len(raw) // 10
+    assert bytes(val.data.tolist()) == raw[-n_val:] and bytes(train.data.tolist()) == raw[:-n_val]
+    s = train[5]
+    assert set(s) == {"input_ids", "labels"} and s["input_ids"].dtype == torch.int64
+    assert s["input_ids"].shape == s["labels"].shape == (16,)
+    assert torch.equal(s["input_ids"][1:], s["labels"][:-1])  # labels: the next byte
+    o = int(train.offsets[5])
+    assert bytes(s["input_ids"].tolist()) == raw[o:o + 16]
+    batch = train.__getitems__([5, 0, 9])
+    assert all(torch.equal(batch[i]["labels"], train[j]["labels"]) for i, j in enumerate((5, 0, 9)))
+    assert len(train) == (len(raw) - n_val) // 16
+    assert len(val) == len(range(0, n_val - 16, 16))  # end to end over the val split
+    # the same windows in every build (every rank), whatever torch's global seed is
+    torch.manual_seed(123)
+    again, _, _ = build_datasets(cfg)
+    assert torch.equal(again.offsets, train.offsets)
+    # the gpt model is sized from the data: vocab 256, context = the windows
+    model = build_model(cfg, info)
+    assert model.vocab_size == 256 and model.block_size == 16
+
+
+def test_text_folder_and_clear_errors(tmp_path):
+    folder = tmp_path / "books"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.txt").write_text("b" * 300)
+    (folder / "sub" / "a.txt").write_text("a" * 300)
+    (folder / "skip.md").write_text("m" * 300)
+    train, val, info = build_datasets(_text_cfg(str(folder)))
+    data = bytes(train.data.tolist()) + bytes(val.data.tolist())
+    assert data == b"b" * 300 + b"\n" + b"a" * 300 + b"\n"  # sorted paths, .txt only
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "short.txt").write_text("x" * 100)
+    for root, words in (("missing", ("no such file or folder", "data.root")),
+                        ("empty", ("no .txt file", "data.root")),
+                        ("short.txt", ("too little text", "model.block_size"))):
+        with pytest.raises(DataError) as err:
+            build_datasets(_text_cfg(str(tmp_path / root)))
+        assert all(w in str(err.value) for w in words), str(err.value)
+    cfg = _text_cfg()
+    cfg.model.kwargs = {"n_layers": 3}
+    with pytest.raises(ModelError, match="n_layers"):
+        build_model(cfg, build_datasets(cfg)[2])
+    cfg = RunConfig()
+    cfg.model.name, cfg.data.train_size, cfg.data.val_size = "gpt", 64, 16
+    with pytest.raises(ModelError, match="token data"):
+        build_model(cfg, build_datasets(cfg)[2])  # synthetic images have no vocabulary
+    cfg.model.n_head, cfg.model.n_embd = 3, 128
+    assert "model.n_embd" in dict(c.validate(cfg))
+
+
+def test_default_corpus_is_fixed_and_used_for_an_empty_root():
+    corpus = default_corpus()
+    assert len(corpus) == DEFAULT_BYTES
+    assert hashlib.sha256(corpus).hexdigest() == CORPUS_SHA256
+    assert corpus.isascii() and corpus.count(b"\n\n") > 1000
+    train, val, info = build_datasets(_text_cfg(""))
+    assert info.name == "text:builtin" and len(train.data) + len(val.data) == DEFAULT_BYTES
