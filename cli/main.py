@@ -748,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list every value that is not a default and where it came from (preset, --set, host, environment)")
     s.set_defaults(func=cmd_validate)
 
-    s = sub.add_parser("eval", parents=[common, runs_dir], help="test accuracy of a checkpoint")
+    s = sub.add_parser("eval", parents=[common, runs_dir], help="loss and metrics of a checkpoint on its validation set (accuracy for classification)")
     s.add_argument("checkpoint", help="a ckpt-*.pt file, or a run (directory, name, 'latest'): its newest checkpoint")
     s.add_argument("--data-root", metavar="DIR", help="where the data set lives, if not where it was trained")
     s.set_defaults(func=cmd_eval)
