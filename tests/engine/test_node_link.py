@@ -167,3 +167,27 @@ def test_an_exported_sbatch_job_makes_its_own_secret_when_it_runs():
                            text=True, timeout=30).stdout.strip() for _ in range(2)]
     assert all(re.fullmatch(r"[0-9a-f]{64}", m) for m in made) and made[0] != made[1], made
     assert made[0] not in text
+
+
+def test_a_node_that_cannot_reach_node_0_says_so_and_keeps_going(monkeypatch):
+    """Nothing listens on node 0's port: the sender never blocks its callers, and says once (after
+    UNREACHABLE_S) that this node's events stay in its own run directory."""
+    from torchdeck.engine.nodes import link
+
+    monkeypatch.setattr(link, "UNREACHABLE_S", 0.3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody there
+    said = []
+    sender = link.Sender("127.0.0.1", port, SECRET, 1, "node-one", log=lambda level, m: said.append((level, m)))
+    sender.start()
+    t0 = time.monotonic()
+    for k in range(2000):
+        sender.send(_step(2, k))
+    assert time.monotonic() - t0 < 1.0  # queued, never waiting for node 0
+    _wait(lambda: said, 10, "the sender to say node 0 is unreachable")
+    sender.close(timeout=10)
+    assert not sender.is_alive()
+    ((level, message),) = said
+    assert level == "warning" and f"cannot reach node 0's supervisor at 127.0.0.1:{port}" in message, message
+    assert "stay in its own run directory" in message
