@@ -191,3 +191,28 @@ def test_a_node_that_cannot_reach_node_0_says_so_and_keeps_going(monkeypatch):
     ((level, message),) = said
     assert level == "warning" and f"cannot reach node 0's supervisor at 127.0.0.1:{port}" in message, message
     assert "stay in its own run directory" in message
+
+
+@pytest.mark.slow
+def test_a_rank_stalled_on_node_1_shows_stale_on_node_0_with_node_1s_stacks(tmp_path, runs, monkeypatch):
+    """Two loopback node supervisors, one rank each; rank 1 (node 1) sleeps inside step 5. Node 1's
+    watchdog dumps its stacks; the stacks event reaches node 0's events.jsonl (nothing goes through
+    the ranks' process group, which is stuck), and node 0's view has rank 1 stale by then."""
+    from torchdeck.engine.runs.view import RunView
+
+    monkeypatch.setenv("TORCHDECK_NODE_SECRET", SECRET)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node = [Run(tmp_path, ddp_cfg(**{"devices": 1, "model.name": "usermodels:stall", "model.kwargs": {"at": 5},
+                                     "train.max_steps": 200, "nodes.num_nodes": 2, "nodes.node_rank": k,
+                                     "nodes.master_addr": "127.0.0.1", "nodes.master_port": port,
+                                     "nodes.timeout_s": 120}), name=f"node{k}") for k in (0, 1)]
+    runs.extend(node)
+    ev = node[0].wait_for(lambda e: e["kind"] == "stacks" and e.get("node_rank") == 1, timeout=90)
+    assert "rank 1 silent" in ev["reason"] and "stall_here (usermodels.py:" in ev["summary"], ev
+    assert ev["host"] == socket.gethostname()
+    view = RunView()
+    view.feed_all([e for e in node[0].events() if e["t"] <= ev["t"]])
+    assert 1 in [r.rank for r in view.stale_ranks(ev["t"])]  # (rank 0 waits in the all-reduce: stale too)
+    assert any(e["kind"] == "node_sample" and e["node_rank"] == 1 for e in node[0].events())
