@@ -55,3 +55,27 @@ async def test_a_language_model_run_in_the_runs_list_and_the_monitor_at_80x24(tm
         assert curves.query_one("#plot-acc").display  # the metrics' plot, not an empty accuracy one
         ep = [screen.run_state.epochs[k] for k in sorted(screen.run_state.epochs)]
         assert list(metric_series(screen.run_state, ep)) == ["grad_norm", "perplexity"]
+
+
+async def test_the_compare_dialogs_target_takes_a_metric_as_torchdeck_compare_does(tmp_path, monkeypatch):
+    from textual.widgets import Input
+
+    from torchdeck.app.compare.dialog import CompareDialog
+    from torchdeck.engine.runs.metric import Target
+
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    app = TorchdeckApp(gpu_source=FakeGPUSource([]), runs_root=tmp_path / "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await until(pilot, lambda: getattr(app.screen, "cfg", None) is not None)
+        await pilot.press("f7")
+        assert await until(pilot, lambda: isinstance(app.screen, CompareDialog))
+        dialog = app.screen
+        field = dialog.query_one("#cmp-target", Input)
+        for text, want in (("val_loss<=1.6", Target("val_loss", "<=", 1.6)), ("60%", Target("val_acc", ">=", 0.6)),
+                           ("", None)):
+            field.value = text
+            assert dialog.choice()["target"] == want, text
+        field.value = "val_loss=1.6"
+        assert dialog.choice().startswith("target: 'val_loss=1.6': write METRIC>=VALUE")
+        await pilot.click("#go")
+        assert "write METRIC>=VALUE" in screen_text(app) and isinstance(app.screen, CompareDialog)  # it stays open
