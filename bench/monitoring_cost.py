@@ -33,20 +33,26 @@ def sizes(quick: bool) -> dict:
 
 
 def emit_cost_s(n: int = 2000) -> float:
-    """Seconds one step event costs the rank's training thread: the real QueueReporter on a spawn
-    queue, with the supervisor's EventWriter draining it into a file, as in a run."""
+    """Seconds one step event costs the rank's training thread: the real PipeReporter on the
+    rank's own pipe, read by the supervisor's EventReader into its EventWriter, as in a run."""
     import multiprocessing as mp
+    import os
+    import queue
     import tempfile
 
     from torchdeck.engine import events
+    from torchdeck.engine.launch.ranks import EventReader
     from torchdeck.engine.supervisor import EventWriter
-    from torchdeck.engine.worker import QueueReporter
+    from torchdeck.engine.worker import PipeReporter
 
     with tempfile.TemporaryDirectory() as d:
-        writer = EventWriter(Path(d) / "events.jsonl", None)
-        writer.q = mp.get_context("spawn").Queue()
+        writer = EventWriter(Path(d) / "events.jsonl", queue.Queue())
         writer.start()
-        emit = QueueReporter(writer.q, 0)
+        r, w = mp.get_context("spawn").Pipe(duplex=False)
+        reader = EventReader([os.dup(r.fileno())], writer.q.put)
+        r.close()
+        reader.start()
+        emit = PipeReporter(w, 0)
         fields = dict(epoch=3, step=1230, total_steps=9000, loss=0.4213, accuracy=0.875, samples_per_s=11234.5,
                       data_wait_s=0.0123, compute_s=0.0567, lr=0.05)
         for _ in range(50):
@@ -55,6 +61,8 @@ def emit_cost_s(n: int = 2000) -> float:
         for _ in range(n):
             emit("step", **fields)
         spent = time.perf_counter() - t0
+        w.close()
+        reader.stop()
         writer.stop()
         writer.close()
         assert len(events.read_all(Path(d) / "events.jsonl")) == n + 50
@@ -166,7 +174,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                    f"epochs 2..{s['epochs']} timed, median of {reps}",
                    ["variant", "samples/s", "step events", "supervisor CPU s", "watcher CPU s", "window s",
                     "CPU taken", "cost (accounted)", "cost (throughput)", "throughput spread"], rows)
-    text += (f"\none step event costs the rank {emit_s * 1e6:.1f} us (QueueReporter into a spawn queue, drained "
+    text += (f"\none step event costs the rank {emit_s * 1e6:.1f} us (PipeReporter into its own pipe, drained "
              f"by the EventWriter); watcher: {watcher_info}")
     targets = [{"what": f"monitoring cost (accounted): {label}", "value": costs[label], "target": f"< {TARGET:.0%}",
                 "verdict": C.verdict(costs[label], TARGET, higher_is_better=False)} for label, _, _ in variants[1:]]
