@@ -91,13 +91,9 @@ COLUMNS = (("status", "STATUS"), ("dir", "RUN"), ("strategy", "STRATEGY"), ("wor
            ("set", "--SET"))
 
 
-def val_label(rows, acc: str = "VAL ACC", loss: str = "VAL LOSS", both: str = "VAL ACC/LOSS") -> str:
-    """The main metric column's label: VAL ACC while every run that evaluated is classification
-    (as it always read), VAL LOSS where none is, and both names where they mix."""
-    kinds = {r.main for r in rows if r.main is not None}
-    if metric.LOSS not in kinds:
-        return acc
-    return loss if metric.ACC not in kinds else both
+def val_label(rows, *labels: str) -> str:
+    """The main metric column's label for these runs (metric.column_label: VAL ACC, VAL LOSS)."""
+    return metric.column_label((r.main for r in rows), *labels)
 
 
 def columns(rows) -> tuple[tuple[str, str], ...]:

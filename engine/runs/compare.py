@@ -98,8 +98,7 @@ def columns(target=None, rows=None) -> tuple[tuple[str, str], ...]:
     an accuracy, `TO val_loss<=1.6`), and the main metric's name (VAL ACC, VAL LOSS)."""
     rows = list(rows or [])
     target = None if target is None else metric.parse_target(target)
-    kinds = {r.main for r in rows if r.main is not None}
-    val = "VAL ACC" if metric.LOSS not in kinds else "VAL LOSS" if metric.ACC not in kinds else "VAL ACC/LOSS"
+    val = metric.column_label(r.main for r in rows)
     tokens = (("tokens", "TOKENS/S"),) if any(r.tokens_per_s for r in rows) else ()
     return (("strategy", "STRATEGY"), ("status", "STATUS"), ("world", "WORLD"), ("batch", "GLOBAL BATCH"),
             ("rate", "SAMPLES/S"), *tokens, ("ratio", "VS FIRST"), ("step", "STEP"), ("wait", "DATA WAIT"),

@@ -70,6 +70,16 @@ def main_of(points) -> str | None:
     return None
 
 
+def column_label(mains, acc: str = "VAL ACC", loss: str = "VAL LOSS", both: str = "VAL ACC/LOSS") -> str:
+    """A table's main-metric column over runs whose main metrics are `mains` (None: not evaluated
+    yet): VAL ACC while every run that evaluated is classification (as it always read), VAL LOSS
+    where none is, and both names where they mix."""
+    kinds = {m for m in mains if m is not None}
+    if LOSS not in kinds:
+        return acc
+    return loss if ACC not in kinds else both
+
+
 # ----------------------------------------------------------------------------- targets
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|>|<)\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*$")
