@@ -61,6 +61,8 @@ def step_event(rank: int, k: int, world: int, per_node: int, nodes: int, t: floa
                      loss=2.0 / (1 + k * 0.01) + (0.001 * (rank % 13) if nodes > 1 else 0.0), accuracy=0.5,
                      samples_per_s=round(640.0 * rank_pace(rank, per_node, nodes), 1),
                      data_wait_s=round(0.02 * wait / (1 - wait), 5), compute_s=0.019, lr=0.05)
+    if nodes > 1:  # of compute_s, the all-reduce: the others wait for the slowest rank there
+        ev["comm_s"] = round(0.019 * (0.02 if rank == SLOW_RANK % world else 0.25 + 0.01 * (rank % 3)), 5)
     node = rank // per_node
     if node:  # another node's event, as node 0's supervisor writes it
         ev.update(node_rank=node, host=host_of(node))

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
 from ...engine.runs import fmt, metric
+from ...engine.runs import fleet
 from ...engine.runs.view import RunView
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -205,41 +206,49 @@ def gpu_text(gpus, ok: bool, reason: str, history: dict, state: RunView, width: 
         return Text("NVML found no GPU on this host", style="yellow")
     t = Text()
     used = []
-    name_w = 15 if width >= 84 else 10
     for i, g in enumerate(gpus):
         ranks = gpu_ranks(g, state, family)
         if ranks:
             used.append(g)
-        util = fmt.real(getattr(g, "util", None))
-        mused, mtot = fmt.real(getattr(g, "mem_used_mb", None)), fmt.real(getattr(g, "mem_total_mb", None))
-        mfrac = mused / mtot if mused is not None and mtot else None
-        who = ("r" + ",".join(map(str, ranks))) if ranks else "-"
-        fixed = 2 + name_w + 1 + 5 + 1 + 13 + 1 + 5 + 1 + 9 + 1 + 8
-        room = max(8, width - fixed)
-        bw = max(4, min(14, room // 4))
-        sw = max(0, room - 2 * bw - 2)
-        name = str(getattr(g, "name", "?")).replace("NVIDIA ", "")[:name_w]
         if i:
             t.append("\n")
-        t.append(f"{g.index:<2}", style="bold")
-        t.append(f"{name:<{name_w}} ")
-        t.append_text(bar(None if util is None else util / 100, bw, util_style(util)))
-        t.append(f" {fmt.num(util, '.0f', NA):>3}% ")
-        t.append_text(bar(mfrac, bw, util_style(None if mfrac is None else 100 * mfrac)))
-        t.append(f" {fmt.mib(mused, NA):>5}/{fmt.mib(mtot, NA):<6} ")
-        temp = getattr(g, "temp_c", None)
-        t.append(f"{fmt.num(fmt.real(temp), '.0f', NA):>3}°C ")
-        pw, pl = fmt.real(getattr(g, "power_w", None)), fmt.real(getattr(g, "power_limit_w", None))
-        t.append(f"{fmt.num(pw, '.0f', NA):>4}/{fmt.num(pl, '.0f', NA):<4}W ")
-        if sw:
-            t.append(spark(history.get(g.index, ()), sw), style="cyan")
-            t.append(" ")
-        t.append(f"{who:<8}", style="bold magenta" if ranks else "dim")
+        t.append_text(gpu_row(g, ranks, history.get(g.index, ()), width))
     t.append("\n")
     t.append_text(imbalance_text(used, gpus))
     if reason:  # with GPUs shown, a reason is a warning about them (e.g. PIDs from another namespace)
         t.append("\n")
         t.append(reason, style="yellow")
+    return t
+
+
+def gpu_row(g, ranks: list[int], history, width: int) -> Text:
+    """One GPU (a sampler's GPUSample or a node_sample's, engine.runs.fleet.GPU): index, name,
+    utilization and memory bars, temperature, power, its utilization history, the ranks on it."""
+    t = Text()
+    name_w = 15 if width >= 84 else 10
+    util = fmt.real(getattr(g, "util", None))
+    mused, mtot = fmt.real(getattr(g, "mem_used_mb", None)), fmt.real(getattr(g, "mem_total_mb", None))
+    mfrac = mused / mtot if mused is not None and mtot else None
+    who = ("r" + ",".join(map(str, ranks))) if ranks else "-"
+    fixed = 2 + name_w + 1 + 5 + 1 + 13 + 1 + 5 + 1 + 9 + 1 + 8
+    room = max(8, width - fixed)
+    bw = max(4, min(14, room // 4))
+    sw = max(0, room - 2 * bw - 2)
+    name = str(getattr(g, "name", "?")).replace("NVIDIA ", "")[:name_w]
+    t.append(f"{g.index:<2}", style="bold")
+    t.append(f"{name:<{name_w}} ")
+    t.append_text(bar(None if util is None else util / 100, bw, util_style(util)))
+    t.append(f" {fmt.num(util, '.0f', NA):>3}% ")
+    t.append_text(bar(mfrac, bw, util_style(None if mfrac is None else 100 * mfrac)))
+    t.append(f" {fmt.mib(mused, NA):>5}/{fmt.mib(mtot, NA):<6} ")
+    temp = getattr(g, "temp_c", None)
+    t.append(f"{fmt.num(fmt.real(temp), '.0f', NA):>3}°C ")
+    pw, pl = fmt.real(getattr(g, "power_w", None)), fmt.real(getattr(g, "power_limit_w", None))
+    t.append(f"{fmt.num(pw, '.0f', NA):>4}/{fmt.num(pl, '.0f', NA):<4}W ")
+    if sw:
+        t.append(spark(history, sw), style="cyan")
+        t.append(" ")
+    t.append(f"{who:<8}", style="bold magenta" if ranks else "dim")
     return t
 
 
@@ -373,7 +382,9 @@ def rank_text(state: RunView, r, now: float, width: int) -> Text:
     t.append(f"{r.rank:<5}", style="bold")
     if cols["dev"]:
         dev = r.place
-        if r.host and r.host not in (_HOST, state.host):
+        if r.device and fleet.multi_node(state):  # which node, before its device: n17 cuda:3
+            dev = f"n{fleet.node_of(r)} {dev}"
+        elif r.host and r.host not in (_HOST, state.host):
             dev = f"{r.host}:{dev}"
         t.append(f"{dev[:cols['dev'] - 1]:<{cols['dev']}}")
     t.append(f"{r.epoch:>3} ")

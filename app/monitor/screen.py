@@ -15,14 +15,16 @@ from typing import Callable
 from textual import work
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from .nodes import FleetRanksPane, NodesPane, other_hosts_text
 from .panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
                                host_text)
+from ...engine.runs import fleet as fl
 from ...engine.runs.view import RunView
 
 POLL_S = 0.05  # events file poll while events are coming
@@ -72,6 +74,7 @@ class MonitorScreen(Screen):
         Binding("t", "stacks", "Stacks"),
         Binding("R", "resume", "Resume"),
         Binding("l", "cycle_log", "Rank log"),
+        Binding("n", "next_node", "Nodes"),  # shown for a run on several nodes only (check_action)
         Binding("escape", "leave", "Leave"),
         Binding("r", "runs", "Runs"),
     ]
@@ -100,6 +103,8 @@ class MonitorScreen(Screen):
         self._gpus, self._gpu_ok, self._gpu_reason = [], True, "sampling GPUs..."
         self._host, self._host_why = None, "sampling the host..."
         self.gpu_history = GPUHistory()
+        self._local = fl.Fleet()  # this host's samples, as node 0's (the Monitor runs where node 0 writes)
+        self._multi = False  # the run is on several nodes: the nodes pane, and the n key
         self._family: dict = {}
         self._last_plot = 0.0
         self._plot_timer = None
@@ -108,9 +113,11 @@ class MonitorScreen(Screen):
     def compose(self):
         yield TextPane(id="mon-header")
         with VerticalScroll(id="mon-body"):
-            yield RanksPane(id="mon-ranks", classes="pane")
+            yield FleetRanksPane(id="mon-ranks", classes="pane")
             with Horizontal(id="mon-top"):
-                yield TextPane(id="mon-gpus", classes="pane")
+                with Vertical(id="mon-gpus", classes="pane"):
+                    yield TextPane(id="gpu-one")
+                    yield NodesPane(id="gpu-nodes")
                 yield TextPane(id="mon-host", classes="pane")
             with Horizontal(id="mon-bottom"):
                 yield Curves(id="mon-curves", classes="pane")
@@ -205,6 +212,9 @@ class MonitorScreen(Screen):
         self._family = {p.pid: p.rank for p in (getattr(msg.host, "procs", None) or [])
                         if getattr(p, "rank", None) is not None}
         self.gpu_history.add(msg.gpus)
+        import socket
+
+        self._local.add(0, socket.gethostname(), msg.gpus, msg.host, self.now(), local=True)
         self._paint_samples()
 
     def _tick(self) -> None:
@@ -217,6 +227,10 @@ class MonitorScreen(Screen):
         head = self.query_one("#mon-header", TextPane)
         head.show(header_text(st, now, self.run_dir.name, head.width(120)))
         self.query_one(RanksPane).show(st, now)
+        if fl.multi_node(st) != self._multi:
+            self._paint_samples()  # the GPU pane turns into the nodes pane
+        elif self._multi:
+            self._paint_nodes(now)  # node_sample events come with the run's events
         if log:
             self.query_one(LogPane).show(st)
         self._maybe_plot()
@@ -234,11 +248,40 @@ class MonitorScreen(Screen):
             self._plot_timer = self.set_timer(wait, later)
 
     def _paint_samples(self) -> None:
-        gp = self.query_one("#mon-gpus", TextPane)
-        gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self.gpu_history.by_index, self.run_state,
-                         gp.width(), self._family))
+        multi = fl.multi_node(self.run_state)
+        if multi != self._multi:
+            self._multi = multi
+            self.query_one("#gpu-one").display = not multi
+            self.query_one(NodesPane).display = multi
+            self.query_one("#mon-gpus").border_title = "nodes: ranks and GPUs (n opens one)" if multi else "GPUs"
+            self.query_one("#mon-top").set_class(multi, "-nodes")
+            self.refresh_bindings()
+        if multi:
+            self._paint_nodes(self.now())
+        else:
+            gp = self.query_one("#gpu-one", TextPane)
+            gp.show(gpu_text(self._gpus, self._gpu_ok, self._gpu_reason, self.gpu_history.by_index, self.run_state,
+                             gp.width(), self._family))
         hp = self.query_one("#mon-host", TextPane)
-        hp.show(host_text(self._host, self.run_state, hp.width(), self._host_why))
+        host = host_text(self._host, self.run_state, hp.width(), self._host_why)
+        others = other_hosts_text(self.run_state.fleet) if multi else None
+        if others is not None:
+            host.append("\n")
+            host.append_text(others)
+        hp.show(host)
+
+    def _paint_nodes(self, now: float) -> None:
+        self.query_one(NodesPane).show(self.run_state, self.run_state.fleet.merged(self._local), now, self._family)
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "next_node":
+            return self._multi  # a one-node run has no nodes to open: no key for it in the bar
+        return True
+
+    def action_next_node(self) -> None:
+        """Open the next node of the nodes pane (its GPUs under its row); after the last, none."""
+        if self._multi:
+            self.query_one(NodesPane).next_node()
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.repaint)

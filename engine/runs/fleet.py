@@ -166,13 +166,15 @@ class Fleet:
         c.nodes, c.version = dict(self.nodes), self.version
         return c
 
-    def with_local(self, node_rank: int, host: str, gpus, host_sample=None, t: float | None = None) -> "Fleet":
-        """This fleet and the local sampler's node (node 0 seen from the Monitor on node 0), unless
-        that node's own node_sample events already say more: both are the same GPUs."""
+    def merged(self, local: "Fleet") -> "Fleet":
+        """This fleet (from the run's events) with the nodes a local sampler saw (node 0 seen from
+        the Monitor on node 0) where the events say nothing of them: once that node's own
+        node_sample events come, they win (the same GPUs, and every front end sees those)."""
         c = self.copy()
-        have = c.nodes.get(node_rank)
-        if have is None or have.local:
-            c.add(node_rank, host, gpus, host_sample, t, local=True)
+        for k, node in local.nodes.items():
+            if k not in c.nodes:
+                c.nodes[k] = node
+        c.version += local.version
         return c
 
     def node_list(self) -> list[Node]:
@@ -396,3 +398,84 @@ def _rate_trio(s) -> str:
 
 def _pace_num(v: float) -> str:
     return fmt.rate(v) if v >= 100 else f"{v:.1f}"
+
+
+# ----------------------------------------------------------------------------- one row per node
+
+WAIT_FLAG = 0.10  # a node whose ranks wait this share of their step time for data is named
+SLOW_FLAG = 0.05  # a node whose median pace is this far behind the others' is named
+HOT_C = 83.0  # a GPU this hot is near where datacenter GPUs start to throttle
+MEM_FULL = 95.0  # % of a GPU's memory: the next allocation may not fit
+
+
+def multi_node(view: "RunView") -> bool:
+    """A run on several nodes (by its start, its node samples or its ranks' events)."""
+    return (view.num_nodes > 1 or len(view.fleet.nodes) > 1
+            or len({node_of(r) for r in view.ranks.values()}) > 1)
+
+
+@dataclass
+class NodeRow:
+    node: int
+    host: str
+    group: NodeGroup | None  # its ranks (None: no rank of it reported yet)
+    sample: Node | None  # its GPUs and host (None: no sample yet)
+    flags: list = field(default_factory=list)  # why it is worth a look: "slow 20%", "hot GPU 3 84°C"
+
+    @property
+    def bad(self) -> bool:
+        return any(f.startswith(("stale", "exited")) for f in self.flags)
+
+
+def node_rows(view: "RunView", fleet: Fleet, now: float) -> list[NodeRow]:
+    """Every node, its ranks and its GPUs side by side, those worth a look first (then by node
+    rank): stale or exited ranks, a median pace behind the others', the slowest rank, data wait,
+    an idle, hot or full GPU. The order changes only when what is wrong changes."""
+    groups = {g.node: g for g in node_groups(view, now)}
+    keys = sorted(set(groups) | set(fleet.nodes))
+    paced = [g.pace[1] for g in groups.values() if g.pace is not None]
+    ref = statistics.median(paced) if paced else None
+    utils = [g.util for g in fleet.gpus() if g.util is not None]
+    util_ref = statistics.median(utils) if utils else None
+    picks, _ = rank_picks(view, now)
+    slowest = {p.rank.rank: p for p in picks if p.why == "slowest" and (p.vs_median or 0) <= -0.10}
+    rows = []
+    for k in keys:
+        g, n = groups.get(k), fleet.nodes.get(k)
+        flags = []
+        if g is not None:
+            if g.failed:
+                flags.append(f"exited {g.failed}")
+            if g.stale:
+                flags.append(f"stale {g.stale}")
+            if g.pace is not None and ref and len(paced) > 1 and g.pace[1] < ref * (1 - SLOW_FLAG):
+                flags.append(f"slow {1 - g.pace[1] / ref:.0%}")
+            else:
+                flags += [f"slow rank {r.rank}" for r in g.ranks if r.rank in slowest][:1]
+            if g.wait is not None and g.wait >= WAIT_FLAG:
+                flags.append(f"data wait {g.wait:.0%}")
+        if n is not None and n.gpus:
+            idle = [x for x in n.gpus if x.util is not None and util_ref is not None
+                    and x.util < util_ref - IMBALANCE_POINTS]
+            if idle:
+                flags.append(f"idle GPU{'s' if len(idle) > 1 else ''} {min(x.util for x in idle):.0f}%")
+            hot = n.hottest()
+            if hot is not None and hot.temp_c >= HOT_C:
+                flags.append(f"hot GPU {hot.index} {hot.temp_c:.0f}°C")
+            full = [x for x in n.gpus if (x.mem_percent or 0) >= MEM_FULL]
+            if full:
+                flags.append(f"GPU {full[0].index} memory {full[0].mem_percent:.0f}%")
+        host = (n.host if n is not None and n.host else "") or (g.host if g is not None else "")
+        rows.append(NodeRow(k, host, g, n, flags))
+    rows.sort(key=lambda r: (not r.bad, not r.flags, r.node))
+    return rows
+
+
+def flagged_line(rows: list[NodeRow], most: int = 4) -> str | None:
+    """The nodes worth a look in one line: 'nodes to look at: 17 slow 20%, idle GPUs 57%; 5 data
+    wait 32%, hot GPU 3 84°C'; None when none is."""
+    named = [r for r in rows if r.flags]
+    if not named:
+        return None
+    text = "nodes to look at: " + "; ".join(f"{r.node} {', '.join(r.flags)}" for r in named[:most])
+    return text + (f" (+{len(named) - most} more)" if len(named) > most else "")

@@ -182,27 +182,20 @@ def _short(unit: str) -> str:
     return {"samples/s": "/s", "tokens/s": " tok/s"}.get(unit, " " + unit)
 
 
-def node_summary(groups: list, unit: str) -> list[str]:
-    """The ranks by node in a line or two: the slowest node against the others, the node that
-    waits most for data."""
-    paced = [g for g in groups if g.pace is not None]
-    out = []
-    if len(paced) >= 2:
-        slow = min(paced, key=lambda g: (g.pace[1], g.node))
-        others = statistics.median(g.pace[1] for g in paced if g is not slow)
-        behind = 1.0 - slow.pace[1] / others if others else 0.0
-        if behind >= 0.01:
-            out.append(f"slowest node {slow.node} (ranks {slow.rank_span}) {behind:.0%} behind, median "
-                       f"{fleet._pace_num(slow.pace[1])}{_short(unit)} against {fleet._pace_num(others)}")
-        else:
-            out.append(f"every node within 1% of {fleet._pace_num(others)}{_short(unit)}")
-    waits = [g for g in groups if g.wait is not None]
-    if waits:
-        w = max(waits, key=lambda g: (g.wait, -g.node))
-        out.append(f"most data wait node {w.node} ({fmt.pct(w.wait, 0)})")
-    bad = [f"node {g.node}: {g.stale} stale, {g.failed} exited" for g in groups if g.stale or g.failed]
-    text = "nodes: " + "; ".join(out)
-    return [text] + ([f"  {'; '.join(bad[:6])}" + (f" (+{len(bad) - 6} nodes)" if len(bad) > 6 else "")] if bad else [])
+def node_summary(view: RunView, now: float, most: int = 4) -> list[str]:
+    """The nodes worth a look (engine.runs.fleet.node_rows: stale or exited ranks, behind the
+    others, the slowest rank, data wait, an idle, hot or full GPU), a line each."""
+    rows = fleet.node_rows(view, view.fleet, now)
+    named = [r for r in rows if r.flags]
+    if not named:
+        return [f"{len(rows)} nodes: none stands out (pace within {fleet.SLOW_FLAG:.0%}, no idle, hot or full GPU)"]
+    out = [f"nodes to look at ({len(named)} of {len(rows)}):"]
+    for r in named[:most]:
+        span = f", ranks {r.group.rank_span}" if r.group is not None else ""
+        out.append(f"  node {r.node} ({r.host or '?'}{span}): {', '.join(r.flags)}")
+    if len(named) > most:
+        out.append(f"  ... and {len(named) - most} more: {', '.join(str(r.node) for r in named[most:most + 12])}")
+    return out
 
 
 def scale_lines(view: RunView, now: float, every_node: bool = False) -> list[str]:
@@ -220,7 +213,7 @@ def scale_lines(view: RunView, now: float, every_node: bool = False) -> list[str
         lines.append(f"  ... and {left_out} more stale or exited ranks")
     if len(groups) > 1:
         lines += ["by node:"] + ["  " + fleet.group_line(g, unit) for g in groups] if every_node \
-            else node_summary(groups, unit)
+            else node_summary(view, now)
     for extra in (fleet.fleet_line(view.fleet), view.fleet.imbalance_line()):
         if extra:
             lines.append(extra)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..events import epoch_number
 from . import fmt, metric
-from .fleet import Fleet
+from .fleet import Fleet, multi_node, node_of
 from .status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
@@ -964,10 +964,15 @@ class RunView:
         if b is None:
             return None
         split = f"data {b['data']:.0%}, compute {b['compute']:.0%}, all-reduce {b['comm']:.0%}"
+        many = multi_node(self)  # across nodes: which node the rank is on
+
+        def who(r: int) -> str:
+            return f"rank {r} (node {node_of(self.ranks[r])})" if many else f"rank {r}"
+
         if b["even"]:
-            return f"rank balance: even (rank {b['rank']}: {split})"
-        return (f"rank {b['rank']} holds the others back: mostly {b['cause']} ({split}); "
-                f"rank {b['waiter']} waits {b['waits']:.0%} of its time in the all-reduce")
+            return f"rank balance: even ({who(b['rank'])}: {split})"
+        return (f"{who(b['rank'])} holds the others back: mostly {b['cause']} ({split}); "
+                f"{who(b['waiter'])} waits {b['waits']:.0%} of its time in the all-reduce")
 
     def rank_pids(self) -> dict:
         """pid -> rank for the run's processes (the supervisor as None), for the host and GPU panes."""

@@ -165,3 +165,68 @@ def test_stacks_view_80x24(snap_compare, app, tmp_path, monkeypatch):
         await pilot.pause(1.3)  # and the Monitor beneath it past its once-a-second redraw
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+# ----------------------------------------------------------------------------- 256 ranks on 32 nodes (issue 31)
+
+H100 = [GPUSample(index=i, name="NVIDIA H100 80GB HBM3", util=93.0 + i % 3, mem_used_mb=62_000.0 + 300 * i,
+                  mem_total_mb=81_559.0, temp_c=61.0 + i, power_w=650.0, power_limit_w=700.0, pids=[])
+        for i in range(8)]  # node 0's own GPUs, as the Monitor on node 0 samples them
+
+
+def fleet_run(tmp_path):
+    """bench.fake_run's recorded fleet, 32 nodes x 8 ranks, 30 s: node 17 slow with idle GPUs, rank
+    203 a straggler, ranks 44/45 (node 5) and 130 (node 16) waiting for data, node 5's GPU 3 hot.
+    Nodes 1-31 sample through node_sample events, node 0 through the Monitor's own sampler."""
+    from bench import fake_run
+
+    run = RunDir(tmp_path / "runs" / "20250615-101500-fleet-32x8")
+    run.path.mkdir(parents=True)
+    cfgmod.save(cfgmod.from_dict({"name": "fleet-32x8", "strategy": "ddp", "accelerator": "cpu", "devices": 8,
+                                  "backend": "gloo"}), run.config_path)
+    evs = fake_run.fleet_events(run.name, 32, 8, T0, 30, node0_samples=False, pid=SUP)
+    with open(run.events_path, "w") as fh:
+        fh.writelines(events.dumps(e) + "\n" for e in evs)
+    run.pid_path.write_text(f"{os.getpid()}\n")
+    return run, len(evs), max(e["t"] for e in evs) + 0.5
+
+
+def show_fleet(run_dir, keys=()):
+    run, n_events, now = run_dir
+
+    async def run_before(pilot):
+        from torchdeck.app.monitor.nodes import NodesPane
+        from torchdeck.app.monitor.screen import MonitorScreen
+
+        screen = MonitorScreen(run.path, now=lambda: now, sample_every=3600)
+        await pilot.app.push_screen(screen)
+        for _ in range(200):
+            if screen.run_state.events == n_events and screen.gpu_history.by_index:
+                break
+            await pilot.pause(0.05)
+        assert screen.run_state.events == n_events
+        screen.repaint()
+        for key in keys:
+            await pilot.press(key)
+        await pilot.pause(0.3)  # the node slots mounted and drawn
+        screen.repaint()
+        assert screen.query_one(NodesPane).order[:4] == [5, 16, 17, 25]  # worth a look first
+        await pilot.pause(1.3)  # the plots redraw at most once a second
+        await pilot.pause(0.2)
+
+    return run_before
+
+
+def test_monitor_fleet_256_ranks_80x24(snap_compare, app, tmp_path):
+    """80x24: the ranks worth a look, not 256 rows: median rank 94, the slowest 203 and node 17's,
+    the most data wait 44/45/130, the balance line naming node 25; then the nodes pane."""
+    app._gpu_source = FakeGPUSource(H100)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=show_fleet(fleet_run(tmp_path)))
+
+
+def test_monitor_fleet_256_ranks_140x45_node_17_open(snap_compare, app, tmp_path):
+    """140x45: every pane on one screen; the nodes pane lists the nodes worth a look first (5 data wait
+    and a hot GPU, 16 data wait, 17 slow with idle GPUs, 25 the straggler's), and n pressed three
+    times opened node 17: its 8 GPUs at ~58 % under its row; the GPU imbalance across 256 GPUs below."""
+    app._gpu_source = FakeGPUSource(H100)
+    assert snap_compare(app, terminal_size=(140, 45), run_before=show_fleet(fleet_run(tmp_path), keys="nnn"))

@@ -277,12 +277,13 @@ def _fleet_view(seconds=12, now_after=1.0):
 def test_256_ranks_on_32_nodes_fit_80_columns_with_the_slowest_the_waiting_and_every_gpu():
     """A 256-rank run printed a line per question, not per rank: the median rank as the reference,
     the slowest (rank 203, then node 17's), the ranks that wait most for data, the slowest node, and
-    every GPU in two lines (the straggler node's idle GPUs named); no `devices cpu, cpu, ...`."""
+    every GPU in two lines (the straggler node's idle GPUs named); the nodes worth a look, a line each;
+    no `devices cpu, cpu, ...`."""
     v, now = _fleet_view()
     for width in (80, 140):
         lines = block(v, now, width)
         assert all(len(ln) < width for ln in lines), [ln for ln in lines if len(ln) >= width]
-        assert len(lines) <= 16, lines  # a screenful at 24 rows, with room for log lines above
+        assert len(lines) <= 20, lines  # a screenful at 24 rows, with room for log lines above
         text = "\n".join(lines)
         assert "256 ranks on 32 nodes" in text
         rows = [ln.split() for ln in lines if ln.startswith("  ") and " rank " in ln]
@@ -290,7 +291,8 @@ def test_256_ranks_on_32_nodes_fit_80_columns_with_the_slowest_the_waiting_and_e
         assert kinds[0][0] == "median" and kinds[1] == ("slowest", 203), kinds
         assert {r for k, r in kinds if k == "slowest"} <= {203} | set(range(136, 144))
         assert [r for k, r in kinds if k == "wait"] == [44, 45, 130], kinds
-        assert "slowest node 17 (ranks 136-143)" in text
+        assert "nodes to look at (4 of 32):" in text and "node 17 (gpu-node-17, ranks 136-143): slow 20%, idle GPUs" in text
+        assert "node 5 (gpu-node-05, ranks 40-47): data wait 32%, hot GPU 3 84°C" in text
         assert "GPUs: 256 on 32 nodes" in text and "hottest node 5 GPU 3 84°C" in text
         assert "GPU imbalance: util" in text and "node 17 GPU" in text
     out = io.StringIO()

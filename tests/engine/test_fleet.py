@@ -26,15 +26,19 @@ def test_node_samples_and_the_local_sampler_make_one_fleet():
     assert [g.util for g in snap.fleet.nodes[1].gpus] == [90.0, 30.0]  # a snapshot does not move with the reader
     assert v.fleet.nodes[1].util_history(1) == (30.0, 31.0)
 
-    local = [GPUSample(0, "NVIDIA H100", 20.0, 500.0, 80_000.0, 81.0, 200.0, 700.0, [4101])]
-    fleet = v.fleet.with_local(0, "n0", local)
+    from torchdeck.engine.runs.fleet import Fleet
+
+    here = Fleet()  # what the Monitor on node 0 samples itself, a second at a time
+    for u in (25.0, 20.0):
+        here.add(0, "n0", [GPUSample(0, "NVIDIA H100", u, 500.0, 80_000.0, 81.0, 200.0, 700.0, [4101])], local=True)
+    fleet = v.fleet.merged(here)
     assert sorted(fleet.nodes) == [0, 1, 2] and 0 not in v.fleet.nodes and fleet.nodes[0].local
-    assert fleet.nodes[0].gpus[0].pids == (4101,)
+    assert fleet.nodes[0].gpus[0].pids == (4101,) and fleet.nodes[0].util_history(0) == (25.0, 20.0)
     b = fleet.imbalance()
     assert b["gpus"] == 5 and b["nodes"] == 3 and b["util"]["lo"].label == "node 0 GPU 0" and b["util"]["big"]
     assert fleet.imbalance_line().startswith("GPU imbalance: util 75 pts (node 0 GPU 0 at 20%, median")
     assert fleet.nodes[0].hottest().temp_c == 81.0 and fleet.nodes[1].util() == (31.0, 61.0, 91.0)
     # node 0's own node_sample events, once they come, say more than the Monitor's guess: they win
     v.feed(_sample(0, [50.0], 12.0))
-    assert v.fleet.with_local(0, "n0", local).nodes[0].gpus[0].util == 50.0
+    assert v.fleet.merged(here).nodes[0].gpus[0].util == 50.0
     assert "busiest node 2" in v.fleet.host_line(skip=0)
