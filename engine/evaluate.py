@@ -1,4 +1,6 @@
-"""`torchdeck eval CHECKPOINT`: accuracy of a saved model on its run's validation set.
+"""`torchdeck eval CHECKPOINT`: the task's metrics of a saved model on its run's validation set:
+the loss (the run's train.loss, engine/losses.py), accuracy where the task is classification,
+perplexity for token cross-entropy and a loss callable's extra metrics.
 
 Everything needed is in the checkpoint (the config it trained with and the full, unwrapped
 weights), so evaluation needs no strategy, process group or GPU.
@@ -58,7 +60,10 @@ def evaluate(checkpoint_path, data_root: str | None = None, batch_size: int | No
     dev = torch.device(device)
     model.to(dev)
     ctx = RankContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device=dev, cfg=cfg)
-    out = evaluate_model(model, val_ds, ctx, batch_size or max(cfg.train.batch_size, 256))
+    from .losses import Loss
+
+    loss = Loss(cfg.train.loss)  # decided on the first batch, as the run did
+    out = evaluate_model(model, val_ds, ctx, batch_size or max(cfg.train.batch_size, 256), loss=loss)
     out.update(dataset=info.name, step=int(state["step"]), epoch=int(state["epoch"]),
                batches_done=int(state.get("batches_done") or 0))
     return out

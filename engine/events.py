@@ -10,7 +10,9 @@ Kinds and their fields (beyond v, kind, t):
                    global_batch, devices (list of device strings per local rank),
                    master_addr, master_port, pid (supervisor), host, total_steps, epochs,
                    end_epoch (1-based epoch the last step is in), ends_by (train.epochs |
-                   train.max_steps | null), steps_per_epoch (null: not known before the data is built);
+                   train.max_steps | null), steps_per_epoch (null: not known before the data is built),
+                   loss (torchdeck's loop: train.loss as configured; "auto (decided on the first
+                   batch)": rank 0's log says the rule it took, engine/losses.py);
                    a user's script (strategy script): run_kind "script" (absent: torchdeck's own
                    loop) and command (the rank's command line as the user reads it: ["python",
                    "train.py", args...], ["python", "-m", module, ...], or the executable's), with
@@ -24,10 +26,17 @@ Kinds and their fields (beyond v, kind, t):
     step           one per train.log_every_n_steps steps, at the last step, and at the step a stop
                    ended the run on (its final position, even between two windows):
                    rank, epoch, step (optimizer steps done), total_steps, loss,
-                   samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch, may be null),
+                   samples_per_s, data_wait_s, compute_s, lr, accuracy (train batch; null where the
+                   task is not classification), metrics ({name: float}: a loss callable's or the
+                   model output's extra metrics, this rank's mean over the window; {} when none),
+                   tokens_per_s (batches with input_ids: tokens, the real ones under an
+                   attention_mask, per second on this rank; null otherwise),
                    comm_s: of compute_s, the seconds a gradient all-reduce (or the stop/report
                    collective) was in flight, i.e. waiting for the other ranks; null where not
-                   measured (measured today: DDP on the CPU)
+                   measured (measured today: DDP on the CPU); mfu (train.compile on a GPU:
+                   model FLOPs/token x tokens_per_s / the GPU's peak dense bf16 FLOP/s,
+                   engine/models.py; null on the CPU, for an unknown GPU or a model without
+                   flops_per_token())
                    torchdeck's loop also sends, each rank its own (what rank_report carried):
                    device_mem_mb (CUDA memory allocated on its GPU; on CPU the rank's RSS),
                    peak_mem_mb (max_memory_allocated on a GPU, peak RSS on CPU), data_wait (share
@@ -38,7 +47,10 @@ Kinds and their fields (beyond v, kind, t):
                    epoch and loss (null unless logged); from torchdeck.log also metrics ({name:
                    float}, the logged numbers but loss), samples_per_s, tokens_per_s (null: not
                    given), skipped (values that were not numbers; absent when none)
-    epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval)
+    epoch_end      rank, epoch, step, train_loss, train_acc, val_loss, val_acc (null: no eval);
+                   train_acc and val_acc null unless the task is classification; train_metrics and
+                   val_metrics ({name: float}, reduced over the ranks: the extra metrics, and
+                   perplexity = exp(loss) for token cross-entropy; {} when none)
     checkpoint     rank, epoch, step, batches_done (micro-batches into that epoch), path
     log            rank (null: supervisor), level (info|warning|error), message
     error          rank, host, pid, exception, message, traceback

@@ -55,9 +55,29 @@ def _data_info(cfg):
     return None  # a user's data set: its shapes are known only once it is loaded
 
 
-def _activation_bytes_per_sample(model, info, precision: str) -> float:
-    """Bytes autograd saves for the backward pass, per sample, from one real forward on the CPU."""
+def _probe_batch(cfg):
+    """PROBE_BATCH samples of a data set whose shapes only its samples tell (a user's callable, the
+    text set): (info, the collated batch); (None, None) for the image sets, probed with zeros."""
+    if _data_info(cfg) is not None:
+        return None, None
+    from torch.utils.data import default_collate
+
+    from .data import build_datasets
+
+    train, _, info = build_datasets(cfg)
+    n = min(PROBE_BATCH, len(train))
+    if n == 0:
+        return info, None
+    return info, default_collate([train[i] for i in range(n)])
+
+
+def _activation_bytes_per_sample(model, info, precision: str, batch=None, loss_setting: str = "auto") -> float:
+    """Bytes autograd saves for the backward pass, per sample, from one real forward on the CPU:
+    of zeros shaped as the images, or of a real batch (`batch`: a tuple, or a dict passed as
+    model(**batch)) with the run's loss (the model's own, for a language model)."""
     import torch
+
+    from .losses import Loss, batch_size
 
     saved = 0
     # weights saved for the backward (Linear keeps weight.t()) are the parameters, counted apart
@@ -72,15 +92,25 @@ def _activation_bytes_per_sample(model, info, precision: str) -> float:
                 saved += t.untyped_storage().nbytes()
         return t
 
-    x = torch.zeros(PROBE_BATCH, info.in_channels, info.image_size, info.image_size)
-    x.requires_grad_(False)
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.bfloat16}.get(precision)  # fp16 has no CPU autocast
+    if batch is None:
+        x = torch.zeros(PROBE_BATCH, info.in_channels, info.image_size, info.image_size)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                out = model(x)
+        pack(out)  # the logits, and the batch itself, when no layer kept them already
+        pack(x)
+        return saved / PROBE_BATCH
+    loss = Loss(loss_setting)
+    x, y = loss.split(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            out = model(x)
-    pack(out)  # the logits, and the batch itself, when no layer kept them already
-    pack(x)
-    return saved / PROBE_BATCH
+            out = model(**x) if isinstance(x, dict) else model(x)
+            value, _ = loss(out, y, batch)
+    pack(value)
+    for t in (batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]):
+        pack(t)
+    return saved / max(1, batch_size(batch))
 
 
 def _runtime_mb() -> tuple[float, float]:
@@ -129,16 +159,17 @@ def estimate(cfg) -> Estimate:
 
     from .models import build_model
 
-    info = _data_info(cfg)
-    if info is None:
-        return Estimate(0, note=f"not estimated: data.dataset {cfg.data.dataset!r} is your own; its shapes "
-                                 "are known once it is loaded")
-    rss, own = _runtime_mb()  # before the model: the runtime alone
+    rss, own = _runtime_mb()  # before the model and the data: the runtime alone
+    info, batch = _data_info(cfg), None
+    if info is None:  # a user's data set or the text set: a real batch of its samples (dicts too)
+        info, batch = _probe_batch(cfg)
+        if batch is None:
+            return Estimate(0, note=f"not estimated: data.dataset {cfg.data.dataset!r} has no training samples")
     rank_data, node_data = _data_mb(cfg)
     torch.manual_seed(0)
     model = build_model(cfg, info)
     n = sum(p.numel() for p in model.parameters())
-    per_sample = _activation_bytes_per_sample(model, info, cfg.train.precision)
+    per_sample = _activation_bytes_per_sample(model, info, cfg.train.precision, batch, cfg.train.loss)
     p_split, g_split, o_split = _shards(cfg)
     opt_per_param = {"sgd": 1 if cfg.optimizer.momentum else 0, "adam": 2, "adamw": 2}[cfg.optimizer.name]
     mixed = cfg.train.precision != "32-true"

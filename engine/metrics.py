@@ -2,7 +2,11 @@
 gnuplot) and, with `logging.tensorboard: true`, TensorBoard event files in `tensorboard/`.
 
 One row per step event (every rank's) and per epoch end (train and validation figures), with
-fixed flat columns so the file can be written as the run goes and read while it grows. The
+fixed flat columns so the file can be written as the run goes and read while it grows. A task's
+own metrics (a loss callable's extras, perplexity: engine/losses.py) have names only the run
+knows, and may first appear mid-run: they go in JSON columns (`metrics` for a step,
+`train_metrics` and `val_metrics` for an epoch end, {name: value}; empty when none), so the header
+never changes and every row keeps the same columns. The
 supervisor feeds it live from its event writer; `torchdeck metrics RUN` rebuilds both from a past
 run's events.jsonl. No torch (the supervisor of a CPU run never imports it): TensorBoard files are
 written with the `tensorboard` package itself, an optional extra; without it the run says so once
@@ -18,11 +22,14 @@ from pathlib import Path
 from .events import epoch_number
 
 COLUMNS = ("t", "kind", "rank", "epoch", "step", "loss", "accuracy", "lr", "samples_per_s", "data_wait_s",
-           "compute_s", "train_loss", "train_acc", "val_loss", "val_acc")
+           "compute_s", "train_loss", "train_acc", "val_loss", "val_acc",
+           "tokens_per_s", "metrics", "train_metrics", "val_metrics")
+JSON_COLUMNS = ("metrics", "train_metrics", "val_metrics")  # {name: value}, as JSON in one cell
 KINDS = ("step", "epoch_end")
 # what each kind plots in TensorBoard, under which tag (step figures per rank: ranks differ)
-_TB_TAGS = {"step": ("loss", "accuracy", "lr", "samples_per_s", "data_wait_s", "compute_s"),
+_TB_TAGS = {"step": ("loss", "accuracy", "lr", "samples_per_s", "tokens_per_s", "data_wait_s", "compute_s"),
             "epoch_end": ("train_loss", "train_acc", "val_loss", "val_acc")}
+_TB_DICTS = {"step": (("metrics", ""),), "epoch_end": (("train_metrics", "train_"), ("val_metrics", "val_"))}
 TB_MISSING = ("logging.tensorboard: the tensorboard package is not installed (pip install tensorboard, "
               "or torchdeck's [tensorboard] extra); writing metrics.csv only")
 
@@ -41,6 +48,9 @@ def row(ev: dict) -> list | None:
         v = ev.get(col)
         if col == "epoch":
             v = epoch_number(v)  # counted from 1, as everywhere people read it (events carry the index)
+        if col in JSON_COLUMNS:
+            out.append(json.dumps(v, separators=(",", ":"), allow_nan=True) if isinstance(v, dict) and v else "")
+            continue
         if isinstance(v, float) and not math.isfinite(v):
             v = str(v)  # nan / inf: spelled the way pandas reads them back
         out.append("" if v is None or isinstance(v, (dict, list)) else v)
@@ -71,8 +81,11 @@ class _TBWriter:
     def add(self, ev: dict) -> None:
         kind = ev["kind"]
         values = []
-        for key in _TB_TAGS[kind]:
-            v = ev.get(key)
+        pairs = [(key, ev.get(key)) for key in _TB_TAGS[kind]]
+        for field, prefix in _TB_DICTS[kind]:  # the task's own metrics, each its own tag
+            got = ev.get(field)
+            pairs += [(f"{prefix}{name}", v) for name, v in got.items()] if isinstance(got, dict) else []
+        for key, v in pairs:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 tag = f"rank{ev.get('rank')}/{key}" if kind == "step" else f"epoch/{key}"
                 values.append(self._Summary.Value(tag=tag, simple_value=float(v)))

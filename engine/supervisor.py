@@ -26,6 +26,7 @@ from pathlib import Path
 from . import events, network, strategies, usercode
 from .config import resolve_all_gpus
 from .errors import TorchdeckError
+from .losses import said as loss_said
 from .runs import stacks
 from .runs.layout import RunDir
 from .runs.status import Status
@@ -376,7 +377,7 @@ def _kind_fields(cfg) -> dict:
     """run_started's fields that depend on what the ranks run: the run's length for our loop; for
     a user's script, kind "script" and its command line (the length is the script's to know)."""
     if cfg.strategy != "script":
-        return length(cfg).fields()  # total_steps, epochs, end_epoch (the one max_steps ends in), ends_by
+        return {**length(cfg).fields(), "loss": loss_said(cfg.train.loss)}  # total_steps, epochs, end_epoch, ends_by; train.loss
     from .launch.ranks import command
 
     return {"run_kind": "script", "command": command(cfg.script), "total_steps": None, "epochs": None,

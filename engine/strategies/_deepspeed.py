@@ -63,13 +63,18 @@ def setup(model, ctx, resolved, total_steps: int, steps_per_epoch: int):
     if dtype is not None:
         # DeepSpeed's forward switches an outer CUDA autocast off (unless its own torch_autocast
         # section is on), so the fp32 batches would meet bf16/fp16 weights bare: cast them on the way in.
-        engine.module.register_forward_pre_hook(_cast_inputs(dtype))
+        engine.module.register_forward_pre_hook(_cast_inputs(dtype), with_kwargs=True)
     return engine, _OptimizerView(engine), _SchedulerView(engine), Step(engine, dtype, ctx.device.type)
 
 
 def _cast_inputs(dtype):
-    def hook(module, args):
-        return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    """Floating tensors passed positionally or by name (a dict batch is model(**batch)); token ids
+    and masks keep their integer types."""
+    def cast(a):
+        return a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+
+    def hook(module, args, kwargs):
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
     return hook
 
 

@@ -105,7 +105,13 @@ class Pipeline(nn.Module):
             x = layer(x)
         return x
 
-    def forward(self, x):
+    def forward(self, x=None, **kwargs):
+        if kwargs or not isinstance(x, torch.Tensor):
+            raise ModelError(
+                "model-parallel runs an nn.Sequential whose first layer takes the batch's first tensor "
+                "(model(x) for (x, y) samples); this batch is "
+                + (f"a dict ({', '.join(kwargs)}), passed as model(**batch)" if kwargs else type(x).__name__)
+                + ", which a split between layers cannot carry: use ddp, fsdp, zero or deepspeed")
         home = x.device
         n = len(self._stages)
         if self.micro_batches == 1 or x.shape[0] < 2:

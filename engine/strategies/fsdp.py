@@ -33,9 +33,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         model = model.to(ctx.device)
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         reshard = ctx.cfg.fsdp.reshard_after_forward
-        for block in model.children():
-            if any(p.requires_grad for p in block.parameters()):
-                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        for block in units(model):
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         return model
 
@@ -82,6 +81,29 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, _containers_copied(state), options=self._options())
+
+
+def units(model) -> list:
+    """The blocks that become FSDP units of their own: each child with trainable parameters; a
+    ModuleList's or ModuleDict's members instead of the container (it has no forward of its own,
+    so its hooks would never gather the weights: a language model's list of transformer blocks);
+    and none that shares a parameter with another child (tied weights, as a language model's head
+    and its token embedding: the root unit holds those, sharded once)."""
+    import torch
+
+    def members(module):
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            return [m for child in module.children() for m in members(child)]
+        return [module]
+
+    blocks = [b for child in model.children() for b in members(child)
+              if any(p.requires_grad for p in b.parameters())]
+    seen: dict[int, set] = {}
+    for i, b in enumerate(blocks):
+        for p in b.parameters():
+            seen.setdefault(id(p), set()).add(i)
+    shared = {i for ids in seen.values() if len(ids) > 1 for i in ids}
+    return [b for i, b in enumerate(blocks) if i not in shared]
 
 
 def _containers_copied(obj):

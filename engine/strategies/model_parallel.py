@@ -1,4 +1,5 @@
 """Model (pipeline) parallel in one process: consecutive layers on consecutive devices."""
+from ..config import combination
 from .base import Strategy
 
 
@@ -14,6 +15,11 @@ class ModelParallelStrategy(Strategy):
             p.append(("devices", "model-parallel splits the model over 2 or more devices (cpu: devices: 2 repeats the CPU)"))
         if mp.split and (len(mp.split) != n_dev or any((not isinstance(s, int)) or s < 1 for s in mp.split)):
             p.append(("model_parallel.split", f"one positive layer count per device ({n_dev}), got {mp.split}"))
+        if cfg.data.dataset == "text" or cfg.model.name == "gpt":
+            p.append(combination(cfg, "strategy", "model-parallel splits an nn.Sequential whose first layer takes "
+                                 "the batch's first tensor; text batches are dicts (input_ids, labels) passed as "
+                                 "model(**batch) to a model that returns its own loss: use ddp, fsdp, zero or "
+                                 "deepspeed", "strategy", "data.dataset", "model.name"))
         if mp.micro_batches > cfg.train.batch_size:
             p.append(("model_parallel.micro_batches", f"at most the batch size ({cfg.train.batch_size}), got {mp.micro_batches}"))
         return p
