@@ -69,6 +69,25 @@ def gpt2(info):
                                       attn_pdrop=0.0))
 
 
+class TinyLM(torch.nn.Module):
+    """Embedding and head: model(**batch) -> {"loss", "logits"} (a dict: the loss read as ["loss"])."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, 16), torch.nn.Linear(16, vocab)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.emb(input_ids))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return out
+
+
+def tiny_lm(info):
+    return TinyLM(info.vocab_size)
+
+
 def tabular(cfg):
     """Rows of 4 features, a float target: no image, no classes."""
     g = torch.Generator().manual_seed(0)
@@ -97,6 +116,12 @@ def user(tmp_path, monkeypatch):
     for k, v in HF_OFFLINE.items():
         monkeypatch.setenv(k, v)
     return tmp_path
+
+
+def final_path(run):
+    from torchdeck.engine import checkpoint as ckpt
+
+    return ckpt.latest(run / "checkpoints")[0]
 
 
 def lm_cfg(strategy="cpu", devices=1, **over) -> dict:
@@ -192,6 +217,13 @@ def test_a_loss_callables_metrics_reach_events_and_metrics_csv(user, tmp_path):
     val = [json.loads(r["val_metrics"]) for r in rows if r["kind"] == "epoch_end"]
     assert val == [e["val_metrics"] for e in ends]
     assert all(r["accuracy"] == "" for r in rows if r["kind"] == "step")
+    # `torchdeck eval`'s engine on its checkpoint: the same loss rule, its metrics, no accuracy
+    from torchdeck.engine.evaluate import evaluate
+
+    res = evaluate(final_path(run))
+    assert res["loss"] == pytest.approx(ends[-1]["val_loss"], rel=1e-5) and res["accuracy"] is None
+    assert res["metrics"] == pytest.approx(ends[-1]["val_metrics"], rel=1e-5)
+    assert res["loss_rule"] == "loss: taskmod:mse_and_mae"
 
 
 def test_regression_with_mse_on_data_without_image_fields(user, tmp_path):
@@ -209,11 +241,28 @@ def test_regression_with_mse_on_data_without_image_fields(user, tmp_path):
     from torchdeck.engine.models import build_model
 
     c = cfgmod.from_dict(cfg)
+    from torchdeck.engine import memory
+
+    est = memory.estimate(c)  # `validate --memory`: a real batch of the data callable, measured
+    assert not est.note and est.params == 4 * 32 + 32 + 32 + 1 and est.device_mb["activations"] > 0
     _, _, info = build_datasets(c)
     assert getattr(info, "image_size", None) is None and info.get("num_classes") is None
     c.model.name = "mlp"
     with pytest.raises(DataError, match="has no in_channels.*cnn, mlp and resnet18 need in_channels, image_size"):
         build_model(c, info)
+
+
+def test_validate_memory_measures_a_dict_batch(user):
+    """`validate --memory` on a dict data callable: one real batch through model(**batch) and its
+    own loss, not "not estimated"."""
+    from torchdeck.engine import memory
+
+    cfg = cfgmod.from_dict({**lm_cfg(), "model": {"name": "taskmod:tiny_lm"}})
+    est = memory.estimate(cfg)
+    assert not est.note and est.params == 64 * 16 + 16 * 64 + 64
+    # per sample: at least the logits of its 16 positions over 64 tokens, in fp32, kept for the backward
+    assert est.device_mb["activations"] * 2 ** 20 >= cfg.train.batch_size * 16 * 64 * 4
+    assert "memory per rank" in memory.lines(cfg)[0]
 
 
 def test_dict_batches_without_a_loss_are_refused_saying_what_to_set(user, tmp_path):
