@@ -1,0 +1,256 @@
+"""The views of a fleet (issue 31 item 3), part of `python -m bench --only fleet`: while
+bench.fake_fleet streams N fake nodes x R ranks into a real node 0, two watchers look at its run
+directory, each in a real pseudo-terminal:
+
+- the Monitor (the app, bench.app_monitor, 140x45): event-to-screen latency, from each step
+  event's own time (taken where the rank made it, before the node link carried it to node 0) until
+  the screen first shows that rank at that step or a later one; and, as the Monitor's own share,
+  from the moment the line reached events.jsonl (a tail here, polling every 10 ms). Only the ranks
+  the Monitor shows are timed (at 256 ranks: the ones worth a look, the median, the slowest, the
+  most data wait); an event is reflected when its rank is shown at that step or later (the screen
+  shows the newest). Target p95 <= 250 ms. Its CPU over the window.
+- `torchdeck attach` (headless, on a terminal so that it redraws in place, 80x24): redraws per
+  second, counted by the cursor-up-and-clear sequence each redraw starts with, on average and in
+  the busiest second. Target <= 4/s.
+
+Step numbers are bench.fake_run's (BASE + max(8, world) * k + rank: unique, the rank in them);
+the Monitor shows them as `105067/9999999`.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench import common as C
+from bench.ptyterm import PtyProcess, visible
+
+SHOWN = re.compile(r"(?<![\d,.])(\d{6})/9999999")  # a rank's step in the Monitor's rows
+REDRAW = re.compile(rb"\x1b\[\d+F\x1b\[J")  # the headless block moving up over itself
+LINE_STEP = re.compile(rb'"kind":"step".*?"step":(\d+)')
+WARM_S, TAIL_S = 4.0, 1.0  # left out of the window: start-up, and the end of the stream
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(C.ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+class Watcher(threading.Thread):
+    """A program in a pty, its output read as it comes: what each chunk showed, and when."""
+
+    def __init__(self, argv: list[str], cols: int, rows: int):
+        super().__init__(daemon=True)
+        self.pty = PtyProcess(argv, env=_env(), cols=cols, rows=rows, cwd=str(C.ROOT))
+        self.seen: dict[int, float] = {}  # step shown -> first time
+        self.redraws: list[float] = []
+        self.bytes = 0
+        self._ending = threading.Event()
+
+    def run(self) -> None:
+        tail = ""
+        while not self._ending.is_set():
+            got = self.pty.read(0.05)
+            if got is None:
+                if self.pty.proc.poll() is not None:
+                    return
+                continue
+            t, data = got
+            self.bytes += len(data)
+            self.redraws += [t] * len(REDRAW.findall(data))
+            text = tail + visible(data)
+            tail = text[-16:]  # a number split across two reads
+            for m in SHOWN.finditer(text):
+                self.seen.setdefault(int(m.group(1)), t)
+
+    def cpu_s(self) -> float | None:
+        import psutil
+
+        try:
+            c = psutil.Process(self.pty.proc.pid).cpu_times()
+            return c.user + c.system
+        except psutil.Error:
+            return None
+
+    def finish(self) -> None:
+        self._ending.set()
+        self.join(5)
+        self.pty.close()
+
+
+class Tail(threading.Thread):
+    """When each step line reached events.jsonl (step -> time), polling every 10 ms."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path, self.arrived = path, {}
+        self._ending = threading.Event()
+
+    def run(self) -> None:
+        pos, rest = 0, b""
+        while not self._ending.wait(0.01):
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(pos)
+                    data = fh.read()
+            except OSError:
+                continue
+            if not data:
+                continue
+            t = time.time()
+            pos += len(data)
+            lines = (rest + data).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                m = LINE_STEP.search(line)
+                if m:
+                    self.arrived.setdefault(int(m.group(1)), t)
+
+    def finish(self) -> None:
+        self._ending.set()
+        self.join(5)
+
+
+def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo: float, hi: float) -> tuple[list, int]:
+    """Seconds from each step event (written: step -> time, within [lo, hi]) until the screen first
+    showed its rank at that step or later; only ranks the screen ever showed; and how many events
+    of those ranks were never reflected."""
+    from bench.fake_run import BASE
+
+    stride = max(8, world)
+    by_rank: dict[int, list[tuple[int, float]]] = {}
+    for step, t in seen.items():
+        if step in written:
+            by_rank.setdefault((step - BASE) % stride, []).append((step, t))
+    suffix = {}
+    for r, xs in by_rank.items():
+        xs.sort()
+        mins, m = [], float("inf")
+        for _, t in reversed(xs):
+            m = min(m, t)
+            mins.append(m)
+        suffix[r] = ([s for s, _ in xs], mins[::-1])
+    lat, missing = [], 0
+    for step, t in written.items():
+        r = (step - BASE) % stride
+        if r not in suffix or not lo <= t <= hi:
+            continue
+        steps, mins = suffix[r]
+        i = bisect.bisect_left(steps, step)
+        if i == len(steps):
+            missing += 1
+        else:
+            lat.append(max(0.0, mins[i] - t))
+    lat.sort()
+    return lat, missing
+
+
+def _q(xs: list, q: float):
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def measure(nodes: int, ranks: int, rate: float, seconds: float) -> dict:
+    from bench.fake_fleet import start_fleet
+    from torchdeck.engine import events
+
+    root = C.tmpdir("fleet_views")
+    fleet = start_fleet(root, nodes, ranks, rate, seconds)
+    run = fleet.run
+    tail = Tail(run.events_path)
+    tail.start()
+    torchdeck = str(Path(sys.executable).parent / "torchdeck")
+    mon = Watcher([sys.executable, "-m", "bench.app_monitor", str(run.path)], 140, 45)
+    cli = [torchdeck] if os.path.exists(torchdeck) else [sys.executable, "-m", "torchdeck.cli"]
+    att = Watcher(cli + ["attach", str(run.path)], 80, 24)
+    mon.start()
+    att.start()
+    cpu = {}
+    warm, tail_s = min(WARM_S, seconds / 3), min(TAIL_S, seconds / 10)  # --quick streams for 5 s
+    try:
+        first = None
+        deadline = time.monotonic() + seconds + 60
+        while time.monotonic() < deadline:  # the window opens WARM_S after the first step
+            if first is None:
+                for ev in events.iter_events(run.events_path):
+                    if ev.get("kind") == "step":
+                        first = time.time()
+                        break
+            if first is not None and time.time() >= first + warm:
+                break
+            time.sleep(0.2)
+        cpu0, t0 = mon.cpu_s(), time.time()
+        res = fleet.wait()
+        cpu1, t1 = mon.cpu_s(), time.time()
+        if cpu0 is not None and cpu1 is not None and t1 > t0:
+            cpu = {"monitor_cpu_percent": round(100 * (cpu1 - cpu0) / (t1 - t0), 1)}
+        time.sleep(1.0)  # the last frames
+    finally:
+        fleet.stop()
+        mon.finish()
+        att.finish()
+        tail.finish()
+    written = {e["step"]: e["t"] for e in events.iter_events(run.events_path)
+               if e.get("kind") == "step" and isinstance(e.get("step"), int) and isinstance(e.get("t"), (int, float))}
+    ts = sorted(written.values())
+    lo, hi = (ts[0] + warm, ts[-1] - tail_s) if ts else (0.0, 0.0)
+    world = nodes * ranks
+    lat, missing = latencies(written, mon.seen, world, lo, hi)
+    arrived = {s: t for s, t in tail.arrived.items() if s in written}
+    lat_file, _ = latencies({s: t for s, t in arrived.items() if lo <= written[s] <= hi}, mon.seen, world, lo, hi)
+    shown_ranks = sorted({(s - 100_000) % max(8, world) for s in mon.seen if s in written})
+    draws = [t for t in att.redraws if lo <= t <= hi]
+    span = max(1e-9, hi - lo)
+    busiest = max((sum(1 for x in draws if a <= x < a + 1.0) for a in draws), default=0)
+    return {"nodes": nodes, "ranks": ranks, "rate": rate, "seconds": seconds, "window_s": round(span, 1),
+            "lost": res.get("lost"), "events": len(written), "monitor_events_timed": len(lat),
+            "monitor_never_reflected": missing, "monitor_ranks_shown": shown_ranks,
+            "monitor_p50_s": _q(lat, 0.5), "monitor_p95_s": _q(lat, 0.95), "monitor_max_s": lat[-1] if lat else None,
+            "monitor_file_p50_s": _q(lat_file, 0.5), "monitor_file_p95_s": _q(lat_file, 0.95), **cpu,
+            "attach_redraws": len(draws), "attach_redraws_per_s": round(len(draws) / span, 2),
+            "attach_busiest_second": busiest, "load_avg": os.getloadavg(), "run_dir": str(run.path)}
+
+
+def _ms(v):
+    return None if v is None else round(v * 1000)
+
+
+def report(res: dict) -> tuple[str, list[dict]]:
+    text = C.table(f"fleet views: the Monitor (140x45) and `torchdeck attach` (80x24 terminal) on {res['nodes']} "
+                   f"fake nodes x {res['ranks']} ranks x {res['rate']:g} step events/s, {res['window_s']:g} s window",
+                   ["events timed", "ranks shown", "event-to-screen p50 ms", "p95 ms", "max ms",
+                    "file-to-screen p50 ms", "p95 ms", "Monitor CPU %", "attach redraws/s", "busiest second"],
+                   [[res["monitor_events_timed"], len(res["monitor_ranks_shown"]), _ms(res["monitor_p50_s"]),
+                     _ms(res["monitor_p95_s"]), _ms(res["monitor_max_s"]), _ms(res["monitor_file_p50_s"]),
+                     _ms(res["monitor_file_p95_s"]), res.get("monitor_cpu_percent"), res["attach_redraws_per_s"],
+                     res["attach_busiest_second"]]])
+    text += (f"\nranks the Monitor showed: {res['monitor_ranks_shown']}; never reflected: "
+             f"{res['monitor_never_reflected']}; load {', '.join(f'{x:.1f}' for x in res['load_avg'])}")
+    targets = [{"what": f"Monitor event-to-screen p95 s ({res['nodes']}x{res['ranks']} fleet)", "value": res["monitor_p95_s"], "target": "<= 0.25",
+                "verdict": C.verdict(res["monitor_p95_s"], 0.25, False)},
+               {"what": "headless attach redraws per second (busiest second)", "value": res["attach_busiest_second"],
+                "target": "<= 4", "verdict": C.verdict(res["attach_busiest_second"], 4, False)}]
+    return text, targets
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet_views")
+    ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    a = ap.parse_args(argv)
+    res = measure(a.nodes, a.ranks, a.rate, a.seconds)
+    print(report(res)[0])
+    print(json.dumps(res, default=str))
+
+
+if __name__ == "__main__":
+    main()
