@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 
 from .. import events
 from ..runs.layout import RunDir
@@ -30,6 +31,19 @@ from . import env as rank_env_mod
 from . import shim_argv
 
 READ_CHUNK = 1 << 16
+READ_EVERY_S = 0.1  # after a read, wait this long before the next: lines gather, one wake-up reads them
+IDLE_S = 1.0  # the wait for a line when none comes (stop() ends it at once)
+PIPE_SIZE = 1 << 20  # each rank's pipe (F_SETPIPE_SZ; Linux's default limit for a user): a rank would
+# have to send 50,000 200-byte step events a second to fill it during the wait above
+
+
+def _enlarge(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+    except (OSError, ImportError):
+        pass  # not Linux, or above /proc/sys/fs/pipe-max-size: the default 64 KiB
 
 
 class ScriptProcess:
@@ -116,62 +130,117 @@ class _Stopper:
 
 
 class EventReader(threading.Thread):
-    """Reads every rank's pipe (selectors) and hands each event line to `put` (the EventWriter's
-    queue). A pipe's end (its rank and every child holding it gone) is not an error; stop() ends
-    the thread after reading what is already in the pipes (a child that outlived its rank may
-    hold a write end open forever)."""
+    """Reads every rank's pipe (selectors), hands each event line (str, without its newline) to
+    `put` and, after each round of reads that handed lines on, calls `flush` (in the supervisor:
+    EventWriter.take and flush_taken, so lines are written in this thread). A pipe's end (its
+    rank and every child holding it gone) is not an error; stop() ends the thread after reading
+    what is already in the pipes (a child that outlived its rank may hold a write end open
+    forever).
 
-    def __init__(self, fds: dict, put, host: str | None = None, node_rank: int = 0):
+    Cheap per event, since every event costs CPU on the cores its ranks train on, and on a VM a
+    thread's wake-up costs more than the work on a line (40-150 us against ~15): after a read it
+    waits READ_EVERY_S before looking again (unless a read filled its buffer), so the lines of
+    that time are read, written and flushed in one wake-up, not one each (the pipes are enlarged
+    to PIPE_SIZE, so a rank's channel does not find its pipe full meanwhile). An event reaches
+    events.jsonl at most READ_EVERY_S after its rank wrote it. Lines are handed on as the ranks
+    wrote them (the channel writes compact JSON): only rank_ready and error events are parsed
+    here, to add the host when a rank did not say it; the writer parses each line once for
+    everything else it does."""
+
+    def __init__(self, fds: dict, put, host: str | None = None, node_rank: int = 0, flush=None):
         super().__init__(name="rank-events", daemon=True)
         self.put = put
+        self.flush = flush  # called after each round that handed lines on (the writer's flush_taken)
         self.host = host or socket.gethostname()
         self.node_rank = node_rank
         self.sel = selectors.DefaultSelector()
         self.buffers: dict[int, bytes] = {}
         self.lines = 0
         self.refused = 0  # lines that were not events
+        self.wakeups = 0  # rounds that read something (lines / wakeups: how well reads batch)
         for fd in fds:
             os.set_blocking(fd, False)
+            _enlarge(fd)
             self.sel.register(fd, selectors.EVENT_READ)
             self.buffers[fd] = b""
         self._ending = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # stop() writes a byte: the wait ends at once
+        os.set_blocking(self._wake_r, False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ)
 
     def run(self) -> None:
-        while self.buffers:
-            ending = self._ending.is_set()
-            ready = self.sel.select(timeout=0 if ending else 0.2)
-            if ending and not ready:
-                break
-            for key, _ in ready:
-                self._read(key.fd)
-        for fd in list(self.buffers):
-            self._close(fd)
+        try:
+            while self.buffers:
+                ending = self._ending.is_set()
+                ready = self.sel.select(timeout=0 if ending else IDLE_S)
+                ready = [key for key, _ in ready if key.fd != self._wake_r]
+                if ending and not ready:
+                    break
+                full = False
+                lines = self.lines
+                for key in ready:
+                    full = self._read(key.fd) or full
+                if self.flush is not None and self.lines != lines:
+                    self.flush()
+                if ready:
+                    self.wakeups += 1
+                    if not full and not self._ending.is_set():
+                        time.sleep(READ_EVERY_S)  # let lines gather: the next round reads them all at once
+        finally:
+            for fd in list(self.buffers):
+                self._close(fd)
+            if self.flush is not None:
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001 - the writer's own failures are its to report
+                    pass
+            self.sel.close()
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int) -> bool:
+        """Read what the pipe holds and hand its complete lines on; True if the read filled
+        READ_CHUNK (more is waiting: read again at once)."""
         try:
             chunk = os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if not chunk:  # every writer gone
             self._close(fd)
-            return
+            return False
         data = self.buffers[fd] + chunk
         *lines, self.buffers[fd] = data.split(b"\n")
         for line in lines:
-            if line.strip():
-                self._hand_on(line)
+            self._hand_on(line)
+        return len(chunk) == READ_CHUNK
 
     def _hand_on(self, line: bytes) -> None:
-        ev = events.parse(line)
-        if ev is None or not isinstance(ev.get("kind"), str):
-            self.refused += 1
+        line = line.strip()
+        # an event is one JSON object naming its kind; anything else (a stray print into the fd) is not
+        if not (line.startswith(b"{") and line.endswith(b"}") and b'"kind":' in line):
+            if line:
+                self.refused += 1
             return
-        if ev["kind"] in ("rank_ready", "error"):
+        if b'"kind":"rank_ready"' in line or b'"kind":"error"' in line:
+            ev = events.parse(line)
+            if ev is None or not isinstance(ev.get("kind"), str):
+                self.refused += 1
+                return
             ev.setdefault("host", self.host)  # the engine's ranks say where they run in these
+            text = events.dumps(ev)
+        else:
+            try:
+                text = line.decode("utf-8")  # the channel writes ASCII; a line that is not is refused
+            except UnicodeDecodeError:
+                self.refused += 1
+                return
         self.lines += 1
-        self.put(events.dumps(ev))
+        self.put(text)
 
     def _close(self, fd: int) -> None:
         self.buffers.pop(fd, None)  # a partial last line: a writer killed mid-line; lines are atomic
@@ -186,7 +255,12 @@ class EventReader(threading.Thread):
 
     def stop(self, timeout: float = 5.0) -> None:
         self._ending.set()
-        self.join(timeout)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # already ended and closed
+        if self.ident is not None:
+            self.join(timeout)
 
 
 class ScriptRanks:
@@ -226,9 +300,10 @@ def argv(script) -> list[str]:
     return shim_argv(script.path, list(map(str, script.args)))
 
 
-def start(script, plan: "rank_env_mod.NodePlan", put) -> ScriptRanks:
+def start(script, plan: "rank_env_mod.NodePlan", put, flush=None) -> ScriptRanks:
     """Start the node's ranks (stdout/stderr to RunDir.rank_log(rank), cwd script.cwd) and the
-    reader of their pipes, which hands each event line to `put`."""
+    reader of their pipes, which hands each event line to `put` (and calls `flush` after each
+    round of lines: EventReader)."""
     rd = RunDir(plan.run_dir)
     cmd = argv(script)
     cwd = script.cwd or None
@@ -252,6 +327,6 @@ def start(script, plan: "rank_env_mod.NodePlan", put) -> ScriptRanks:
         for r in read_ends:
             os.close(r)
         raise
-    reader = EventReader(read_ends, put, node_rank=plan.node_rank)
+    reader = EventReader(read_ends, put, node_rank=plan.node_rank, flush=flush)
     reader.start()
     return ScriptRanks(processes, reader)
