@@ -219,6 +219,19 @@ def mfu(flops_per_token: float | None, tokens_per_s: float | None, device_name: 
     return flops_per_token * tokens_per_s / peak
 
 
+def mfu_meter(model, compiled: bool, device):
+    """What turns a rank's tokens/s into its MFU for step events, or None where none is reported:
+    only a compiled model (train.compile) on a GPU the peak table knows, whose model says its FLOPs
+    per token (gpt does). Call it with the unwrapped model, before a strategy shards it."""
+    if not compiled or getattr(device, "type", "cpu") != "cuda":
+        return None
+    flops = model_flops_per_token(model)
+    name = torch.cuda.get_device_name(device)
+    if flops is None or peak_flops(name) is None:
+        return None
+    return lambda tokens_per_s: mfu(flops, tokens_per_s, name)
+
+
 def model_flops_per_token(model) -> int | None:
     """flops_per_token() of a model (GPT, or a user's model that has the method), looking inside
     the wrappers a strategy or torch.compile puts around it; None when it has none."""

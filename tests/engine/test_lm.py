@@ -131,3 +131,51 @@ def test_default_corpus_is_fixed_and_used_for_an_empty_root():
     assert corpus.isascii() and corpus.count(b"\n\n") > 1000
     train, val, info = build_datasets(_text_cfg(""))
     assert info.name == "text:builtin" and len(train.data) + len(val.data) == DEFAULT_BYTES
+
+
+def test_mfu_is_reported_only_for_a_compiled_model_on_a_gpu():
+    from torchdeck.engine.models import mfu_meter
+
+    model = GPT(vocab_size=256, block_size=16, n_layer=1, n_head=1, n_embd=16)
+    assert mfu_meter(model, True, torch.device("cpu")) is None  # on the CPU: no MFU
+    assert mfu_meter(model, False, torch.device("cuda", 0)) is None  # not compiled: none either
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mfu_meter_on_this_gpu():
+    from torchdeck.engine.models import mfu_meter
+
+    dev = torch.device("cuda", 0)
+    model = GPT(vocab_size=256, block_size=16, n_layer=1, n_head=1, n_embd=16)
+    meter = mfu_meter(model, True, dev)
+    peak = peak_flops(torch.cuda.get_device_name(dev))
+    if peak is None:
+        assert meter is None
+    else:
+        assert meter(1e6) == pytest.approx(model.flops_per_token() * 1e6 / peak)
+
+
+@pytest.mark.slow
+def test_lm_cpu_preset_trains_through_torchdeck_run(tmp_path):
+    """`torchdeck run lm-cpu`, cut to 30 steps: 2 DDP ranks on the built-in corpus learn (val loss
+    well below ln 256), step events say tokens/s and no accuracy, no MFU on the CPU, and the
+    epoch's end says perplexity."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "torchdeck.cli", "run", "lm-cpu", "--set", "train.max_steps=30"],
+                       capture_output=True, text=True, env=env, timeout=240)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (events_path,) = tmp_path.glob("*/events.jsonl")
+    evs = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    steps = [e for e in evs if e["kind"] == "step"]
+    assert {e["rank"] for e in steps} == {0, 1} and max(e["step"] for e in steps) == 30
+    assert all(e["tokens_per_s"] > 0 and e["accuracy"] is None and e.get("mfu") is None for e in steps)
+    (end,) = [e for e in evs if e["kind"] == "epoch_end" and e["rank"] == 0]
+    assert end["val_loss"] < math.log(256) - 2, end
+    assert end["val_metrics"]["perplexity"] == pytest.approx(math.exp(end["val_loss"]), rel=1e-3)
+    assert "perplexity" in p.stdout and "tokens/s" in p.stdout

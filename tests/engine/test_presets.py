@@ -168,3 +168,25 @@ def test_a_saved_preset_holds_what_differs_from_the_defaults_in_one_style(user_d
     full = c.dumps(cfg)
     assert "{" not in full.replace("kwargs: {}", "").replace("env: {}", "") and "betas: [0.8, 0.99]" in full
     assert preflight.loads(full) == cfg
+
+
+def test_lm_presets_train_a_gpt_on_text_on_two_cpu_ranks_and_on_every_gpu():
+    """Issue 30 item 5: lm-cpu is 2 DDP ranks over gloo on the built-in corpus, its description
+    stating the val loss it reaches; lm-gpu takes every GPU (a 2-GPU host here), bf16, compiled
+    (for MFU), a larger GPT; both keep the text in the rank (no loader process)."""
+    import re
+
+    from torchdeck.engine.data import build_datasets
+    from torchdeck.engine.models import build_model
+
+    cpu = preflight.load(presets.resolve("lm-cpu"), hw=NO_GPU)
+    assert (cpu.strategy, cpu.accelerator, cpu.devices, cpu.resolved_backend) == ("ddp", "cpu", 2, "gloo")
+    assert (cpu.model.name, cpu.data.dataset, cpu.data.root, cpu.data.num_workers) == ("gpt", "text", "", 0)
+    assert world_size(cpu) == 2 and re.search(r"val loss [\d.]+", cpu.description)
+    gpu = preflight.load(presets.resolve("lm-gpu"), hw=Hardware(gpu_count=2))
+    assert (gpu.strategy, gpu.devices, gpu.resolved_backend, world_size(gpu)) == ("ddp", [0, 1], "nccl", 2)
+    assert gpu.train.precision == "bf16-mixed" and gpu.train.compile and gpu.data.num_workers == 0
+    assert (gpu.model.name, gpu.data.dataset, gpu.data.root) == ("gpt", "text", "")
+    _, _, info = build_datasets(cpu)
+    small, large = build_model(cpu, info), build_model(gpu, info)
+    assert large.flops_per_token() > 10 * small.flops_per_token()
