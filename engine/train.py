@@ -292,6 +292,9 @@ class Trainer:
         self.comm = self._comm_clock()
         # Strategy calls get the wrapped module; only the forward goes through the compiled one.
         self.forward_model = torch.compile(self.model) if t.compile else self.model
+        from .models import mfu_meter
+
+        self._mfu = mfu_meter(model, t.compile, self.device)  # step events' mfu: compiled, on a GPU
         self.pos = Position()
         self._first_batch = False  # fit() sets it: its first batch ends the start-up phase "batch"
         self.ckpt_dir = ckpt.checkpoint_dir(cfg, run_dir)
@@ -668,6 +671,7 @@ class Trainer:
                   loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1) if self.loss_fn.classification else None,
                   metrics={name: v / max(n, 1) for name, v in zip(self.loss_fn.names, extra)},
                   samples_per_s=n / wall, tokens_per_s=None if window.tokens is None else window.tokens / wall,
+                  mfu=self._mfu(window.tokens / wall) if self._mfu is not None and window.tokens else None,
                   data_wait_s=window.data_wait,
                   compute_s=max(0.0, wall - window.data_wait), lr=float(self.scheduler.get_last_lr()[0]),
                   comm_s=comm_s, pause=pause, device_mem_mb=mem, peak_mem_mb=self._peak_mem_mb(mem),
