@@ -31,9 +31,61 @@ LOG_TARGET = 0.01
 SCRIPT = C.ROOT / "bench" / "baselines" / "ddp_script.py"
 
 
-def sizes(quick: bool) -> dict:
-    return dict(steps=12, warm=4, batch=32, train=1024) if quick else \
-        dict(steps=400, warm=100, batch=64, train=8192)
+def sizes(quick: bool, steps: int | None = None) -> dict:
+    s = dict(steps=12, warm=4, batch=32, train=1024) if quick else dict(steps=400, warm=100, batch=64, train=8192)
+    if steps:  # the long form (main): more steps timed, the same warm-up
+        s["steps"] = max(steps, s["warm"] + 1)
+    return s
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds of a process so far, all its threads, by the scheduler (schedstat)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
+class _Sampler:
+    """The CPU of one process (the torchdeck CLI following the run), sampled every 0.2 s with the
+    wall time, so that its use between the script's own marks can be read off afterwards."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid, self.samples = pid, []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            c = _cpu_s(self.pid)
+            if c is not None:
+                self.samples.append((time.time(), c))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def between(self, t0: float, t1: float) -> float | None:
+        """CPU seconds used between wall times t0 and t1 (linear between samples)."""
+        def at(t):
+            xs = self.samples
+            for (ta, ca), (tb, cb) in zip(xs, xs[1:]):
+                if ta <= t <= tb:
+                    return ca + (cb - ca) * (t - ta) / (tb - ta) if tb > ta else ca
+            return None
+        a, b = at(t0), at(t1)
+        return b - a if a is not None and b is not None else None
 
 
 def _exe(name: str, module: str) -> list[str]:
@@ -67,8 +119,11 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
             t0 = time.time()
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, cwd=str(C.ROOT))
+            cli = _Sampler(p.pid) if kind == "torchdeck" else None  # torchrun's own process is the ranks' parent
             rc = p.wait(timeout=600)
             t_exit = time.time()
+            if cli is not None:
+                cli.stop()
         text = logf.read_text(errors="replace")
         # a plain gloo script now and then aborts a rank at exit after it measured (as run_script)
         if rc == 0 or attempt == 2 or "terminate called without an active exception" not in text:
@@ -90,6 +145,16 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
            "first_step_s": r["t_first_step"] - t0, "script_start_s": r["t_start"] - t0, "command_s": t_exit - t0, "threads": r["threads"],
            "omp_num_threads": r["omp_num_threads"], "under_torchdeck": r["under_torchdeck"],
            "logged": r["logged"], "steps": r["steps"], "rc": rc, "exit_failure": exit_failure}
+    # The launcher's CPU between the script's warm-up mark and its last step, by the scheduler: the
+    # ranks' parent (torchrun's agent; torchdeck's supervisor) and, for torchdeck, the CLI following it.
+    timed = r["t_end"] - r["t_warm"]
+    parent = r.get("parent_cpu_s")
+    cli_s = cli.between(r["t_warm"], r["t_end"]) if cli is not None else 0.0
+    res["timed_s"] = timed
+    res["parent_cpu_pct"] = parent / timed * 100 if parent is not None else None
+    res["cli_cpu_pct"] = cli_s / timed * 100 if cli_s is not None else None
+    res["launcher_cpu_pct"] = (res["parent_cpu_pct"] + (res["cli_cpu_pct"] or 0.0)
+                               if res["parent_cpu_pct"] is not None else None)
     if kind == "torchdeck":
         new = sorted(set(runs.glob("*")) - before)
         if new:  # where the start-up went: the supervisor's run_started and the ranks' rank_ready
@@ -102,12 +167,22 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
             res["ranks_ready_s"] = max(ready) - t0 if ready else None
             steps = [e for e in evs if e.get("kind") == "step" and e.get("rank") == 0]
             res["step_events"] = len(steps)
+            timed_evs = sum(1 for e in evs if e.get("kind") == "step" and r["t_warm"] <= (e.get("t") or 0) <= r["t_end"])
+            res["events_per_s"] = timed_evs / timed if timed > 0 else None  # every rank's, in the timed window
             res["loss_events"] = sum(1 for e in steps if e.get("loss") is not None)  # torchdeck.log's
     return res
 
 
-def run(quick: bool = False, reps: int = 3) -> dict:
-    s = sizes(quick)
+def _spread(xs) -> str:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return "-"
+    q = lambda f: xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]
+    return f"{C.fmt(xs[0], '.3g')}..{C.fmt(xs[-1], '.3g')} (quartiles {C.fmt(q(0.25), '.3g')}..{C.fmt(q(0.75), '.3g')})"
+
+
+def run(quick: bool = False, reps: int = 3, steps: int | None = None) -> dict:
+    s = sizes(quick, steps)
     root = C.tmpdir(NAME)
     planned = torchdeck_threads()
     counter = {"n": 0}
@@ -166,6 +241,24 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                          for a, b, c in zip(tr, td, tl))
              + "; first step s: " + ", ".join(f"{a['first_step_s']:.2f}/{b['first_step_s']:.2f}/{c['first_step_s']:.2f}"
                                               for a, b, c in zip(tr, td, tl)))
+    # the spread behind the medians, and what the launcher's processes cost by accounting
+    tl_td = [c["steps_per_s"] / b["steps_per_s"] for b, c in zip(td, tl)]
+    td_tr = [b["steps_per_s"] / a["steps_per_s"] for a, b in zip(base, td)]
+    text += (f"\npaired per repetition: torchdeck/torchrun {_spread(td_tr)}; log/no-log {_spread(tl_td)} "
+             f"(log cost = 1 - that; {sum(1 for x in tl_td if x < 1)} of {len(tl_td)} pairs slower with log); "
+             "steps/s spread: " + "; ".join(f"{lab.split(' (')[0]} {_spread([r['steps_per_s'] for r in rs])}"
+                                             for lab, rs in zip(labels, results)))
+    cpu = {k: med(rs, "launcher_cpu_pct") for k, rs in (("torchrun", base), ("torchdeck", td), ("log", tl))}
+    eps_log, eps_td = med(tl, "events_per_s"), med(td, "events_per_s")
+    per_event = None
+    if cpu["log"] is not None and cpu["torchdeck"] is not None and eps_log and eps_td is not None and eps_log > eps_td:
+        per_event = (cpu["log"] - cpu["torchdeck"]) / 100 / (eps_log - eps_td) * 1e6
+    text += (f"\nlauncher CPU between the script's marks, % of one core (median; the ranks' parent, plus for torchdeck "
+             f"the CLI following the run): torchrun {C.fmt(cpu['torchrun'])}, torchdeck {C.fmt(cpu['torchdeck'])} "
+             f"(supervisor {C.fmt(med(td, 'parent_cpu_pct'))}, CLI {C.fmt(med(td, 'cli_cpu_pct'))}), torchdeck + log "
+             f"{C.fmt(cpu['log'])} (supervisor {C.fmt(med(tl, 'parent_cpu_pct'))}, CLI {C.fmt(med(tl, 'cli_cpu_pct'))}); "
+             f"step events/s {C.fmt(eps_td)} without log, {C.fmt(eps_log)} with: "
+             f"{C.fmt(per_event, '.3g')} us of launcher CPU per extra event")
     fails = [r["exit_failure"] for r in td + tl if r.get("exit_failure")]
     if fails:
         text += (f"\nWARNING: {len(fails)} of {len(td) + len(tl)} torchdeck launch runs ended failed after the "
@@ -175,6 +268,8 @@ def run(quick: bool = False, reps: int = 3) -> dict:
             "compared_against": base_label, "ratio_throughput": tp_ratio, "paired_throughput": tp_paired,
             "ratio_first_step": fs_ratio, "paired_first_step": fs_paired, "log_cost": log_cost,
             "paired_log_cost": log_paired, "torchdeck_exit_failures": len(fails),
+            "paired_log_ratios": tl_td, "paired_throughput_ratios": td_tr, "launcher_cpu_pct": cpu,
+            "launcher_cpu_us_per_event": per_event, "load_avg_after": os.getloadavg(),
             "targets": [
                 {"what": "launch/torchrun throughput", "value": tp_ratio, "target": f">= {TP_TARGET}",
                  "verdict": C.verdict(tp_ratio, TP_TARGET)},
@@ -182,3 +277,31 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                  "verdict": C.verdict(fs_ratio, FIRST_TARGET, higher_is_better=False)},
                 {"what": "torchdeck.log every step, throughput cost", "value": log_cost, "target": f"< {LOG_TARGET}",
                  "verdict": C.verdict(log_cost, LOG_TARGET, higher_is_better=False)}]}
+
+
+def main(argv=None) -> int:
+    """The long form: python -m bench.launch_vs_torchrun --steps 1200 --reps 10 [--json PATH]."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.launch_vs_torchrun")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (timed from step 100; default 400)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", metavar="PATH")
+    a = ap.parse_args(argv)
+    load0 = os.getloadavg()
+    t0 = time.time()
+    res = run(quick=a.quick, reps=a.reps, steps=a.steps)
+    res["load_avg_before"] = load0
+    res["time_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
+    res["elapsed_s"] = round(time.time() - t0, 1)
+    print(res["text"])
+    print(f"load average before {', '.join(f'{x:.2f}' for x in load0)}, after "
+          f"{', '.join(f'{x:.2f}' for x in res['load_avg_after'])}; {res['elapsed_s']} s")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,8 @@ DistributedSampler, the CIFAR-10 tutorial CNN on an in-memory synthetic set (ran
 images, 10 classes). Rank 0 writes its own timings to --out (or $DDP_SCRIPT_OUT) as JSON, so
 every launcher's numbers come from the script itself: time.time() at the end of its first step
 (t_first_step), at its first line (t_start), at the end of step --warm and of the last step (steps/s between them), its
-threads and the launcher's environment it saw.
+threads and the launcher's environment it saw, and the CPU its parent (the launcher's process that
+started the ranks: torchrun's agent, torchdeck's supervisor) used between those two steps.
 """
 from __future__ import annotations
 
@@ -26,6 +27,25 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def parent_cpu_s() -> float | None:
+    """CPU seconds the process that started this rank has used so far, all its threads, by the
+    scheduler (/proc/PID/task/TID/schedstat): torchrun's agent, or torchdeck's supervisor. None
+    where /proc does not say."""
+    ppid = os.getppid()
+    try:
+        tids = os.listdir(f"/proc/{ppid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{ppid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def cnn() -> nn.Sequential:
@@ -65,7 +85,7 @@ def main(argv=None) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(train, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(train, batch_size=a.batch_size, sampler=sampler, drop_last=True)
-    t_first = t_warm = None
+    t_first = t_warm = cpu_warm = None
     step, epoch = 0, 0
     model.train()
     while step < a.steps:
@@ -82,10 +102,12 @@ def main(argv=None) -> None:
                 t_first = time.time()
             if step == a.warm:
                 t_warm = time.time()
+                cpu_warm = parent_cpu_s() if rank == 0 else None
             if step == a.steps:
                 break
         epoch += 1
     t_end = time.time()
+    cpu_end = parent_cpu_s() if rank == 0 else None
     if rank == 0:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if a.out:
@@ -97,7 +119,9 @@ def main(argv=None) -> None:
                            "world_size": dist.get_world_size(), "threads": torch.get_num_threads(),
                            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                            "under_torchdeck": bool(os.environ.get("TORCHDECK_EVENTS_FD")),
-                           "logged": log is not None}, fh)
+                           "logged": log is not None, "parent_pid": os.getppid(),
+                           "parent_cpu_s": cpu_end - cpu_warm if cpu_end is not None and cpu_warm is not None
+                           else None}, fh)
     dist.destroy_process_group()
 
 
