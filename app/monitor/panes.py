@@ -160,6 +160,8 @@ def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Te
         t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
     tok = state.tokens_per_s(now)  # batches with token ids (a language model), or a script that logs tokens
     tok = "" if tok is None else f"  ·  {'mean ' if state.final else ''}{fmt.rate(tok)} tokens/s"
+    mfu = state.mfu()  # train.compile on a GPU: the model's FLOPs against the GPU's peak
+    tok += "" if mfu is None else f"  ·  MFU {fmt.pct(mfu, 0)}"
     if script:
         t.append(f"  ·  {_script_rate(state, now)}{tok}  ·  step {step}")
     else:

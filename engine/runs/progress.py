@@ -61,6 +61,9 @@ def _task_parts(view: RunView, now: float) -> list[tuple[int, str]]:
     tok = view.tokens_per_s(now)
     if tok is not None:
         parts.append((3, f"{'mean ' if view.final else ''}{fmt.rate(tok)} tokens/s"))
+    mfu = view.mfu()
+    if mfu is not None:
+        parts.append((4, f"MFU {fmt.pct(mfu, 0)}"))
     main = view.main()
     if main is not None:
         name, value, _ = main

@@ -47,6 +47,7 @@ class RankState:
     steps_per_s: float | None = None  # a user's script (step hook): optimizer steps/s over its last window
     tokens_per_s: float | None = None  # what its last step event said (the batch carries token ids, or torchdeck.log)
     metrics: dict = field(default_factory=dict)  # {name: float} its step events' extra metrics, the newest of each
+    mfu: float | None = None  # model FLOPs utilization its last step event said (train.compile on a GPU)
     data_wait: float | None = None  # share of the step time spent waiting for data, 0..1
     comm_wait: float | None = None  # share in the all-reduce, waiting for the other ranks (None: not measured)
     device_mem_mb: float | None = None
@@ -449,6 +450,8 @@ class RunView:
         tok = _f(ev.get("tokens_per_s"))
         if tok is not None:
             st.add_tokens(tok)
+        mfu = _f(ev.get("mfu"))
+        st.mfu = mfu if mfu is not None else st.mfu
         metrics = _numbers(ev.get("metrics"))
         if metrics:
             st.metrics = {**st.metrics, **metrics}  # a new dict: a snapshot keeps the one it copied
@@ -905,6 +908,12 @@ class RunView:
         if now is not None and self.stale_ranks(now):
             return 0.0
         return sum(r.tokens_per_s for r in ranks if r.exited is None)
+
+    def mfu(self) -> float | None:
+        """The ranks' model FLOPs utilization, averaged (each rank is one GPU); None where the run
+        does not report it (not compiled, on the CPU, a GPU or model the table does not know)."""
+        vals = [r.mfu for r in self.rank_list() if r.mfu is not None and not r.failed_exit]
+        return sum(vals) / len(vals) if vals else None
 
     def metrics_now(self) -> dict:
         """The extra metrics the curve's rank sent last ({name: value}), for the headers."""

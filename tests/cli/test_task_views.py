@@ -33,7 +33,7 @@ def lm_events(val_losses=(2.5, 1.9, 2.0), tokens=4096.0, world=2) -> list[dict]:
             for r in range(world):
                 out.append(ev("step", t, rank=r, epoch=e, step=s, total_steps=30, loss=vl + 0.3, accuracy=None,
                               samples_per_s=64.0, tokens_per_s=tokens, data_wait_s=0.01, compute_s=0.5, lr=0.1,
-                              metrics={"grad_norm": 1.5 - 0.1 * e}))
+                              metrics={"grad_norm": 1.5 - 0.1 * e}, mfu=0.3 + 0.1 * r))
             t += 1.0
         out.append(ev("epoch_end", t, rank=0, epoch=e, step=e * 10 + 10, train_loss=vl + 0.3, train_acc=None,
                       val_loss=vl, val_acc=None, val_metrics={"perplexity": 2.718281828 ** vl},
@@ -68,8 +68,8 @@ def test_a_language_model_run_reads_by_its_loss_tokens_and_metrics_in_the_view_a
 
     # torchdeck run's lines: tokens/s and the loss in the header, tok/s per rank, the summary's best
     head = progress.header(view, T0 + 12, 200)
-    assert "mean 8,192 tokens/s" in head and "val loss 2.0000" in head and "grad norm 1.3" in head
-    assert "%" not in head  # no accuracy, not even a blank one
+    assert "mean 8,192 tokens/s | MFU 35%" in head and "val loss 2.0000" in head and "grad norm 1.3" in head
+    assert "%" not in head.replace("MFU 35%", "")  # no accuracy, not even a blank one
     assert all("tok/s" in progress.rank_line(view, r, T0 + 12, 120) for r in view.rank_list())
     assert progress.summary(view, T0 + 12)[0] == ("run finished after 00:12; val loss 2.0000 (best 1.9000), "
                                                   "perplexity 7.3891")
