@@ -11,8 +11,10 @@ Both feed one state per process, so the two never disagree about the step:
 - log() sends a step event at its first call, then at most one every TORCHDECK_LOG_EVERY_S
   seconds (default 0.05; 0: every call) with the newest call's numbers, samples/s and tokens/s
   over the calls since the last one sent, and what is left at exit. Every event costs the node's
-  supervisor CPU (about 0.3 ms); a script that logs every 10 ms step would spend a few % of a
-  core there on a host whose cores train, so calls are coalesced rather than sent one by one.
+  supervisor CPU, on a host whose cores all train taken from the ranks: about 0.1 ms an event at
+  the coalesced rate (the supervisor reads the pipes in rounds, engine/launch/ranks.py), 25 us at
+  hundreds a second; a script logging every 10 ms step would still spend 1-1.5 % of a core on
+  2 ranks' events sent one by one, 0.5 % coalesced (BENCHMARKS.md, launch_vs_torchrun).
 
 Torch is never imported here: the hook is registered when the script imports torch.optim (see
 install_step_hook). Stdlib only.
