@@ -21,14 +21,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 from . import affinity, cache
 from .cache import NodeShare
-from .errors import TorchdeckError
+from .errors import DataError, TorchdeckError  # noqa: F401  (DataError: data.DataError for callers)
 
 # Fixed, so the synthetic set is the same in every process and every run, whatever train.seed is.
 SYNTHETIC_SEED = 20240917
-
-
-class DataError(TorchdeckError):
-    """One clear message naming the data set/root and what to do."""
 
 
 IMAGE_FIELDS = ("in_channels", "num_classes", "image_size")

@@ -20,3 +20,7 @@ class TorchdeckError(Exception):
 
 class UsageError(TorchdeckError):
     """A bad argument, preset or run reference on the command line."""
+
+
+class DataError(TorchdeckError):
+    """One clear message naming the data set/root and what to do."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from .data import DataError
+from .errors import DataError
 
 VOCAB_SIZE = 256  # bytes
 VAL_FRACTION = 0.1
