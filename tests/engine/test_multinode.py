@@ -117,6 +117,9 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
         assert set(e["host_stats"]) == {"cpu_percent", "per_cpu", "ram_used_mb", "ram_total_mb", "load1"}
         assert e["host_stats"]["ram_total_mb"] > 0
     assert [e["kind"] for e in evs[0]].count("run_started") == 1  # node 1's own stays in its directory
+    port = cfg["nodes"]["master_port"] + 1  # node 0 listens only on the master address (not every interface)
+    assert any(e["kind"] == "log" and e["message"].startswith(f"node link: listening on tcp://127.0.0.1:{port} ")
+               for e in evs[0]), [e.get("message") for e in evs[0] if e["kind"] == "log"]
     assert not any(e["kind"] == "node_sample" and e["node_rank"] == 0 for e in evs[1])
 
     # no collective in the reporting path: nothing gathers; each rank's step events carry its figures
