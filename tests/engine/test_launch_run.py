@@ -285,9 +285,10 @@ def test_a_script_that_spawns_its_own_processes_is_watched_and_stopped(tmp_path)
     assert_nothing_left(run, pids, 15)
 
 
-def test_two_loopback_nodes_both_finish(tmp_path):
+def test_two_loopback_nodes_both_finish(tmp_path, monkeypatch):
     import socket
 
+    monkeypatch.setenv("TORCHDECK_NODE_SECRET", "both nodes' secret")  # node streaming (issue 31)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -301,8 +302,12 @@ def test_two_loopback_nodes_both_finish(tmp_path):
         final = ended(run, 90)
         assert final["status"] == "finished", (node, final, run.supervisor_log.read_text())
         assert final["exit_codes"] == [0]
-        assert [e["rank"] for e in kinds(run, "rank_ready")] == [node]
+        assert [e["rank"] for e in kinds(run, "rank_ready") if e.get("node_rank", node) == node] == [node]
         assert f"hello from rank {node} of 2 local 0" in run.rank_log(node).read_text()
+    # a script's ranks too: node 1's supervisor streamed its rank's events and its samples to node 0's
+    assert [(e["rank"], e["node_rank"]) for e in kinds(runs[0], "rank_ready") if "node_rank" in e] == [(1, 1)]
+    assert {e["node_rank"] for e in kinds(runs[0], "rank_exited") if "node_rank" in e} == {1}
+    assert {e["node_rank"] for e in kinds(runs[0], "node_sample")} >= {1}
 
 
 def test_a_scripts_hook_steps_keep_the_last_logged_loss_and_rate():
