@@ -117,10 +117,13 @@ class Tail(threading.Thread):
         self.join(5)
 
 
-def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo: float, hi: float) -> tuple[list, int]:
+def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo: float, hi: float,
+              on_screen_s: float = 1.0) -> tuple[list, int]:
     """Seconds from each step event (written: step -> time, within [lo, hi]) until the screen first
-    showed its rank at that step or later; only ranks the screen ever showed; and how many events
-    of those ranks were never reflected."""
+    showed its rank at that step or later. Only events of a rank the screen was showing: one it
+    showed at some step within on_screen_s before the event (the ranks worth a look change as
+    their paces do; a rank that comes back on screen later would otherwise count its absence as
+    latency). Also how many such events were never reflected."""
     from bench.fake_run import BASE
 
     stride = max(8, world)
@@ -128,7 +131,7 @@ def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo:
     for step, t in seen.items():
         if step in written:
             by_rank.setdefault((step - BASE) % stride, []).append((step, t))
-    suffix = {}
+    suffix, times = {}, {}
     for r, xs in by_rank.items():
         xs.sort()
         mins, m = [], float("inf")
@@ -136,11 +139,16 @@ def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo:
             m = min(m, t)
             mins.append(m)
         suffix[r] = ([s for s, _ in xs], mins[::-1])
+        times[r] = sorted(t for _, t in xs)
     lat, missing = [], 0
     for step, t in written.items():
         r = (step - BASE) % stride
         if r not in suffix or not lo <= t <= hi:
             continue
+        ts = times[r]
+        j = bisect.bisect_right(ts, t)
+        if j == 0 or t - ts[j - 1] > on_screen_s:
+            continue  # not on screen when it came
         steps, mins = suffix[r]
         i = bisect.bisect_left(steps, step)
         if i == len(steps):

@@ -199,13 +199,14 @@ class NodeHead(TextPane):
 
 
 class NodeSlot(Vertical):
-    """One place in the node list: a node's row and, when open, its GPUs."""
+    """One place in the node list: a node's row and, when open, its GPUs (made with it, so that the
+    show that mounts it fills it)."""
 
-    def compose(self):
-        yield NodeHead()
-        gpus = TextPane(classes="node-gpus")
-        gpus.display = False
-        yield gpus
+    def __init__(self):
+        self.head = NodeHead()
+        self.gpus = TextPane(classes="node-gpus")
+        self.gpus.display = False
+        super().__init__(self.head, self.gpus)
 
 
 class NodesPane(Vertical):
@@ -242,13 +243,13 @@ class NodesPane(Vertical):
         if self.open is not None:
             slot = self._slot_of(self.open)
             if slot is not None:
-                slot.query_one(NodeHead).focus()
+                slot.head.focus()
                 self.call_after_refresh(slot.scroll_visible)
         return self.open
 
     def _slot_of(self, node: int):
         for slot in self.query_one("#node-rows").children:
-            if isinstance(slot, NodeSlot) and slot.query_one(NodeHead).node == node:
+            if isinstance(slot, NodeSlot) and slot.head.node == node:
                 return slot
         return None
 
@@ -265,17 +266,14 @@ class NodesPane(Vertical):
             new = [NodeSlot() for _ in range(len(rows) - len(slots))]
             box.mount(*new)
             slots += new
-            self.call_after_refresh(self.show, *self._last)  # the new slots' rows, once composed
         for slot in slots[len(rows):]:
             slot.remove()
         for slot, row in zip(slots, rows):
-            if not slot.is_mounted or not slot.children:
-                continue
-            head = slot.query_one(NodeHead)
+            head = slot.head
             head.node = row.node
             is_open = row.node == self.open
             head.show(node_text(row, width - 1, is_open, unit))  # 1: the list's scroll bar
-            gpus = slot.query_one(".node-gpus", TextPane)
+            gpus = slot.gpus
             gpus.display = is_open
             if is_open:
                 gpus.show(node_gpus_text(row, state, width - 1, family))

@@ -30,6 +30,7 @@ from ...engine.runs.view import RunView
 POLL_S = 0.05  # events file poll while events are coming
 IDLE_POLL_S = 0.1
 POST_EVERY_S = 0.15  # at most this often a snapshot goes to the UI (~16 ms of painting each at 8 ranks)
+NODES_EVERY_S = 1.0  # the nodes pane (32 rows of figures that move once a second) at most this often
 SAMPLE_EVERY_S = 1.0
 PLOT_EVERY_S = 1.0
 
@@ -105,6 +106,7 @@ class MonitorScreen(Screen):
         self.gpu_history = GPUHistory()
         self._local = fl.Fleet()  # this host's samples, as node 0's (the Monitor runs where node 0 writes)
         self._multi = False  # the run is on several nodes: the nodes pane, and the n key
+        self._nodes_t = 0.0  # when the nodes pane was last drawn
         self._family: dict = {}
         self._last_plot = 0.0
         self._plot_timer = None
@@ -229,8 +231,8 @@ class MonitorScreen(Screen):
         self.query_one(RanksPane).show(st, now)
         if fl.multi_node(st) != self._multi:
             self._paint_samples()  # the GPU pane turns into the nodes pane
-        elif self._multi:
-            self._paint_nodes(now)  # node_sample events come with the run's events
+        elif self._multi and time.monotonic() - self._nodes_t >= NODES_EVERY_S:
+            self._paint_nodes(now)  # node_sample events come with the run's events, once a second
         if log:
             self.query_one(LogPane).show(st)
         self._maybe_plot()
@@ -271,6 +273,7 @@ class MonitorScreen(Screen):
         hp.show(host)
 
     def _paint_nodes(self, now: float) -> None:
+        self._nodes_t = time.monotonic()
         self.query_one(NodesPane).show(self.run_state, self.run_state.fleet.merged(self._local), now, self._family)
 
     def check_action(self, action: str, parameters) -> bool | None:

@@ -320,7 +320,8 @@ def rank_picks(view: "RunView", now: float, k: int = PICK_K, trouble_cap: int = 
     picks = trouble[:trouble_cap]
     seen = {p.rank.rank for p in trouble}
     live = [r for r in ranks if r.rank not in seen and (r.exited is None or (view.final and not r.failed_exit))]
-    paced = sorted((r for r in live if pace(r)), key=lambda r: (pace(r), r.step, r.rank))
+    paced = sorted((r for r in live if pace(r)), key=lambda r: (pace(r), r.rank))  # not by step: ranks of one
+    # pace would swap places with every step event (a screen that flickers between them)
     med = paced[(len(paced) - 1) // 2] if paced else None
     ref = pace(med) if med is not None else None
 

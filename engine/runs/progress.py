@@ -231,6 +231,8 @@ def block(view: RunView, now: float, width: int, every_node: bool = False) -> li
         lines += compact(view, now, width, every_node)
     else:
         lines += [rank_line(view, r, now, width) for r in ranks]
+        if len(view.fleet.nodes) > 1:  # a few ranks on several nodes: every GPU in two lines still
+            lines += [_fit(x, width - 1) for x in (fleet.fleet_line(view.fleet), view.fleet.imbalance_line()) if x]
     balance = view.balance_line()
     if balance:
         lines.append(_fit(balance, width - 1))

@@ -174,7 +174,7 @@ H100 = [GPUSample(index=i, name="NVIDIA H100 80GB HBM3", util=93.0 + i % 3, mem_
         for i in range(8)]  # node 0's own GPUs, as the Monitor on node 0 samples them
 
 
-def fleet_run(tmp_path):
+def fleet_run(tmp_path, seconds: int = 30):
     """bench.fake_run's recorded fleet, 32 nodes x 8 ranks, 30 s: node 17 slow with idle GPUs, rank
     203 a straggler, ranks 44/45 (node 5) and 130 (node 16) waiting for data, node 5's GPU 3 hot.
     Nodes 1-31 sample through node_sample events, node 0 through the Monitor's own sampler."""
@@ -184,7 +184,7 @@ def fleet_run(tmp_path):
     run.path.mkdir(parents=True)
     cfgmod.save(cfgmod.from_dict({"name": "fleet-32x8", "strategy": "ddp", "accelerator": "cpu", "devices": 8,
                                   "backend": "gloo"}), run.config_path)
-    evs = fake_run.fleet_events(run.name, 32, 8, T0, 30, node0_samples=False, pid=SUP)
+    evs = fake_run.fleet_events(run.name, 32, 8, T0, seconds, node0_samples=False, pid=SUP)
     with open(run.events_path, "w") as fh:
         fh.writelines(events.dumps(e) + "\n" for e in evs)
     run.pid_path.write_text(f"{os.getpid()}\n")
@@ -230,3 +230,51 @@ def test_monitor_fleet_256_ranks_140x45_node_17_open(snap_compare, app, tmp_path
     times opened node 17: its 8 GPUs at ~58 % under its row; the GPU imbalance across 256 GPUs below."""
     app._gpu_source = FakeGPUSource(H100)
     assert snap_compare(app, terminal_size=(140, 45), run_before=show_fleet(fleet_run(tmp_path), keys="nnn"))
+
+
+async def test_fleet_node_rows_open_on_click_and_enter_and_n_is_a_key_of_multi_node_runs_only(app, tmp_path):
+    """A click on node 17's row opens its GPUs under it (its ranks 136-143 on them), Enter on the
+    focused row closes it; the key bar offers n on this 32-node run and not on a one-node run."""
+    from torchdeck.app.monitor.nodes import NodeHead, NodesPane
+    from torchdeck.app.monitor.screen import MonitorScreen
+
+    def keys(screen):
+        return {b.action for b, enabled in ((ab.binding, ab.enabled) for ab in screen.active_bindings.values())
+                if enabled and b.show}
+
+    app._gpu_source = FakeGPUSource(H100)
+    run, n_events, now = fleet_run(tmp_path, seconds=8)
+    one, one_events = make_run(tmp_path)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = MonitorScreen(run.path, now=lambda: now, sample_every=3600)
+        await app.push_screen(screen)
+        pane = screen.query_one(NodesPane)
+        for _ in range(200):  # every event read, and the nodes worth a look listed first
+            heads = {h.node: h for h in screen.query(NodeHead)}
+            if screen.run_state.events == n_events and pane.order[:4] == [5, 16, 17, 25] and 17 in heads:
+                break
+            await pilot.pause(0.05)
+        where, still = None, 0
+        for _ in range(50):  # the layout settled: a click goes where the row is now
+            still = still + 1 if heads[17].region == where else 0
+            if still >= 3:
+                break
+            where = heads[17].region
+            await pilot.pause(0.1)
+        assert "next_node" in keys(screen)
+        await pilot.click(heads[17])
+        await pilot.pause(0.2)
+        gpus = heads[17].parent.gpus
+        assert pane.open == 17 and gpus.display and "r136" in str(gpus.render()) and "r143" in str(gpus.render())
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert pane.open is None and not gpus.display
+        single = MonitorScreen(one.path, now=lambda: NOW, sample_every=3600)
+        await app.push_screen(single)
+        for _ in range(100):
+            if single.run_state.events == one_events:
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(0.1)
+        assert "next_node" not in keys(single) and "cycle_log" in keys(single)
+

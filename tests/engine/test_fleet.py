@@ -42,3 +42,22 @@ def test_node_samples_and_the_local_sampler_make_one_fleet():
     v.feed(_sample(0, [50.0], 12.0))
     assert v.fleet.merged(here).nodes[0].gpus[0].util == 50.0
     assert "busiest node 2" in v.fleet.host_line(skip=0)
+
+
+def test_ranks_of_one_pace_keep_their_place_among_the_picks_as_they_step():
+    """bench fleet: node 17's 8 ranks, all at 512 samples/s, swapped places in the 'slowest' rows with
+    every step event (sorted by pace, then step), so the Monitor's rows flickered between them and
+    each showed for a moment. Equal paces are ordered by rank."""
+    from torchdeck.engine.runs.fleet import rank_picks
+
+    def step(rank, n, sps):
+        return events.make("step", rank=rank, epoch=0, step=n, total_steps=100, loss=1.0, samples_per_s=sps,
+                           data_wait_s=0.01, compute_s=0.1, lr=0.1, accuracy=None)
+
+    v = RunView()
+    v.feed(events.make("run_started", strategy="ddp", world_size=16, total_steps=100, devices=["cpu"] * 16))
+    v.feed_all([step(r, 10, 100.0 if r not in (3, 4) else 50.0) for r in range(16)])
+    v.feed(step(4, 11, 50.0))
+    v.feed(step(3, 12, 50.0))  # rank 3 now a step ahead of rank 4: same pace, same place
+    picks, _ = rank_picks(v, 0.0, k=1)
+    assert [(p.why, p.rank.rank) for p in picks if p.why == "slowest"] == [("slowest", 3)]
