@@ -294,3 +294,17 @@ def test_validate_says_the_loss_and_model_parallel_refuses_dict_batches(user, tm
     pipe = Pipeline(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)), ["cpu", "cpu"])
     with pytest.raises(ModelError, match=r"a dict \(input_ids\).*use ddp, fsdp"):
         pipe(input_ids=torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_deepspeed_casts_a_dict_batchs_floats_and_keeps_its_token_ids():
+    """Under bf16/fp16 DeepSpeed's weights are bf16/fp16 and its forward switches autocast off: the
+    batch is cast on the way in, by name too (model(**batch)); token ids and masks stay integers."""
+    from torchdeck.engine.strategies._deepspeed import _cast_inputs
+
+    class Probe(torch.nn.Module):
+        def forward(self, pixels=None, input_ids=None):
+            return pixels.dtype, input_ids.dtype
+
+    m = Probe()
+    m.register_forward_pre_hook(_cast_inputs(torch.bfloat16), with_kwargs=True)
+    assert m(pixels=torch.randn(2, 3), input_ids=torch.zeros(2, 3, dtype=torch.long)) == (torch.bfloat16, torch.long)
