@@ -28,12 +28,7 @@ LABEL_STYLE = {"median": "dim", "slowest": "bold yellow", "data wait": "bold cya
 
 
 def _rank_head(state: RunView, width: int) -> Text:
-    if state.run_kind == "script":
-        return script_rank_header(width)
-    try:
-        return rank_header(width, state)  # the task's columns (tokens/s, no tr.acc) where it has them
-    except TypeError:
-        return rank_header(width)
+    return script_rank_header(width) if state.run_kind == "script" else rank_header(width, state)
 
 
 def ranks_summary(state: RunView, now: float, width: int) -> Text:
@@ -45,7 +40,7 @@ def ranks_summary(state: RunView, now: float, width: int) -> Text:
     n = len({fl.node_of(r) for r in ranks})
     t = Text(f"{len(ranks)} ranks" + (f" on {n} nodes" if n > 1 else ""), style="bold")
     if paces is not None:
-        lo, med, hi = (fl._pace_num(v) for v in paces)
+        lo, med, hi = (fl.pace_text(v) for v in paces)
         t.append(f"  ·  {unit} min {lo}, median {med}, max {hi}")
     t.append(f"  ·  steps {min(steps)}" + (f"-{max(steps)}" if max(steps) != min(steps) else ""))
     return _cut(t, width)
@@ -132,7 +127,7 @@ def node_header(width: int, unit: str) -> Text:
 def node_text(row: fl.NodeRow, width: int, is_open: bool, unit: str) -> Text:
     """▸ 17 gpu-node-17 136-143  512  3%  56/ 58/ 60%  59.6/61.3/63.5G of 80G  GPU 3 67°C  slow 20%"""
     g, n = row.group, row.sample
-    pace = fl._pace_num(g.pace[1]) if g is not None and g.pace is not None else "-"
+    pace = fl.pace_text(g.pace[1]) if g is not None and g.pace is not None else "-"
     wait = fmt.pct(g.wait, 0) if g is not None else "-"
     ranks = g.rank_span if g is not None else "-"
     util = n.util() if n is not None else None

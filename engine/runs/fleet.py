@@ -247,16 +247,6 @@ def _trio(s) -> str:
     return "-" if s is None else f"{s[0]:.0f}/{s[1]:.0f}/{s[2]:.0f}"
 
 
-def node_cells(n: Node) -> dict:
-    """A node's row as text cells (both front ends): GPUs, util and memory min/median/max, hottest."""
-    util, mem, hot = n.util(), n.mem_mb(), n.hottest()
-    tot = n.mem_total_mb()
-    return {"node": str(n.node_rank), "host": n.host or "?", "gpus": str(len(n.gpus)),
-            "util": _trio(util) + "%" if util else "-",
-            "mem": ("/".join(fmt.mib(v) for v in mem) + (f" of {fmt.mib(tot)}" if tot else "")) if mem else "-",
-            "hot": f"GPU {hot.index} {hot.temp_c:.0f}°C" if hot else "-"}
-
-
 def fleet_line(fleet: Fleet) -> str | None:
     """Every GPU of the run in one line: how many, utilization and memory min/median/max, hottest."""
     gpus = fleet.gpus()
@@ -394,10 +384,11 @@ def group_line(g: NodeGroup, unit: str, width: int = 10_000) -> str:
 
 
 def _rate_trio(s) -> str:
-    return "-" if s is None else "/".join(_pace_num(v) for v in s)
+    return "-" if s is None else "/".join(pace_text(v) for v in s)
 
 
-def _pace_num(v: float) -> str:
+def pace_text(v: float) -> str:
+    """A pace as the views write it: samples/s and tokens/s whole (and grouped), steps/s with a decimal."""
     return fmt.rate(v) if v >= 100 else f"{v:.1f}"
 
 
@@ -470,13 +461,3 @@ def node_rows(view: "RunView", fleet: Fleet, now: float) -> list[NodeRow]:
         rows.append(NodeRow(k, host, g, n, flags))
     rows.sort(key=lambda r: (not r.bad, not r.flags, r.node))
     return rows
-
-
-def flagged_line(rows: list[NodeRow], most: int = 4) -> str | None:
-    """The nodes worth a look in one line: 'nodes to look at: 17 slow 20%, idle GPUs 57%; 5 data
-    wait 32%, hot GPU 3 84°C'; None when none is."""
-    named = [r for r in rows if r.flags]
-    if not named:
-        return None
-    text = "nodes to look at: " + "; ".join(f"{r.node} {', '.join(r.flags)}" for r in named[:most])
-    return text + (f" (+{len(named) - most} more)" if len(named) > most else "")

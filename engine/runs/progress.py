@@ -172,7 +172,7 @@ def pick_line(view: RunView, p: "fleet.Pick", now: float, unit: str, many_nodes:
     r = p.rank
     speed = fleet.pace(r)
     text = f"  {p.why:<9} rank {r.rank:>3}" + (f"  node {fleet.node_of(r):<2}" if many_nodes else "")
-    text += f"  step {r.step}  {'-' if speed is None else fleet._pace_num(speed)}{_short(unit)}"
+    text += f"  step {r.step}  {'-' if speed is None else fleet.pace_text(speed)}{_short(unit)}"
     if p.vs_median and abs(p.vs_median) >= 0.005:
         text += f" {p.vs_median:+.0%}"
     if r.data_wait is not None:
