@@ -227,7 +227,7 @@ class Fleet:
         cpu = spread(n.host_info.cpu_percent for n in nodes)
         ram = spread(n.host_info.ram_percent for n in nodes)
         busiest = max(nodes, key=lambda n: n.host_info.cpu_percent or 0.0)
-        who = "other nodes" if skip is not None else "nodes"
+        who = ("other " if skip is not None else "") + ("node" if len(nodes) == 1 else "nodes")
         text = f"{len(nodes)} {who}: CPU {_trio(cpu)}%  RAM {_trio(ram)}%"
         if cpu is not None:
             text += f"  busiest node {busiest.node_rank} ({_n(busiest.host_info.cpu_percent)}%, load " \
