@@ -18,7 +18,7 @@ from ...engine.runs.view import RunView
 from .panes import (RanksPane, TextPane, gpu_ranks, gpu_row, rank_header, rank_spread_text, rank_text,
                     script_rank_header, script_spread_text)
 
-LIST_ALL_UPTO = 8  # ranks; beyond this a row per rank pushes the GPU, host and curves panes off
+LIST_ALL_UPTO = fl.LIST_ALL_UPTO  # ranks; beyond this a row per rank pushes the GPU, host and curves panes off
 LABEL_W = 10  # the pick's label column ("data wait", "slowest") in front of a rank's row
 LABEL_STYLE = {"median": "dim", "slowest": "bold yellow", "data wait": "bold cyan", "stale": "bold red reverse",
                "exited": "bold red"}

@@ -19,6 +19,7 @@ from . import fmt
 
 HISTORY = 120  # utilization samples kept per GPU (one a second: two minutes)
 IMBALANCE_POINTS = 20.0  # util/memory spread across GPUs worth shouting about
+LIST_ALL_UPTO = 8  # ranks; beyond this the views list the ranks worth a look, not every rank
 PICK_K = 3  # ranks listed per question (slowest, most data wait) in a run too big to list whole
 
 

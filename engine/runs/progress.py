@@ -20,7 +20,7 @@ from . import fleet, fmt, metric
 from .status import Status
 from .view import RankState, RunView
 
-COMPACT_ABOVE = 8  # ranks; beyond this one line per rank is too much to read
+COMPACT_ABOVE = fleet.LIST_ALL_UPTO  # ranks; beyond this one line per rank is too much to read
 LOG_LEVELS = ("info", "warning", "error")  # "output" lines (what ranks print) stay in rank<N>.log
 
 

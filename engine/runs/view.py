@@ -602,11 +602,11 @@ class RunView:
 
     def _on_node_sample(self, ev, t) -> None:
         """A node's GPUs and host, once a second (node 0's supervisor writes every node's)."""
-        gpus = ev.get("gpus")
-        if ev.get("node_rank") is None or not isinstance(gpus, list):
-            raise Malformed("node_sample without node_rank or gpus")
+        gpus, node = ev.get("gpus"), ev.get("node_rank")
+        if isinstance(node, bool) or not isinstance(node, int) or node < 0 or not isinstance(gpus, list):
+            raise Malformed("node_sample without a node_rank or its gpus")
         stats = ev.get("host_stats")
-        self.fleet.add(_i(ev.get("node_rank")), _text(ev.get("host")), gpus, stats if isinstance(stats, dict) else None, t)
+        self.fleet.add(node, _text(ev.get("host")), gpus, stats if isinstance(stats, dict) else None, t)
 
     def add_history(self, evs, upto_step: int, source: str) -> None:
         """The curves of the run this one resumed (steps up to its checkpoint), so a resumed run's

@@ -61,3 +61,12 @@ def test_ranks_of_one_pace_keep_their_place_among_the_picks_as_they_step():
     v.feed(step(3, 12, 50.0))  # rank 3 now a step ahead of rank 4: same pace, same place
     picks, _ = rank_picks(v, 0.0, k=1)
     assert [(p.why, p.rank.rank) for p in picks if p.why == "slowest"] == [("slowest", 3)]
+
+
+def test_a_node_sample_without_a_whole_node_rank_is_skipped_and_counted():
+    v = RunView()
+    for bad in ("x", True, -1, None, 1.5):
+        ev = _sample(1, [50.0], 1.0)
+        ev["node_rank"] = bad
+        assert not v.feed(ev)
+    assert v.skipped == 5 and not v.fleet.nodes
