@@ -190,6 +190,13 @@ def test_hf_causal_lm_trains_through_torchdeck_run_on_every_strategy(user, tmp_p
     assert a["step"] == b["step"] == 10
     assert_same_weights(a["model"], b["model"])
     assert runs["ddp-val"] == pytest.approx(runs["cpu-val"], rel=1e-5)
+    # `torchdeck eval`'s engine on the cpu run's checkpoint: the model's own loss, its perplexity, no accuracy
+    from torchdeck.engine.evaluate import evaluate
+
+    res = evaluate(final_path(runs["cpu"]))
+    assert res["loss"] == pytest.approx(runs["cpu-val"][-1], rel=1e-5) and res["accuracy"] is None
+    assert res["metrics"]["perplexity"] == pytest.approx(math.exp(res["loss"]))
+    assert res["loss_rule"] == "loss: the model's own (output.loss)" and res["samples"] == 63
 
 
 @pytest.mark.slow
