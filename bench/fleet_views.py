@@ -79,9 +79,13 @@ class Watcher(threading.Thread):
             return None
 
     def finish(self) -> None:
+        """Stop reading, and end the program whatever happens (an app left running would weigh on
+        every later measurement)."""
         self._ending.set()
-        self.join(5)
-        self.pty.close()
+        try:
+            self.join(5)
+        finally:
+            self.pty.close()
 
 
 class Tail(threading.Thread):
@@ -199,10 +203,11 @@ def measure(nodes: int, ranks: int, rate: float, seconds: float) -> dict:
             cpu = {"monitor_cpu_percent": round(100 * (cpu1 - cpu0) / (t1 - t0), 1)}
         time.sleep(1.0)  # the last frames
     finally:
-        fleet.stop()
-        mon.finish()
-        att.finish()
-        tail.finish()
+        for done in (fleet.stop, mon.finish, att.finish, tail.finish):
+            try:
+                done()
+            except Exception:  # noqa: BLE001 - the others must still end
+                pass
     written = {e["step"]: e["t"] for e in events.iter_events(run.events_path)
                if e.get("kind") == "step" and isinstance(e.get("step"), int) and isinstance(e.get("t"), (int, float))}
     ts = sorted(written.values())
