@@ -249,6 +249,7 @@ class RunView:
     strategy: str = "?"
     world_size: int = 0
     num_nodes: int = 1
+    node_rank: int = 0  # the node whose run directory this is (run_started)
     global_batch: int | None = None
     devices: list = field(default_factory=list)
     host: str = ""
@@ -340,6 +341,7 @@ class RunView:
         self.strategy = _text(ev.get("strategy")) or self.strategy
         self.world_size = _i(ev.get("world_size"))
         self.num_nodes = _i(ev.get("num_nodes"), 1)
+        self.node_rank = _i(ev.get("node_rank"), 0)  # the node whose run directory this is
         gb = ev.get("global_batch")
         self.global_batch = gb if isinstance(gb, int) and not isinstance(gb, bool) else None
         devs = ev.get("devices")
@@ -989,7 +991,9 @@ class RunView:
         if self.supervisor_pid:
             out[self.supervisor_pid] = None
         for st in self.rank_list():
-            if st.pid and not st.from_report:
+            # another node's pid names some other process here: only this node's ranks
+            mine = st.node_rank is None or st.node_rank == self.node_rank
+            if st.pid and not st.from_report and mine:
                 out[st.pid] = st.rank
         return out
 

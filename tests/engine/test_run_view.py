@@ -391,3 +391,17 @@ def test_one_number_rule_for_the_monitor_and_compare():
     st = v.ranks[0]
     assert st.loss == 1.5 and [y for _, y in v.steps.points] == [2.0, 1.5]
     assert (st.warmup_steps, st.timed_steps) == (10, 20) and st.timed_s == pytest.approx(1.0)
+
+
+def test_only_this_nodes_ranks_give_pids_to_sample_here():
+    """Node 0's file holds node 1's streamed rank_ready (pid 4003 on node-b): sampling pid 4003 on
+    node 0 would show some other process's CPU and GPU use as that rank's."""
+    st = RunView()
+    st.feed_all([started(world=4),
+                 ev("rank_ready", 0.5, rank=0, local_rank=0, device="cpu", pid=4001, host="box", threads=1),
+                 ev("rank_ready", 0.5, rank=1, local_rank=1, device="cpu", pid=4002, host="box", threads=1),
+                 ev("rank_ready", 0.6, rank=2, local_rank=0, device="cpu", pid=4003, host="node-b", threads=1,
+                    node_rank=1),
+                 ev("rank_ready", 0.6, rank=3, local_rank=1, device="cpu", pid=4002, host="node-b", threads=1,
+                    node_rank=1)])
+    assert st.rank_pids() == {4000: None, 4001: 0, 4002: 1}
