@@ -159,7 +159,7 @@ def test_mfu_meter_on_this_gpu():
 @pytest.mark.slow
 def test_lm_cpu_preset_trains_through_torchdeck_run(tmp_path):
     """`torchdeck run lm-cpu`, cut to 30 steps: 2 DDP ranks on the built-in corpus learn (val loss
-    well below ln 256), step events say tokens/s and no accuracy, no MFU on the CPU, and the
+    below what byte frequencies alone give), step events say tokens/s and no accuracy, no MFU on the CPU, and the
     epoch's end says perplexity."""
     import json
     import os
@@ -176,6 +176,6 @@ def test_lm_cpu_preset_trains_through_torchdeck_run(tmp_path):
     assert {e["rank"] for e in steps} == {0, 1} and max(e["step"] for e in steps) == 30
     assert all(e["tokens_per_s"] > 0 and e["accuracy"] is None and e.get("mfu") is None for e in steps)
     (end,) = [e for e in evs if e["kind"] == "epoch_end" and e["rank"] == 0]
-    assert end["val_loss"] < math.log(256) - 2, end
+    assert end["val_loss"] < 2.7, end  # 5.55 at the start; byte frequencies alone give ~3 (2.40 seen)
     assert end["val_metrics"]["perplexity"] == pytest.approx(math.exp(end["val_loss"]), rel=1e-3)
     assert "perplexity" in p.stdout and "tokens/s" in p.stdout
