@@ -186,6 +186,9 @@ def plan(cfg, nproc: int, room: int | None = None) -> CachePlan:
             n = (d.train_size + d.val_size) * 3 * d.image_size ** 2 * 4
             return CachePlan(False, n, n * nproc, budget, False,
                              f"data: synthetic, generated in memory by each rank ({fmt_bytes(n)} each)")
+        if d.dataset == "text":  # engine/text.py
+            where = f"the bytes of {d.root}" if d.root else "the built-in corpus (1 MiB, generated)"
+            return CachePlan(False, 0, 0, budget, False, f"data: text, {where}, held in memory by each rank")
         return CachePlan(False, 0, 0, budget, False,
                          f"data: {d.dataset} as the callable returns it (data.cache is for image folders "
                          f"and torchvision sets)")

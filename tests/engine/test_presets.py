@@ -183,6 +183,9 @@ def test_lm_presets_train_a_gpt_on_text_on_two_cpu_ranks_and_on_every_gpu():
     assert (cpu.strategy, cpu.accelerator, cpu.devices, cpu.resolved_backend) == ("ddp", "cpu", 2, "gloo")
     assert (cpu.model.name, cpu.data.dataset, cpu.data.root, cpu.data.num_workers) == ("gpt", "text", "", 0)
     assert world_size(cpu) == 2 and re.search(r"val loss [\d.]+", cpu.description)
+    from torchdeck.engine import cache
+
+    assert cache.plan(cpu, 2).line == "data: text, the built-in corpus (1 MiB, generated), held in memory by each rank"
     gpu = preflight.load(presets.resolve("lm-gpu"), hw=Hardware(gpu_count=2))
     assert (gpu.strategy, gpu.devices, gpu.resolved_backend, world_size(gpu)) == ("ddp", [0, 1], "nccl", 2)
     assert gpu.train.precision == "bf16-mixed" and gpu.train.compile and gpu.data.num_workers == 0
