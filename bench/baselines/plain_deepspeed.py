@@ -37,6 +37,9 @@ def worker(rank, a, port, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(a.ranks))
+    from torchdeck.engine.strategies.deepspeed import pin_ninja
+
+    pin_ninja()  # the ninja torchdeck's ranks build with: DeepSpeed's CPU op is built once for both
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

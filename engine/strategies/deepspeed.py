@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -95,6 +96,29 @@ def cpu_op_note(cfg) -> list[tuple[str, str]]:
         return []
     return [("info", f"DeepSpeed is building its CPU op (first use on this host, cached afterwards): {SHM_OP}, "
                      "compiled with g++ while the ranks build the model, about a minute")]
+
+
+def pin_ninja() -> str | None:
+    """Put the ninja that DeepSpeed requires (the `ninja` wheel, in this Python's environment) first
+    on this process's PATH, so its JIT builds run one ninja whoever started the run. torch runs
+    whichever `ninja` PATH finds, and two ninja versions hash the same compile command differently
+    (1.11's .ninja_log v5 against the wheel's 1.13, v7): a run from a shell with the venv's bin on
+    PATH and one without (the suite's own DeepSpeed tests against those that put .venv/bin first)
+    each took the other's deepspeed_shm_comm objects for stale and rebuilt them, 25 s to 3 minutes
+    each time. Returns the folder put first, or None where PATH already finds it (or there is none)."""
+    try:
+        import ninja
+    except ImportError:
+        return None
+    folder = getattr(ninja, "BIN_DIR", "")
+    exe = Path(folder or ".") / "ninja"
+    if not folder or not exe.is_file():
+        return None
+    found = shutil.which("ninja")
+    if found and Path(found).resolve() == exe.resolve():
+        return None
+    os.environ["PATH"] = os.pathsep.join([folder] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p])
+    return folder
 
 
 # ----------------------------------------------------------------------------- ds_config
@@ -395,6 +419,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     def setup(self, model, ctx, total_steps: int, steps_per_epoch: int):
         from . import _deepspeed
 
+        pin_ninja()  # before init_distributed and initialize, which JIT-build DeepSpeed's CPU ops
         return _deepspeed.setup(model, ctx, resolve(ctx.cfg, ctx.world_size), total_steps, steps_per_epoch)
 
     def unwrap(self, model):

@@ -270,6 +270,7 @@ def _scenario(name: str, rank: int, out: Path) -> None:
                   "resumed": [f["message"] for k, f in seen if k == "log" and "resumed" in f.get("message", "")]}
         if cfg.strategy == "deepspeed":
             report["param_dtypes"] = sorted({str(p.dtype) for p in trainer.model.module.parameters()})
+            report["ninja"] = shutil.which("ninja")  # the one torch's JIT builds ran in this rank
             report["lr"] = trainer.scheduler.get_last_lr()
             # DeepSpeed's forward turns an outer CUDA autocast off: the model must take an fp32 batch bare
             info = trainer.info
@@ -340,6 +341,7 @@ def test_zero_stages_equal_ddp(ranks, stage):
     report = json.loads((ranks / f"zero{stage}.json").read_text())
     assert report["step"] == 4
     assert report["threads"] == 1  # the rank's threads (cores / local ranks) survive deepspeed.initialize
+    assert Path(report["ninja"]).resolve() == _wheel_ninja()  # whatever PATH pytest was started with
     assert_same(got, ref)
     init = cfgmod.from_dict(cfg_dict("ddp"))
     from torchdeck.engine.data import build_datasets
@@ -670,6 +672,36 @@ def test_exported_deepspeed_launch_runs_as_two_nodes(tmp_path, capsys):
     from torchdeck.engine.evaluate import _deepspeed_state
 
     assert_same_weights(_deepspeed_state(path)["model"], final_model(tmp_path / "one")["model"])
+
+
+def _wheel_ninja() -> Path:
+    import ninja
+
+    return (Path(ninja.BIN_DIR) / "ninja").resolve()
+
+
+@needs_deepspeed
+def test_a_rank_builds_deepspeeds_ops_with_one_ninja_whatever_path_finds_first(tmp_path, monkeypatch):
+    """DeepSpeed's CPU op (deepspeed_shm_comm) was rebuilt, 25 s to 3 minutes, each time a run
+    started from a PATH with .venv/bin first (the wheel's ninja 1.13) followed one started without
+    it (/usr/bin/ninja 1.11), and back: torch runs the `ninja` PATH finds, and the two hash the same
+    compile command differently, so each took the other's objects for stale. A rank's setup puts the
+    wheel's ninja first, so both kinds of start build with it (and the ranks fixture checks the
+    spawned ranks do). Here another `ninja` comes first on PATH, then the wheel's."""
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\necho 1.0.0\n")
+    (other / "ninja").chmod(0o755)
+    import ninja
+
+    wheel = _wheel_ninja()
+    for first in (str(other), ninja.BIN_DIR):
+        monkeypatch.setenv("PATH", os.pathsep.join([first, "/usr/bin", "/bin"]))
+        ds.pin_ninja()
+        assert Path(shutil.which("ninja")).resolve() == wheel, first
+        version = subprocess.run(["ninja", "--version"], capture_output=True, text=True, check=True).stdout
+        assert version != "1.0.0\n", first
+    assert os.environ["PATH"].split(os.pathsep).count(ninja.BIN_DIR) == 1  # put first once, not again
 
 
 @needs_deepspeed
