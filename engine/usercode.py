@@ -109,6 +109,14 @@ def _install(found) -> None:
         sys.meta_path.append(_finder)
 
 
+def forget_inherited() -> None:
+    """A command the user types starts from its own folders only: the environment it inherits may
+    hold another command's (a shell or test harness that ran one before; only the processes a run
+    starts are meant to read them)."""
+    os.environ.pop(ENV, None)
+    _finder.folders.clear()
+
+
 if os.environ.get(ENV):
     _install(os.environ[ENV].split(os.pathsep))
 

@@ -80,3 +80,20 @@ def test_a_users_model_in_a_module_named_engine_trains(tmp_path):
     run = finished(r, work)
     assert "name: engine:mymodel" in (run / "config.yaml").read_text()
     assert sorted((work / "built").read_text().split()) == ["0", "1"]  # each rank built the user's model
+
+
+def test_a_command_looks_in_its_own_folders_not_in_ones_its_environment_inherited(tmp_path):
+    """TORCHDECK_USER_FOLDERS carries a run's folders to the processes it starts; a command typed
+    in a shell that holds another's (a test harness that ran `torchdeck` in-process before) found
+    that folder's typo_mod.py first and named it."""
+    other, work = tmp_path / "other", tmp_path / "proj"
+    for d in (other, work):
+        d.mkdir()
+        (d / "typo_mod.py").write_text("def build(info):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TORCHDECK_RUNS=str(work / "runs"), TORCHDECK_USER_FOLDERS=str(other))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    r = subprocess.run(cmd + ["validate", "quickstart", "--set", "model.name=typo_mod:biuld"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert str(work / "typo_mod.py") in r.stderr + r.stdout and str(other) not in r.stderr + r.stdout, r.stderr

@@ -182,7 +182,7 @@ def test_balance_from_step_events_and_from_another_nodes_report():
          "data_wait": 0.02, "comm_wait": 0.01, "device_mem_mb": 1.0, "t": 101.0}]})
     b = view.balance()
     assert (b["rank"], b["cause"], b["even"], b["waiter"]) == (2, "compute", False, 0), b
-    assert view.balance_line().startswith("rank 2 holds the others back: mostly compute (data 2%, compute 97%")
+    assert view.balance_line().startswith("rank 2 (node 1) holds the others back: mostly compute (data 2%, compute 97%")
     view.feed(_step(1, 0.05, None, t=102.0))  # a rank that does not time its all-reduce: no verdict on it
     assert view.ranks[1].comm_wait is None and view.balance()["rank"] == 2
 
