@@ -52,6 +52,10 @@ TINY = {"name": "tiny", "strategy": "ddp", "accelerator": "cpu", "devices": 2, "
         "data": {"dataset": "synthetic", "train_size": 256, "val_size": 64, "image_size": 16},
         "train": {"batch_size": 32, "epochs": 1, "log_every_n_steps": 1, "threads_per_rank": 1}}
 
+# A run that outlasts any test (stop and kill must end it): 500 epochs (2,000 steps) ended on their
+# own in 16 s once the ranks' events went through their own pipes, before the key was pressed
+LONG_EPOCHS = 100_000
+
 
 async def form_mounted(pilot, app):
     """The Configure form beneath mounts its groups after the first paint: leaving (or covering it)
@@ -165,7 +169,7 @@ async def test_failed_real_run_shows_rank_and_traceback(tmp_path, cleanup, monke
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
-    run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
+    run = launch(tmp_path, train={**TINY["train"], "epochs": LONG_EPOCHS})
     cleanup.append(run)
     from torchdeck.app.monitor.screen import MonitorScreen
 
@@ -198,7 +202,7 @@ async def test_stop_key_stops_a_live_real_run(tmp_path, cleanup):
 async def test_kill_key_kills_every_process_of_a_live_real_run(tmp_path, cleanup):
     from torchdeck.engine.runs.control import run_processes
 
-    run = launch(tmp_path, train={**TINY["train"], "epochs": 500})
+    run = launch(tmp_path, train={**TINY["train"], "epochs": LONG_EPOCHS})
     cleanup.append(run)
     from torchdeck.app.monitor.screen import MonitorScreen
 
