@@ -18,6 +18,7 @@ Stdlib and psutil.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import socket
@@ -129,6 +130,18 @@ class _Stopper:
         return self._set
 
 
+_T = re.compile(r'"t":(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)')
+
+
+def _event_time(text: str) -> float:
+    """The unix time an event line opens with (events.make puts v, kind, t first); +inf if none."""
+    m = _T.search(text)
+    try:
+        return float(m.group(1)) if m else float("inf")
+    except ValueError:
+        return float("inf")
+
+
 class EventReader(threading.Thread):
     """Reads every rank's pipe (selectors), hands each event line (str, without its newline) to
     `put` and, after each round of reads that handed lines on, calls `flush` (in the supervisor:
@@ -178,8 +191,10 @@ class EventReader(threading.Thread):
                     break
                 full = False
                 lines = self.lines
+                self._round = []
                 for key in ready:
                     full = self._read(key.fd) or full
+                self._put_round()
                 if self.flush is not None and self.lines != lines:
                     self.flush()
                 if ready:
@@ -200,6 +215,8 @@ class EventReader(threading.Thread):
                     os.close(fd)
                 except OSError:
                     pass
+
+    _round: list | None = None  # the lines of the round being read, put in time order at its end
 
     def _read(self, fd: int) -> bool:
         """Read what the pipe holds and hand its complete lines on; True if the read filled
@@ -240,7 +257,20 @@ class EventReader(threading.Thread):
                 self.refused += 1
                 return
         self.lines += 1
-        self.put(text)
+        if self._round is None:
+            self.put(text)
+        else:
+            self._round.append(text)
+
+    def _put_round(self) -> None:
+        """A round's lines in the order their ranks made them (the `t` each event opens with),
+        not in the order the pipes were read: rank 1's error, then rank 0's that followed it, is
+        the story events.jsonl must tell."""
+        got, self._round = self._round, None
+        if got:
+            got.sort(key=_event_time)
+            for text in got:
+                self.put(text)
 
     def _close(self, fd: int) -> None:
         self.buffers.pop(fd, None)  # a partial last line: a writer killed mid-line; lines are atomic

@@ -73,3 +73,23 @@ def test_rank_events_are_all_written_flushed_soon_and_read_in_rounds(tmp_path, m
         writer.stop()
         writer.close()
     assert not reader.is_alive() and not writer.is_alive()
+
+
+def test_a_rounds_lines_are_written_in_the_order_the_ranks_made_them(tmp_path):
+    """Rank 1 raises, rank 0's error (its peer gone) follows 1 ms later, both read in one round:
+    pipe order put rank 0's first in events.jsonl (CI: test_failures' first error was rank 0's)."""
+    got = []
+    pipes = [os.pipe() for _ in range(2)]
+    first = events.make("error", rank=1, exception="RuntimeError", message="boom")
+    later = dict(events.make("error", rank=0, exception="RuntimeError", message="peer gone"), t=first["t"] + 0.001)
+    os.write(pipes[0][1], (events.dumps(later) + "\n").encode())  # pipe 0 is read first
+    os.write(pipes[1][1], (events.dumps(first) + "\n").encode())
+    reader = launch_ranks.EventReader([r for r, _ in pipes], got.append, host="here")
+    reader.start()
+    try:
+        wait_for(lambda: len(got) == 2, timeout=5, what="both lines")
+    finally:
+        for _, w in pipes:
+            os.close(w)
+        reader.stop()
+    assert [events.parse(x.encode())["rank"] for x in got] == [1, 0]
