@@ -184,7 +184,8 @@ def test_headless_progress_fits_an_80_column_terminal_and_redraws_in_place(term,
     """Issue 14 bug 1: `torchdeck run` in an 80-column tmux printed ~108-column rank lines; they
     wrapped and the in-place redraw repeated the header down the screen. Now every line fits, the
     header is on screen once while it runs, and a resize to 60 columns redraws at that width."""
-    slow = TINY.replace("epochs: 1", "epochs: 30").replace("train_size: 512", "train_size: 2048")
+    # 3,000 epochs: 30 ended on their own in 7 s, before the screen was read (only Ctrl-C ends it)
+    slow = TINY.replace("epochs: 1", "epochs: 3000").replace("train_size: 512", "train_size: 2048")
     (tmp_path / "presets" / "slowtiny.yaml").write_text(slow)
     term.start(f"{TORCHDECK} run slowtiny; echo EXITED $?; sleep 600", width=80, height=24)
     term.wait_for("RUNNING", timeout=120)
