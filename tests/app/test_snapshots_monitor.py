@@ -206,12 +206,21 @@ def show_fleet(run_dir, keys=()):
             await pilot.pause(0.05)
         assert screen.run_state.events == n_events
         screen.repaint()
+        pane = screen.query_one(NodesPane)
         for key in keys:
             await pilot.press(key)
-        await pilot.pause(0.3)  # the node slots mounted and drawn
+        opened = pane.order[len(keys) - 1] if keys else None
+        for _ in range(200):  # the node open, its head focused (its background), its GPUs drawn
+            slot = pane._slot_of(opened) if opened is not None else None
+            if slot is None or (pilot.app.focused is slot.head and slot.gpus.display):
+                break
+            await pilot.pause(0.05)
+        assert pane.open == opened and (slot is None or pilot.app.focused is slot.head)
+        await pilot.wait_for_scheduled_animations()  # the list scrolled to the open node
         screen.repaint()
-        assert screen.query_one(NodesPane).order[:4] == [5, 16, 17, 25]  # worth a look first
+        assert pane.order[:4] == [5, 16, 17, 25]  # worth a look first
         await pilot.pause(1.3)  # the plots redraw at most once a second
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause(0.2)
 
     return run_before
@@ -263,9 +272,17 @@ async def test_fleet_node_rows_open_on_click_and_enter_and_n_is_a_key_of_multi_n
             await pilot.pause(0.1)
         assert "next_node" in keys(screen)
         await pilot.click(heads[17])
-        await pilot.pause(0.2)
-        gpus = heads[17].parent.gpus
-        assert pane.open == 17 and gpus.display and "r136" in str(gpus.render()) and "r143" in str(gpus.render())
+        for _ in range(100):
+            if pane.open is not None:
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(0.1)
+        # the row under the pointer opened (node 17's, unless a repaint moved the rows under load
+        # between the click's aim and its arrival): the clicked row has the focus, its GPUs below it
+        clicked = app.focused
+        assert isinstance(clicked, NodeHead) and pane.open == clicked.node, (pane.open, clicked)
+        k, gpus = clicked.node, clicked.parent.gpus
+        assert gpus.display and f"r{8 * k}" in str(gpus.render()) and f"r{8 * k + 7}" in str(gpus.render())
         await pilot.press("enter")
         await pilot.pause(0.1)
         assert pane.open is None and not gpus.display
