@@ -5,10 +5,12 @@ directory, each in a real pseudo-terminal:
 - the Monitor (the app, bench.app_monitor, 140x45): event-to-screen latency, from each step
   event's own time (taken where the rank made it, before the node link carried it to node 0) until
   the screen first shows that rank at that step or a later one; and, as the Monitor's own share,
-  from the moment the line reached events.jsonl (a tail here, polling every 10 ms). Only the ranks
-  the Monitor shows are timed (at 256 ranks: the ones worth a look, the median, the slowest, the
-  most data wait); an event is reflected when its rank is shown at that step or later (the screen
-  shows the newest). Target p95 <= 250 ms. Its CPU over the window.
+  from the moment the line reached events.jsonl (a tail here, polling every 10 ms). The pty's
+  output is kept as a screen (bench.ptyterm.Screen), read at the end of each frame: only events of
+  ranks on screen when they came are timed (at 256 ranks: the ones worth a look, the median, the
+  slowest, the most data wait); an event is reflected when a frame shows its rank at that step or
+  later (the screen shows the newest); one whose rank left the screen first is counted apart.
+  Target p95 <= 250 ms. Its CPU over the window.
 - `torchdeck attach` (headless, on a terminal so that it redraws in place, 80x24): redraws per
   second, counted by the cursor-up-and-clear sequence each redraw starts with, on average and in
   the busiest second. Target <= 4/s.
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench import common as C
-from bench.ptyterm import PtyProcess, visible
+from bench.ptyterm import SYNC_QUERY, SYNC_YES, PtyProcess, Screen
 
 SHOWN = re.compile(r"(?<![\d,.])(\d{6})/9999999")  # a rank's step in the Monitor's rows
 REDRAW = re.compile(rb"\x1b\[\d+F\x1b\[J")  # the headless block moving up over itself
@@ -43,18 +45,32 @@ def _env() -> dict:
 
 
 class Watcher(threading.Thread):
-    """A program in a pty, its output read as it comes: what each chunk showed, and when."""
+    """A program in a pty, its output read as it comes into a model of the screen (what a terminal
+    would show, frame by frame: the program's synchronized updates, offered as a modern terminal
+    offers them), and what each frame showed: {rank: step} for the Monitor's step cells."""
 
-    def __init__(self, argv: list[str], cols: int, rows: int):
+    def __init__(self, argv: list[str], cols: int, rows: int, world: int = 8):
         super().__init__(daemon=True)
         self.pty = PtyProcess(argv, env=_env(), cols=cols, rows=rows, cwd=str(C.ROOT))
-        self.seen: dict[int, float] = {}  # step shown -> first time
+        self.screen = Screen(cols, rows)
+        self.stride = max(8, world)
+        self.frames: list[tuple[float, dict[int, int]]] = []  # (time, {rank: step shown}), when it changed
         self.redraws: list[float] = []
         self.bytes = 0
         self._ending = threading.Event()
 
+    def shown(self) -> dict[int, int]:
+        from bench.fake_run import BASE
+
+        out: dict[int, int] = {}
+        for line in self.screen.text():
+            for m in SHOWN.finditer(line):
+                step = int(m.group(1))
+                r = (step - BASE) % self.stride
+                out[r] = max(out.get(r, 0), step)
+        return out
+
     def run(self) -> None:
-        tail = ""
         while not self._ending.is_set():
             got = self.pty.read(0.05)
             if got is None:
@@ -63,11 +79,13 @@ class Watcher(threading.Thread):
                 continue
             t, data = got
             self.bytes += len(data)
+            if SYNC_QUERY in data:
+                os.write(self.pty.master, SYNC_YES)
             self.redraws += [t] * len(REDRAW.findall(data))
-            text = tail + visible(data)
-            tail = text[-16:]  # a number split across two reads
-            for m in SHOWN.finditer(text):
-                self.seen.setdefault(int(m.group(1)), t)
+            if self.screen.feed(data):
+                now = self.shown()
+                if not self.frames or self.frames[-1][1] != now:
+                    self.frames.append((t, now))
 
     def cpu_s(self) -> float | None:
         import psutil
@@ -121,46 +139,36 @@ class Tail(threading.Thread):
         self.join(5)
 
 
-def latencies(written: dict[int, float], seen: dict[int, float], world: int, lo: float, hi: float,
-              on_screen_s: float = 1.0) -> tuple[list, int]:
-    """Seconds from each step event (written: step -> time, within [lo, hi]) until the screen first
-    showed its rank at that step or later. Only events of a rank the screen was showing: one it
-    showed at some step within on_screen_s before the event (the ranks worth a look change as
-    their paces do; a rank that comes back on screen later would otherwise count its absence as
-    latency). Also how many such events were never reflected."""
+def latencies(written: dict[int, float], frames: list[tuple[float, dict[int, int]]], world: int,
+              lo: float, hi: float) -> tuple[list, int, int]:
+    """Seconds from each step event (written: step -> time, within [lo, hi]) until a frame first
+    showed its rank at that step or later, for the events of ranks on screen when they came (the
+    frame before shows the rank). The ranks worth a look change as their paces do: an event whose
+    rank left the screen before it was shown is not timed, only counted (left); one whose rank
+    stayed on screen to the end without it is counted as never reflected (missing)."""
     from bench.fake_run import BASE
 
     stride = max(8, world)
-    by_rank: dict[int, list[tuple[int, float]]] = {}
-    for step, t in seen.items():
-        if step in written:
-            by_rank.setdefault((step - BASE) % stride, []).append((step, t))
-    suffix, times = {}, {}
-    for r, xs in by_rank.items():
-        xs.sort()
-        mins, m = [], float("inf")
-        for _, t in reversed(xs):
-            m = min(m, t)
-            mins.append(m)
-        suffix[r] = ([s for s, _ in xs], mins[::-1])
-        times[r] = sorted(t for _, t in xs)
-    lat, missing = [], 0
+    times = [t for t, _ in frames]
+    lat, missing, left = [], 0, 0
     for step, t in written.items():
-        r = (step - BASE) % stride
-        if r not in suffix or not lo <= t <= hi:
+        if not lo <= t <= hi:
             continue
-        ts = times[r]
-        j = bisect.bisect_right(ts, t)
-        if j == 0 or t - ts[j - 1] > on_screen_s:
+        r = (step - BASE) % stride
+        j = bisect.bisect_right(times, t) - 1
+        if j < 0 or r not in frames[j][1]:
             continue  # not on screen when it came
-        steps, mins = suffix[r]
-        i = bisect.bisect_left(steps, step)
-        if i == len(steps):
-            missing += 1
+        for ft, shown in frames[j + 1:]:
+            if r not in shown:
+                left += 1
+                break
+            if shown[r] >= step:
+                lat.append(ft - t)
+                break
         else:
-            lat.append(max(0.0, mins[i] - t))
+            missing += 1
     lat.sort()
-    return lat, missing
+    return lat, missing, left
 
 
 def _q(xs: list, q: float):
@@ -177,7 +185,8 @@ def measure(nodes: int, ranks: int, rate: float, seconds: float) -> dict:
     tail = Tail(run.events_path)
     tail.start()
     torchdeck = str(Path(sys.executable).parent / "torchdeck")
-    mon = Watcher([sys.executable, "-m", "bench.app_monitor", str(run.path)], 140, 45)
+    world = nodes * ranks
+    mon = Watcher([sys.executable, "-m", "bench.app_monitor", str(run.path)], 140, 45, world)
     cli = [torchdeck] if os.path.exists(torchdeck) else [sys.executable, "-m", "torchdeck.cli"]
     att = Watcher(cli + ["attach", str(run.path)], 80, 24)
     mon.start()
@@ -212,17 +221,16 @@ def measure(nodes: int, ranks: int, rate: float, seconds: float) -> dict:
                if e.get("kind") == "step" and isinstance(e.get("step"), int) and isinstance(e.get("t"), (int, float))}
     ts = sorted(written.values())
     lo, hi = (ts[0] + warm, ts[-1] - tail_s) if ts else (0.0, 0.0)
-    world = nodes * ranks
-    lat, missing = latencies(written, mon.seen, world, lo, hi)
+    lat, missing, left = latencies(written, mon.frames, world, lo, hi)
     arrived = {s: t for s, t in tail.arrived.items() if s in written}
-    lat_file, _ = latencies({s: t for s, t in arrived.items() if lo <= written[s] <= hi}, mon.seen, world, lo, hi)
-    shown_ranks = sorted({(s - 100_000) % max(8, world) for s in mon.seen if s in written})
+    lat_file, _, _ = latencies({s: t for s, t in arrived.items() if lo <= written[s] <= hi}, mon.frames, world, lo, hi)
+    shown_ranks = sorted({r for _, shown in mon.frames for r in shown})
     draws = [t for t in att.redraws if lo <= t <= hi]
     span = max(1e-9, hi - lo)
     busiest = max((sum(1 for x in draws if a <= x < a + 1.0) for a in draws), default=0)
     return {"nodes": nodes, "ranks": ranks, "rate": rate, "seconds": seconds, "window_s": round(span, 1),
             "lost": res.get("lost"), "events": len(written), "monitor_events_timed": len(lat),
-            "monitor_never_reflected": missing, "monitor_ranks_shown": shown_ranks,
+            "monitor_never_reflected": missing, "monitor_left_screen": left, "monitor_frames": len(mon.frames), "monitor_ranks_shown": shown_ranks,
             "monitor_p50_s": _q(lat, 0.5), "monitor_p95_s": _q(lat, 0.95), "monitor_max_s": lat[-1] if lat else None,
             "monitor_file_p50_s": _q(lat_file, 0.5), "monitor_file_p95_s": _q(lat_file, 0.95), **cpu,
             "attach_redraws": len(draws), "attach_redraws_per_s": round(len(draws) / span, 2),
@@ -243,7 +251,8 @@ def report(res: dict) -> tuple[str, list[dict]]:
                      _ms(res["monitor_file_p95_s"]), res.get("monitor_cpu_percent"), res["attach_redraws_per_s"],
                      res["attach_busiest_second"]]])
     text += (f"\nranks the Monitor showed: {res['monitor_ranks_shown']}; never reflected: "
-             f"{res['monitor_never_reflected']}; load {', '.join(f'{x:.1f}' for x in res['load_avg'])}")
+             f"{res['monitor_never_reflected']}; events whose rank left the screen first: "
+             f"{res.get('monitor_left_screen')}; frames: {res.get('monitor_frames')}; load {', '.join(f'{x:.1f}' for x in res['load_avg'])}")
     targets = [{"what": f"Monitor event-to-screen p95 s ({res['nodes']}x{res['ranks']} fleet)", "value": res["monitor_p95_s"], "target": "<= 0.25",
                 "verdict": C.verdict(res["monitor_p95_s"], 0.25, False)},
                {"what": "headless attach redraws per second (busiest second)", "value": res["attach_busiest_second"],

@@ -91,3 +91,106 @@ def first_screen(argv: list[str], env: dict | None = None, min_chars: int = 300,
     return {"first_paint_s": None if first is None else first - p.t_start,
             "settled_s": None if last is None or first is None else last - p.t_start,
             "bytes": p.bytes, "text": "".join(text)}
+
+
+_SEQ = re.compile(r"\x1b\[([0-?]*)[ -/]*([@-~])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[P^_][^\x1b]*\x1b\\|\x1b[@-Z\\-_]"
+                  r"|[\r\n\b]|[^\x00-\x1f\x7f]+")
+SYNC_QUERY, SYNC_YES = b"\x1b[?2026$p", b"\x1b[?2026;2$y"  # DECRQM for synchronized output, and 'supported'
+SYNC_END = "\x1b[?2026l"
+
+
+class Screen:
+    """What a terminal shows, kept from a program's output: enough of xterm for Textual's frames
+    (cursor moves, erases, text; colours are ignored). feed() returns True when a frame ended:
+    at the end of a synchronized update when the program uses them (answer SYNC_QUERY with
+    SYNC_YES, as a modern terminal does), else after every chunk."""
+
+    def __init__(self, cols: int, rows: int):
+        import codecs
+
+        self.cols, self.rows = cols, rows
+        self.cells = [[" "] * cols for _ in range(rows)]
+        self.x = self.y = 0
+        self.synced = False  # the program wraps its frames in synchronized updates
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._rest = ""
+
+    def text(self) -> list[str]:
+        return ["".join(row) for row in self.cells]
+
+    def feed(self, data: bytes) -> bool:
+        s = self._rest + self._decode(data)
+        esc = s.rfind("\x1b")
+        self._rest = ""
+        if esc >= 0 and not _SEQ.match(s, esc):  # a sequence cut by the read: keep it for the next
+            s, self._rest = s[:esc], s[esc:]
+        ended = False
+        for m in _SEQ.finditer(s):
+            tok = m.group(0)
+            if m.group(2):
+                self._csi(m.group(1), m.group(2))
+                if tok == SYNC_END:
+                    ended = True
+                elif tok == "\x1b[?2026h":
+                    self.synced = True
+            elif tok[0] == "\x1b":
+                continue
+            elif tok == "\r":
+                self.x = 0
+            elif tok == "\n":
+                self.y = min(self.rows - 1, self.y + 1)
+            elif tok == "\b":
+                self.x = max(0, self.x - 1)
+            else:
+                self._put(tok)
+        return ended or not self.synced
+
+    def _put(self, text: str) -> None:
+        import unicodedata
+
+        row = self.cells[self.y]
+        for ch in text:
+            if unicodedata.combining(ch):
+                continue
+            wide = unicodedata.east_asian_width(ch) in "WF"
+            if self.x < self.cols:
+                row[self.x] = ch
+                if wide and self.x + 1 < self.cols:
+                    row[self.x + 1] = ""
+            self.x += 2 if wide else 1
+
+    def _csi(self, params: str, final: str) -> None:
+        if params.startswith("?") or final not in "HfABCDGdJK":
+            return  # modes, colours: nothing a cell holds
+        nums = [int(p) if p.isdigit() else 0 for p in params.split(";")] if params else []
+        n = nums[0] if nums and nums[0] else 1
+        if final in "Hf":
+            self.y = min(self.rows, n) - 1
+            self.x = min(self.cols, nums[1] if len(nums) > 1 and nums[1] else 1) - 1
+        elif final == "A":
+            self.y = max(0, self.y - n)
+        elif final == "B":
+            self.y = min(self.rows - 1, self.y + n)
+        elif final == "C":
+            self.x = min(self.cols - 1, self.x + n)
+        elif final == "D":
+            self.x = max(0, self.x - n)
+        elif final == "G":
+            self.x = min(self.cols, n) - 1
+        elif final == "d":
+            self.y = min(self.rows, n) - 1
+        elif final == "J":
+            mode = nums[0] if nums else 0
+            rows = range(self.rows) if mode == 2 else range(self.y + 1, self.rows) if mode == 0 else range(self.y)
+            for y in rows:
+                self.cells[y] = [" "] * self.cols
+            if mode in (0, 1):
+                self._erase_line(mode)
+        elif final == "K":
+            self._erase_line(nums[0] if nums else 0)
+
+    def _erase_line(self, mode: int) -> None:
+        row = self.cells[self.y]
+        lo, hi = (self.x, self.cols) if mode == 0 else (0, self.x + 1) if mode == 1 else (0, self.cols)
+        for x in range(lo, min(hi, self.cols)):
+            row[x] = " "
