@@ -185,7 +185,7 @@ class TrainConfig:
     tf32: bool = True
     deterministic: bool = False
     # auto | cross_entropy | mse | bce | package.module:callable (engine/losses.py); auto: the model's
-    # own loss (output.loss), a scalar output, else cross-entropy on integer targets
+    # own loss (output.loss), a scalar output, a (loss, logits, ...) tuple, else cross-entropy on integer targets
     loss: str = "auto"
 
 

@@ -1,7 +1,8 @@
 """The loss a run trains on (`train.loss`), decided once per run, and the metrics that fit its task.
 
     auto            the model's own loss: its output's `.loss` (a HuggingFace ModelOutput), its
-                    ["loss"], or the output itself when it is a scalar tensor; else cross-entropy
+                    ["loss"], the output itself when it is a scalar tensor, or a tuple's scalar
+                    first element ((loss, logits, ...): return_dict=False); else cross-entropy
                     on integer targets. Decided on the first batch and kept for the run.
     cross_entropy   logits [B, C] against integer targets [B] (classification: accuracy is
                     counted), or [B, T, V] against [B, T] (token cross-entropy, the sequence dims
@@ -51,8 +52,8 @@ def describe(cfg) -> str:
             return "loss: cross_entropy (integer targets), auto for the built-in image model " + model
         if model == "gpt":
             return "loss: the model's own (output.loss), auto for the built-in gpt: token cross-entropy"
-        return ("loss: auto, decided on the first batch (the output's .loss or [\"loss\"], a scalar output, "
-                "else cross-entropy on integer targets); the run's log says which")
+        return ("loss: auto, decided on the first batch (the output's .loss or [\"loss\"], a scalar output or "
+                "a (loss, ...) tuple, else cross-entropy on integer targets); the run's log says which")
     if setting == "cross_entropy":
         return "loss: cross_entropy (integer targets)"
     if setting in BUILTIN:
@@ -134,7 +135,8 @@ def _get(out, key):
 
 
 def logits_of(out):
-    """The prediction tensor of a model output: itself, its logits, or a tuple's first element."""
+    """The prediction tensor of a model output: itself, its logits, or a tuple's first tensor that
+    is not a scalar ((logits, aux) or, with the loss first, (loss, logits, ...))."""
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -142,9 +144,25 @@ def logits_of(out):
     got = _get(out, "logits")
     if isinstance(got, torch.Tensor):
         return got
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
+    if isinstance(out, (tuple, list)):
+        return next((v for v in out if isinstance(v, torch.Tensor) and v.dim()), None)
     return None
+
+
+def own_loss(out):
+    """The model's own loss in its output, with where it was: its `.loss` or ["loss"], the output
+    itself when it is a scalar, or a tuple's scalar first element (a HuggingFace model called
+    with return_dict=False and labels returns (loss, logits, ...)). (None, "") when it has none."""
+    import torch
+
+    got = _get(out, "loss")
+    if isinstance(got, torch.Tensor):
+        return got, "output.loss"
+    if isinstance(out, torch.Tensor) and out.numel() == 1 and out.dim() == 0:
+        return out, "its scalar output"
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 0:
+        return out[0], "the first element of its output tuple"
+    return None, ""
 
 
 def _shape(v) -> str:
@@ -201,13 +219,10 @@ class Loss:
             self.rule, self.said = "callable", f"loss: {s}"
             return
         if s == "auto":
-            own = _get(out, "loss")
-            if isinstance(own, torch.Tensor):
+            own, where = own_loss(out)
+            if own is not None:
                 self.rule = "output"
-                self.said = "loss: the model's own (output.loss)"
-            elif isinstance(out, torch.Tensor) and out.numel() == 1 and out.dim() == 0:
-                self.rule = "output"
-                self.said = "loss: the model's own (its scalar output)"
+                self.said = f"loss: the model's own ({where})"
             else:
                 s = "cross_entropy"
             if self.rule == "output":
@@ -244,7 +259,7 @@ class Loss:
         if rule == "cross_entropy" and self.classification:
             import torch.nn.functional as F
 
-            return F.cross_entropy(out if not isinstance(out, Mapping) else logits_of(out), targets), None
+            return F.cross_entropy(logits_of(out), targets), None
         return self._general(out, targets, batch)
 
     def _general(self, out, targets, batch):
@@ -253,7 +268,12 @@ class Loss:
 
         rule, extras = self.rule, None
         if rule == "output":
-            loss = out if isinstance(out, torch.Tensor) else _get(out, "loss")
+            loss, _ = own_loss(out)
+            if loss is None and isinstance(out, torch.Tensor):
+                loss = out  # DataParallel: each replica's scalar, gathered into a vector
+            if not isinstance(loss, torch.Tensor):
+                raise LossError(f"train.loss auto: the first batch's output had the model's own loss, this "
+                                f"one ({_shape(out)}) has none: return it on every batch")
             if self.names:
                 extras = _get(out, "metrics")
         elif rule == "callable":

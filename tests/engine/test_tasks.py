@@ -317,3 +317,38 @@ def test_deepspeed_casts_a_dict_batchs_floats_and_keeps_its_token_ids():
     m = Probe()
     m.register_forward_pre_hook(_cast_inputs(torch.bfloat16), with_kwargs=True)
     assert m(pixels=torch.randn(2, 3), input_ids=torch.zeros(2, 3, dtype=torch.long)) == (torch.bfloat16, torch.long)
+
+
+def test_auto_takes_the_loss_a_model_returns_first_in_a_tuple():
+    """A HuggingFace model called with return_dict=False and labels returns (loss, logits, ...):
+    auto trains on that loss and reads the logits behind it (token logits: perplexity), as it does
+    for output.loss; a tuple of logits alone still gets cross-entropy."""
+    from torchdeck.engine.losses import Loss
+
+    class TupleLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 16)
+
+        def forward(self, input_ids, labels=None):
+            logits = self.emb(input_ids)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 16), labels.reshape(-1))
+            return (loss, logits)
+
+    model = TupleLM()
+    ids = torch.randint(0, 16, (4, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    loss_fn = Loss("auto")
+    inputs, targets = loss_fn.split(batch)
+    out = model(**inputs)
+    loss, extras = loss_fn(out, targets, batch)
+    assert loss_fn.rule == "output" and "first element of its output tuple" in loss_fn.said
+    assert loss is out[0] and loss_fn.tokens and not loss_fn.classification and extras is None
+    loss.backward()
+    assert model.emb.weight.grad is not None
+
+    clf = Loss("auto")  # (logits, features): no loss in it, cross-entropy on the integer targets
+    x, y = torch.randn(4, 3, requires_grad=True), torch.tensor([0, 2, 1, 0])
+    loss, _ = clf((x, torch.randn(4, 5)), y, (x, y))
+    assert clf.rule == "cross_entropy" and clf.classification
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(x, y))
