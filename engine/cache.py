@@ -170,7 +170,7 @@ def asked_workers(cfg, nproc: int) -> int:
     if cfg.data.num_workers >= 0:
         return cfg.data.num_workers
     p = plan(cfg, nproc)
-    in_memory = cfg.data.dataset == "synthetic" or p.use or cfg.data.dataset in TV_SHAPES
+    in_memory = cfg.data.dataset in ("synthetic", "text") or p.use or cfg.data.dataset in TV_SHAPES
     return 0 if in_memory else AUTO_WORKERS_ASKED
 
 

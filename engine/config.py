@@ -138,7 +138,8 @@ class DataConfig:
     cache: str = "auto"  # auto | ram | none: image folders and torchvision sets decoded once (engine/cache.py)
     cache_budget_mb: int = 0  # for the node's ranks together; 0: a quarter of this host's memory
     augment: str = "none"  # none | flip | crop | crop+flip (random crop after size/8 zero padding)
-    num_workers: int = -1  # loader processes per rank; -1: none for in-memory sets, else cores/ranks - 1 (<= 8)
+    num_workers: int = -1  # loader processes per rank; -1: none for in-memory sets (tensors, text, a set
+    # whose class says in_memory = True), else cores/ranks - 1 (<= 8)
     prefetch_factor: int = 2  # batches each loader worker keeps ready
     pin_memory: bool = False
     persistent_workers: bool = True  # loader workers live across epochs (with num_workers > 0)

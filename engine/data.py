@@ -610,8 +610,8 @@ class TrainData:
         self.train_ds, self.val_ds, self.info = build_datasets(cfg, share)
         self.in_memory = isinstance(self.train_ds, TensorDataset)
         self.on_device = d.on_device and self.in_memory  # already on the GPU: no workers, no pinning
-        self.workers = 0 if self.on_device else cache.loader_workers(d.num_workers, self.in_memory,
-                                                                     ctx.local_world_size)
+        cheap = self.in_memory or getattr(self.train_ds, "in_memory", False) is True  # a set that says so
+        self.workers = 0 if self.on_device else cache.loader_workers(d.num_workers, cheap, ctx.local_world_size)
         self._start = cache.worker_start(d.worker_start, self.workers)
         self.worker_start = self._start.get("multiprocessing_context")  # None: the platform's default
         self.forks_workers = self.worker_start == "fork"  # (worker_start is None without workers)

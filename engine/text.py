@@ -36,6 +36,8 @@ BUILTIN_NAME = "text:builtin"
 class TextWindows(Dataset):
     """Windows of block_size + 1 bytes of one split, as {"input_ids", "labels"} int64 tensors."""
 
+    in_memory = True  # a batch is one gather from a tensor: data.num_workers -1 starts no loader process
+
     def __init__(self, data: torch.Tensor, block_size: int, offsets: torch.Tensor):
         self.data, self.block_size, self.offsets = data, block_size, offsets
         self._span = torch.arange(block_size + 1)

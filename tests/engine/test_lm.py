@@ -179,3 +179,20 @@ def test_lm_cpu_preset_trains_through_torchdeck_run(tmp_path):
     assert end["val_loss"] < 2.7, end  # 5.55 at the start; byte frequencies alone give ~3 (2.40 seen)
     assert end["val_metrics"]["perplexity"] == pytest.approx(math.exp(end["val_loss"]), rel=1e-3)
     assert "perplexity" in p.stdout and "tokens/s" in p.stdout
+
+
+def test_text_runs_start_no_loader_process_at_auto_workers():
+    """The text is in memory (a batch is one gather): data.num_workers -1 starts no loader worker
+    per rank, as for tensor sets, and a SLURM job asks no CPUs for them; a number given is kept."""
+    from types import SimpleNamespace
+
+    from torchdeck.engine.cache import asked_workers
+    from torchdeck.engine.data import TrainData
+
+    cfg = _text_cfg()
+    assert cfg.data.num_workers == -1
+    ctx = SimpleNamespace(local_world_size=1)
+    assert TrainData(cfg, ctx, None).workers == 0
+    assert asked_workers(cfg, 2) == 0
+    cfg.data.num_workers = 1
+    assert asked_workers(cfg, 2) == 1
