@@ -128,6 +128,11 @@ def train_samples(cfg) -> int | None:
     """Training samples in the data set, where known without building it (None: a user's callable)."""
     if cfg.data.dataset == "synthetic":
         return cfg.data.train_size
+    if cfg.data.dataset == "text":  # counted from the files' sizes, the text not read
+        from .text import block_size_of, root_size, train_windows
+
+        n = root_size(cfg.data.root)
+        return train_windows(n, block_size_of(cfg)) if n else None
     from .cache import decoded_size
 
     size = decoded_size(cfg)  # torchvision's array sets, an image folder (counted)

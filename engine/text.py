@@ -20,9 +20,6 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-from torch.utils.data import Dataset
-
 from .errors import DataError
 
 VOCAB_SIZE = 256  # bytes
@@ -33,12 +30,16 @@ DEFAULT_BYTES = 1 << 20
 BUILTIN_NAME = "text:builtin"
 
 
-class TextWindows(Dataset):
-    """Windows of block_size + 1 bytes of one split, as {"input_ids", "labels"} int64 tensors."""
+class TextWindows:
+    """Windows of block_size + 1 bytes of one split, as {"input_ids", "labels"} int64 tensors (a
+    map-style data set for the DataLoader; torch is imported where it is used, so that the
+    supervisor and `torchdeck validate` can count the windows without it)."""
 
     in_memory = True  # a batch is one gather from a tensor: data.num_workers -1 starts no loader process
 
-    def __init__(self, data: torch.Tensor, block_size: int, offsets: torch.Tensor):
+    def __init__(self, data, block_size: int, offsets):
+        import torch
+
         self.data, self.block_size, self.offsets = data, block_size, offsets
         self._span = torch.arange(block_size + 1)
 
@@ -52,6 +53,8 @@ class TextWindows(Dataset):
 
     def __getitems__(self, indices):
         """A whole batch in one gather (the DataLoader's default collate then stacks the rows)."""
+        import torch
+
         rows = self.data[self.offsets[torch.as_tensor(indices)].unsqueeze(1) + self._span].long()
         return [{"input_ids": r[:-1], "labels": r[1:]} for r in rows]
 
@@ -85,8 +88,48 @@ def read_root(root: str) -> tuple[bytes, str]:
     return raw, f"text:{path}"
 
 
-def split(raw: bytes, block_size: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train bytes, val bytes): the last VAL_FRACTION is val; both must hold a window."""
+def root_size(root: str) -> int | None:
+    """How many bytes read_root gives for data.root, from the files' sizes and their last bytes
+    (the text is not read); None when it cannot tell (read_root then says why)."""
+    if not root:
+        return DEFAULT_BYTES
+    path = Path(root).expanduser()
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+            return sum(_stripped_size(p) + 1 for p in files) if files else None
+    except OSError:
+        return None
+    return None
+
+
+def _stripped_size(path: Path) -> int:
+    """The file's size without its trailing newlines (what read_root keeps of it, less its "\n")."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        end = size
+        while end > 0:
+            back = min(end, 4096)
+            fh.seek(end - back)
+            tail = fh.read(back)
+            kept = len(tail.rstrip(b"\n"))
+            end -= back - kept
+            if kept:
+                break
+    return end
+
+
+def train_windows(n_bytes: int, block_size: int) -> int:
+    """Training samples of a text of n_bytes: one window per block_size bytes of the train split."""
+    return max(1, (n_bytes - int(n_bytes * VAL_FRACTION)) // block_size)
+
+
+def split(raw: bytes, block_size: int, name: str):
+    """(train bytes, val bytes) as uint8 tensors: the last VAL_FRACTION is val; both must hold a window."""
+    import torch
+
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     n_val = int(len(data) * VAL_FRACTION)
     need = int((block_size + 1) / VAL_FRACTION) + 1
@@ -99,11 +142,13 @@ def split(raw: bytes, block_size: int, name: str) -> tuple[torch.Tensor, torch.T
 
 def text_datasets(root: str, block_size: int):
     """(train, val, info fields) of the text set: windows over each split of data.root's bytes."""
+    import torch
+
     raw, name = read_root(root)
     train, val = split(raw, block_size, name)
     last = len(train) - block_size - 1  # the last offset a window fits at
     gen = torch.Generator().manual_seed(OFFSETS_SEED)
-    offsets = torch.randint(0, last + 1, (max(1, len(train) // block_size),), generator=gen)
+    offsets = torch.randint(0, last + 1, (train_windows(len(raw), block_size),), generator=gen)
     val_offsets = torch.arange(0, len(val) - block_size, block_size)
     info = {"name": name, "vocab_size": VOCAB_SIZE, "block_size": block_size}
     return TextWindows(train, block_size, offsets), TextWindows(val, block_size, val_offsets), info

@@ -196,3 +196,34 @@ def test_text_runs_start_no_loader_process_at_auto_workers():
     assert asked_workers(cfg, 2) == 0
     cfg.data.num_workers = 1
     assert asked_workers(cfg, 2) == 1
+
+
+def test_validate_counts_the_text_windows_without_reading_the_text(tmp_path):
+    """The run's length before any rank exists (validate, run_started's epoch total), from the
+    files' sizes: the same count of training windows the data set then holds, for the built-in
+    corpus, a file, and a folder whose files end in newlines (read_root keeps one of them)."""
+    import subprocess
+    import sys
+
+    from torchdeck.engine.preflight import length, train_samples
+    from torchdeck.engine.text import text_datasets
+
+    (tmp_path / "one.txt").write_bytes(b"abc def\n" * 700)
+    folder = tmp_path / "many"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_bytes(b"x" * 5000 + b"\n\n\n")
+    (folder / "sub" / "b.txt").write_bytes(b"y" * 3001)
+    (folder / "c.txt").write_bytes(b"\n" * 5000 + b"z" * 900 + b"\n" * 9000)
+    for root in ("", str(tmp_path / "one.txt"), str(folder)):
+        cfg = _text_cfg(root, block=32)
+        train, _, _ = text_datasets(root, 32)
+        assert train_samples(cfg) == len(train), root
+    cfg = _text_cfg("", block=32)
+    cfg.train.batch_size, cfg.train.epochs = 16, 2
+    spe = len(text_datasets("", 32)[0]) // 16
+    assert length(cfg, shards=1).said().startswith(f"ends at step {2 * spe:,}: 2 epochs x {spe:,} steps")
+    # counted with no torch: the supervisor plans without importing it
+    code = ("import sys; from torchdeck.engine.text import root_size, train_windows; "
+            "print(train_windows(root_size(''), 64), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False" and int(out[0]) == len(text_datasets("", 64)[0])
