@@ -3,7 +3,11 @@
     python -m bench.rank_report_cost [--quick] [--reps N]
 
 1. End to end: the tutorial CNN under DDP with 2 ranks, step time with train.report_every_s
-   0 (off), 5 (the default) and 0.25 (a report at every stop agreement, 20x the default rate).
+   0 (off), 5 (the default) and 0.25 (a report at every stop agreement, 20x the default rate),
+   each run started as `torchdeck export --torchrun` prints it (torchrun, the engine's worker):
+   the report exists only there. Under torchdeck's own supervisor the ranks' events stream to
+   node 0 instead (issue 31) and report_every_s is set to 0, so a supervised run would time the
+   same loop three times.
 2. The collective itself, in a 2-rank gloo group: the real Trainer._should_stop, once as the
    plain stop agreement (all-reduce of 2 numbers) and once as a report (all-gather of every
    rank's row, RSS read, event built on rank 0). The extra time per report divided by
@@ -14,7 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from bench import common as C
 
@@ -26,6 +34,25 @@ def _step_ms(res: dict, batch: int, warm: int) -> float | None:
     return None if not sps else 1000.0 * batch / sps
 
 
+def torchrun_engine(cfg_dict: dict, root: Path, timeout: float = 600) -> dict:
+    """The engine's worker under torchrun on one node, as `torchdeck export --torchrun` prints it;
+    its events."""
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+
+    where = Path(tempfile.mkdtemp(dir=root))
+    cfg_path, run_dir = where / "run.yaml", where / "run"
+    cfgmod.save(cfgmod.from_dict(cfg_dict), cfg_path)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    nproc = str(cfg_dict.get("devices", 1))
+    done = subprocess.run([str(torchrun), "--standalone", "--nnodes", "1", "--nproc-per-node", nproc,
+                           "-m", "torchdeck.engine.worker", str(cfg_path), "--run-dir", str(run_dir)],
+                          cwd=where, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun exited {done.returncode}: {done.stderr[-2000:]}")
+    return {"events": events.read_all(run_dir / "events.jsonl")}
+
+
 def end_to_end(quick: bool, reps: int) -> dict:
     steps = 120 if quick else 400
     root = C.tmpdir("rank-report")
@@ -35,7 +62,7 @@ def end_to_end(quick: bool, reps: int) -> dict:
         for label, every in order:
             cfg = C.engine_config(strategy="ddp", devices=2,
                                   train={"batch_size": 64, "max_steps": steps, "report_every_s": every})
-            res = C.run_engine(cfg, root)
+            res = torchrun_engine(cfg, root)
             reports = sum(1 for e in res["events"] if e.get("kind") == "rank_report")
             out[label].append((_step_ms(res, 64, 20), reports))
     return out
@@ -54,7 +81,7 @@ def _micro_rank(rank: int, port: int, iters: int, q) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     cfg = from_dict({"strategy": "ddp", "devices": 2})
     tr = Trainer.__new__(Trainer)  # only the agreement's state, no model or data
-    tr.cfg, tr.device, tr.stop_requested, tr._proc = cfg, torch.device("cpu"), (lambda: False), None
+    tr.cfg, tr.device, tr.stop_requested, tr._proc, tr.comm = cfg, torch.device("cpu"), (lambda: False), None, None
     tr.ctx = RankContext(rank, rank, 2, 2, 0, tr.device, cfg)
     tr.pos, sent = Position(), []
     tr.emit = lambda kind, **f: sent.append(f)
