@@ -196,7 +196,7 @@ async def test_a_master_addr_no_host_can_have_is_marked_on_its_field(tmp_path, p
         assert invalid(screen, "nodes.master_addr") is None and screen.cfg is not None
 
 
-async def test_the_summary_says_whether_the_data_is_decoded_once_within_the_budget(tmp_path, presets_dir):
+async def test_the_summary_says_whether_the_data_is_decoded_once_within_the_budget(tmp_path, presets_dir, monkeypatch):
     """Issue 17: the Configure summary states the cache decision and the node's budget."""
     from PIL import Image
 
@@ -204,13 +204,14 @@ async def test_the_summary_says_whether_the_data_is_decoded_once_within_the_budg
         (tmp_path / "imgs" / c).mkdir(parents=True)
         for i in range(3):
             Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / "imgs" / c / f"{i}.png")
+    monkeypatch.chdir(tmp_path)  # a short path to type: each key re-checks the form
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)
         assert not screen.form.is_shown("data.cache")  # synthetic: generated in memory
         assert "generated in memory" in str(screen.query_one("#summary").render())
         await choose(pilot, "f-data-dataset", "i")
-        await type_into(pilot, "f-data-root", str(tmp_path / "imgs"))
+        await type_into(pilot, "f-data-root", "imgs")  # relative to the working directory
         assert screen.form.is_shown("data.cache") and screen.form.is_shown("data.cache_budget_mb")
         text = str(screen.query_one("#summary").render())
         assert "6 images decoded once into RAM" in text and "one copy for the node's 2 ranks" in text
@@ -871,18 +872,19 @@ async def test_deepspeed_fields_follow_the_strategy_and_the_stage(tmp_path, pres
         assert shown("deepspeed.offload_param")
 
 
-async def test_a_bad_ds_config_is_marked_on_its_field(tmp_path, presets_dir):
+async def test_a_bad_ds_config_is_marked_on_its_field(tmp_path, presets_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # short relative paths: each key re-checks the form (full paths took 50 s)
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)
         await choose(pilot, "f-strategy", "dee")
-        await type_into(pilot, "f-deepspeed-config", str(tmp_path / "nope.json"))
+        await type_into(pilot, "f-deepspeed-config", "nope.json")
         assert "no such file" in invalid(screen, "deepspeed.config")
         (tmp_path / "ds.json").write_text('{"train_batch_size": 31}')  # 2 ranks cannot split it
-        await type_into(pilot, "f-deepspeed-config", str(tmp_path / "ds.json"))
+        await type_into(pilot, "f-deepspeed-config", "ds.json")
         assert "train_batch_size 31 must equal" in invalid(screen, "deepspeed.config")
         (tmp_path / "ok.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
-        await type_into(pilot, "f-deepspeed-config", str(tmp_path / "ok.json"))
+        await type_into(pilot, "f-deepspeed-config", "ok.json")
         assert invalid(screen, "deepspeed.config") is None
 
 
