@@ -104,6 +104,13 @@ def engine_result(res: dict, samples_per_step: int, warm_steps: int) -> dict:
     }
 
 
+def console(name: str, module: str) -> list[str]:
+    """The command for a console script of this venv (torchrun, torchdeck), or python -m its module
+    when it was not installed as a script."""
+    exe = Path(sys.executable).with_name(name)
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", module]
+
+
 def run_script(module: str, args: list[str], timeout: float = 600, env: dict | None = None) -> dict:
     """Run `python -m module args` and parse the JSON object it prints last."""
     e = dict(os.environ)

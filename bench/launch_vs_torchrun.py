@@ -88,11 +88,6 @@ class _Sampler:
         return b - a if a is not None and b is not None else None
 
 
-def _exe(name: str, module: str) -> list[str]:
-    exe = Path(sys.executable).with_name(name)
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", module]
-
-
 def torchdeck_threads() -> int:
     """OMP_NUM_THREADS torchdeck launch plans for RANKS ranks on this machine (engine.affinity)."""
     from torchdeck.engine.affinity import usable_cpus
@@ -107,8 +102,8 @@ def _launch(kind: str, s: dict, root: Path, i: int, log: bool = False, omp: int 
     env["TORCHDECK_RUNS"] = str(runs)
     if omp is not None:
         env["OMP_NUM_THREADS"] = str(omp)
-    launcher = (_exe("torchrun", "torch.distributed.run") if kind == "torchrun"
-                else _exe("torchdeck", "torchdeck.cli") + ["launch"])
+    launcher = (C.console("torchrun", "torch.distributed.run") if kind == "torchrun"
+                else C.console("torchdeck", "torchdeck.cli") + ["launch"])
     cmd = launcher + ["--nproc-per-node", str(RANKS), str(SCRIPT), "--steps", str(s["steps"]),
                       "--warm", str(s["warm"]), "--batch-size", str(s["batch"]),
                       "--train-size", str(s["train"]), "--out", str(out)] + (["--log-every-step"] if log else [])

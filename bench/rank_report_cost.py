@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,10 +42,10 @@ def torchrun_engine(cfg_dict: dict, root: Path, timeout: float = 600) -> dict:
     where = Path(tempfile.mkdtemp(dir=root))
     cfg_path, run_dir = where / "run.yaml", where / "run"
     cfgmod.save(cfgmod.from_dict(cfg_dict), cfg_path)
-    torchrun = Path(sys.executable).parent / "torchrun"
     nproc = str(cfg_dict.get("devices", 1))
-    done = subprocess.run([str(torchrun), "--standalone", "--nnodes", "1", "--nproc-per-node", nproc,
-                           "-m", "torchdeck.engine.worker", str(cfg_path), "--run-dir", str(run_dir)],
+    done = subprocess.run(C.console("torchrun", "torch.distributed.run")
+                          + ["--standalone", "--nnodes", "1", "--nproc-per-node", nproc,
+                             "-m", "torchdeck.engine.worker", str(cfg_path), "--run-dir", str(run_dir)],
                           cwd=where, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun exited {done.returncode}: {done.stderr[-2000:]}")

@@ -76,7 +76,7 @@ def read_root(root: str) -> tuple[bytes, str]:
         except OSError as exc:
             raise DataError(f"text {path}: cannot read it ({exc.strerror}); {hint}") from None
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        files = _txt_files(path)
         try:
             raw = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in files)
         except OSError as exc:
@@ -86,6 +86,11 @@ def read_root(root: str) -> tuple[bytes, str]:
     else:
         raise DataError(f"text {path}: no such file or folder; {hint}")
     return raw, f"text:{path}"
+
+
+def _txt_files(folder: Path) -> list[Path]:
+    """A folder's text: its .txt files, searched recursively, in sorted path order."""
+    return sorted(p for p in folder.rglob("*.txt") if p.is_file())
 
 
 def root_size(root: str) -> int | None:
@@ -98,7 +103,7 @@ def root_size(root: str) -> int | None:
         if path.is_file():
             return path.stat().st_size
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+            files = _txt_files(path)
             return sum(_stripped_size(p) + 1 for p in files) if files else None
     except OSError:
         return None
