@@ -10,6 +10,7 @@ import struct
 import subprocess
 import termios
 import time
+import unicodedata
 
 _ESC = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[P^_][^\x1b]*\x1b\\|\x1b[@-Z\\-_]")
 
@@ -146,9 +147,13 @@ class Screen:
         return ended or not self.synced
 
     def _put(self, text: str) -> None:
-        import unicodedata
-
         row = self.cells[self.y]
+        if text.isascii():  # most of a frame: one cell a character, no lookup (this runs beside the app timed)
+            end = min(self.cols, self.x + len(text))
+            if self.x < end:
+                row[self.x:end] = text[:end - self.x]
+            self.x += len(text)
+            return
         for ch in text:
             if unicodedata.combining(ch):
                 continue
