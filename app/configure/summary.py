@@ -43,6 +43,8 @@ def rank_devices(cfg: RunConfig) -> list[list[str]]:
 
 def describe(cfg: RunConfig) -> str:
     """One line: processes, world size, global batch, devices per rank."""
+    if cfg.strategy == "script":
+        return describe_script(cfg)
     per_rank = rank_devices(cfg)
     if len(per_rank) <= 4:
         devs = "  ".join(f"r{r}:{','.join(d)}" for r, d in enumerate(per_rank))
@@ -71,6 +73,8 @@ def data_line(cfg: RunConfig) -> str:
 
 def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     """The same facts one per line, for the side panel of a wide terminal (plain text)."""
+    if cfg.strategy == "script":
+        return script_lines(cfg)
     from ...engine.strategies import global_batch, nproc_per_node, world_size
 
     n, nodes, world = nproc_per_node(cfg), cfg.nodes.num_nodes, world_size(cfg)
@@ -86,6 +90,54 @@ def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     if len(shown) < len(per_rank):
         lines.append(f"… rank {first + n - 1}: {','.join(per_rank[-1])}")
     return lines + [data_line(cfg)]  # the one-line summary is hidden while this panel shows
+
+
+# ----------------------------------------------------------------------------- a script run
+# The loop's facts (global batch, data, epochs) are the script's own business: a script run's
+# summary is what torchdeck decides for it, the command each rank runs, its processes and threads.
+
+
+def script_command(cfg: RunConfig) -> str:
+    """The command each rank runs, as the user would type it (the shim around it left out)."""
+    from ...engine.launch.ranks import command
+
+    return shlex.join(str(a) for a in command(cfg.script))
+
+
+def script_facts(cfg: RunConfig) -> dict:
+    """processes, nodes, world, threads per rank, devices, the folder, the stop grace."""
+    from ...engine.affinity import threads_for
+    from ...engine.preflight import script_cwd
+    from ...engine.runs import fmt
+    from ...engine.strategies import nproc_per_node, world_size
+
+    n = nproc_per_node(cfg)
+    first = cfg.nodes.node_rank * n  # global rank = node_rank x nproc_per_node + local rank
+    threads = str(cfg.script.env.get("OMP_NUM_THREADS") or threads_for(cfg, n))  # script.env wins in the rank
+    per_rank = rank_devices(cfg)
+    return {"n": n, "nodes": cfg.nodes.num_nodes, "world": world_size(cfg), "threads": threads,
+            "devices": fmt.rank_groups([(first + r, ",".join(d)) for r, d in enumerate(per_rank)]),
+            "cwd": str(script_cwd(cfg)), "grace": f"{cfg.script.stop_grace_s:g}"}
+
+
+def describe_script(cfg: RunConfig) -> str:
+    f = script_facts(cfg)
+    nodes = f" x {f['nodes']} nodes (this is node {cfg.nodes.node_rank})" if f["nodes"] > 1 else ""
+    return (f"{f['n']} process{'es' if f['n'] != 1 else ''}{nodes} · world {f['world']} · "
+            f"{f['threads']} thread{'s' if f['threads'] != '1' else ''}/rank · {f['devices']}\n"
+            f"each rank runs: {script_command(cfg)}")
+
+
+def script_lines(cfg: RunConfig) -> list[str]:
+    f = script_facts(cfg)
+    s = cfg.script
+    lines = [f"your script: {script_command(cfg)}", f"in {f['cwd']}",
+             f"{f['n']} process{'es' if f['n'] != 1 else ''}"
+             + (f" x {f['nodes']} nodes (this is node {cfg.nodes.node_rank})" if f["nodes"] > 1 else ""),
+             f"world size {f['world']}", f"threads/rank {f['threads']} (OMP_NUM_THREADS)", f["devices"]]
+    if s.env:
+        lines.append("environment: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in s.env.items()))
+    return lines + [f"stop: SIGTERM, SIGKILL after {f['grace']} s"]
 
 
 def overrides(current: dict, base: dict) -> list[str]:

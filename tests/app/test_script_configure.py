@@ -1,0 +1,97 @@
+"""Configure, walked with valid input to its end (issue 35): a script run typed into the form and
+launched, a script preset opened (the command line and Ctrl+O), and every other strategy the form
+offers filled validly (the CPU ones launched). The first valid script path used to end the app
+(`count(None)` in the summary) behind tests that typed only paths that did not exist."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine.runs.layout import RunDir
+from tests.app.screen_helpers import screen_text
+from tests.app.test_configure import choose, make_app, ready, two_fake_gpus, type_into
+
+SIZE = (80, 24)
+
+# a script of the seed tutorials' kind, as small as can be: it says what it was given and ends
+TRAIN = """\
+import os, sys
+print("args", sys.argv[1:], "greeting", os.environ.get("GREETING"), "rank", os.environ["RANK"], flush=True)
+"""
+
+
+@pytest.fixture
+def presets_dir(tmp_path, monkeypatch):
+    d = tmp_path / "presets"
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(d))
+    return d
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """The user's folder, with their train.py, as the working directory (where the app was started)."""
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text(TRAIN)
+    monkeypatch.chdir(work)
+    return work
+
+
+def summary_text(screen) -> str:
+    return str(screen.query_one("#summary").render())
+
+
+async def wait_for(pilot, cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s; screen:\n{screen_text(pilot.app)}")
+
+
+async def wait_finished(pilot, app, timeout: float = 90):
+    from torchdeck.app.monitor.screen import MonitorScreen
+
+    await wait_for(pilot, lambda: app.last_run is not None and isinstance(app.screen, MonitorScreen), 10,
+                   "the Monitor of the new run")
+    run = RunDir(app.last_run)
+    await wait_for(pilot, lambda: run.final_status() is not None, timeout, f"run {run.name} ended")
+    assert run.final_status()["status"] == "finished", (run.final_status(), run.supervisor_log.read_text()[-2000:])
+    return run
+
+
+# ----------------------------------------------------------------------------- a script typed in
+
+
+@pytest.mark.timeout(120)
+async def test_a_valid_script_typed_into_the_form_shows_what_runs_and_f5_runs_it_to_finished(
+        tmp_path, presets_dir, project):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "scr")
+        await type_into(pilot, "f-script-path", "train.py")
+        await type_into(pilot, "f-script-args", "--epochs 2 --name 'a b'")
+        await type_into(pilot, "f-script-env", "GREETING=hi")
+        await type_into(pilot, "f-devices-procs", "2")
+        await pilot.pause(0.2)
+        assert app.return_code is None, "the app ended on a valid script path"
+        assert screen.cfg is not None and not screen.problems, screen.problems
+        said = summary_text(screen)
+        # what applies to a script run: its processes, threads and command line; no loop facts
+        assert said.startswith("2 processes · world 2 · "), said
+        assert "thread" in said and "each rank runs: python train.py --epochs 2 --name 'a b'" in said, said
+        assert "global batch" not in said and "data:" not in said, said
+        await pilot.press("f5")
+        run = await wait_finished(pilot, app)
+        launched = run.config()
+        assert launched.strategy == "script" and launched.script.args == ["--epochs", "2", "--name", "a b"]
+        for rank in (0, 1):
+            out = run.rank_log(rank).read_text()
+            assert f"args ['--epochs', '2', '--name', 'a b'] greeting hi rank {rank}" in out, out
+        await wait_for(pilot, lambda: "FINISHED" in screen_text(app), 10, "the Monitor says FINISHED")
