@@ -405,6 +405,7 @@ def cmd_tune(args) -> int:
 
 def cmd_stop(args) -> int:
     from ..engine.runs import control
+    from ..engine.runs.kind import kind_of_run, stop_grace_of
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
@@ -416,7 +417,7 @@ def cmd_stop(args) -> int:
         print(f"killed {len(pids)} process(es) of run {run.name}")
         return EXIT_OK
     control.request_stop(run)
-    print(f"stop requested for {run.name}: ranks finish the current step, rank 0 checkpoints, "
+    print(f"stop requested for {run.name}: {kind_of_run(run).stop_wording(stop_grace_of(run))}, "
           f"then all exit (`torchdeck stop --kill {run.name}` if it does not)")
     if args.wait:
         final = control.wait(run, timeout=args.wait)
@@ -492,8 +493,12 @@ def cmd_presets(args) -> int:
 def cmd_validate(args) -> int:
     from ..engine import preflight
     from ..engine.hardware import visible_devices_warning
+    from ..engine.runs.kind import kind_of
 
     cfg = _config_or_usage(args)
+    kind = kind_of(cfg)
+    if args.memory and not kind.can_estimate_memory:
+        raise UsageError(kind.does_not_apply("validate --memory", kind.no_memory_estimate))
     print(f"{args.preset}: valid")
     for line in preflight.describe(cfg) + args.host_notes:
         _item(line)
@@ -542,6 +547,11 @@ def cmd_eval(args) -> int:
         except UsageError:
             raise UsageError(f"{args.checkpoint}: no such checkpoint file or run (give a ckpt-* file or folder, a run "
                              "directory, or 'latest')") from None
+        from ..engine.runs.kind import kind_of_run
+
+        kind = kind_of_run(run)
+        if not kind.can_eval:
+            raise UsageError(kind.does_not_apply("eval", kind.no_eval, run.name))
         found = run.newest_checkpoint()
         if found is None:
             raise UsageError(f"run {run.name} has no checkpoint (it ended before its first one)")
@@ -600,7 +610,12 @@ def cmd_export(args) -> int:
     if cfg.strategy == "script":  # the user's own script: the torchrun line they would type
         if args.deepspeed:
             raise UsageError("--deepspeed: a script run is exported as --torchrun or --sbatch")
-        print(export.script_sbatch(cfg) if args.sbatch else export.script_torchrun(cfg), end="")
+        import shlex
+
+        given = Path(args.preset).expanduser()  # the export cds to the script's folder: a file's path is absolute
+        preset = str(given.resolve()) if given.is_file() else str(args.preset)
+        again = shlex.join(["torchdeck", "run", preset] + [x for o in _overrides(args) for x in ("--set", o)])
+        print(export.script_sbatch(cfg) if args.sbatch else export.script_torchrun(cfg, again), end="")
         return EXIT_OK
     if args.sbatch:
         print(export.sbatch(cfg), end="")

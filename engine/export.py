@@ -257,14 +257,15 @@ def _script_notes(cfg) -> list[str]:
     return notes
 
 
-def script_torchrun(cfg) -> str:
+def script_torchrun(cfg, under_torchdeck: str = "torchdeck run THIS_PRESET") -> str:
     """Shell text for a script run: cd to its folder, export the environment torchdeck would add,
-    then one torchrun line per node."""
+    then one torchrun line per node. under_torchdeck: the command that runs the same under
+    torchdeck (the CLI passes the preset as given, its path absolute)."""
     from .preflight import script_cwd
 
     n = cfg.nodes
     lines = [f"# {cfg.name}: your own script, {n.num_nodes} node(s) x {nproc_per_node(cfg)} process(es) = "
-             f"world size {world_size(cfg)}; the same run under torchdeck: torchdeck run THIS_PRESET",
+             f"world size {world_size(cfg)}; the same run under torchdeck: {under_torchdeck}",
              *_script_notes(cfg), f"cd {shlex.quote(str(script_cwd(cfg).resolve()))}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in _script_env(cfg).items()]
     for k in range(n.num_nodes):

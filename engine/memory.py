@@ -77,7 +77,9 @@ def _activation_bytes_per_sample(model, info, precision: str, batch=None, loss_s
     model(**batch)) with the run's loss (the model's own, for a language model)."""
     import torch
 
-    from .losses import Loss, batch_size
+    from collections.abc import Mapping
+
+    from .losses import Loss, batch_size, forward
 
     saved = 0
     # weights saved for the backward (Linear keeps weight.t()) are the parameters, counted apart
@@ -105,10 +107,10 @@ def _activation_bytes_per_sample(model, info, precision: str, batch=None, loss_s
     x, y = loss.split(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            out = model(**x) if isinstance(x, dict) else model(x)
+            out = forward(model, x)
             value, _ = loss(out, y, batch)
     pack(value)
-    for t in (batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]):
+    for t in (batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else [batch]):
         pack(t)
     return saved / max(1, batch_size(batch))
 
@@ -155,6 +157,11 @@ def _shards(cfg) -> tuple[int, int, int]:
 def estimate(cfg) -> Estimate:
     """Per rank, in MiB. Raises nothing for a built-in model; a user model that fails to build is
     the caller's to report (the same error a rank would raise)."""
+    from .runs.kind import kind_of
+
+    kind = kind_of(cfg)
+    if not kind.can_estimate_memory:  # not the loop's model: quickstart's CNN would be estimated instead
+        return Estimate(0, note=f"not estimated for a {kind.title}: {kind.no_memory_estimate}")
     import torch
 
     from .models import build_model

@@ -51,8 +51,12 @@ def resume_point(run) -> tuple[int, Path]:
     """(step, checkpoint) a run would resume from: its newest checkpoint; UsageError if it has none
     or is still going."""
     from ..errors import UsageError
+    from .kind import kind_of_run
 
     run = _as_run(run)
+    kind = kind_of_run(run)  # a script's checkpoints are its own: "no checkpoint yet" would mislead
+    if not kind.can_resume:
+        raise UsageError(kind.does_not_apply("resume", kind.no_resume, run.name))
     status = run.status()
     if status.live:
         raise UsageError(f"run {run.name} is {status}: stop it first (torchdeck stop {run.name}), or "

@@ -49,9 +49,9 @@ class Kind:
             return f"ranks get SIGTERM, then SIGKILL after {after}"
         return "ranks finish this step, rank 0 checkpoints"
 
-    def does_not_apply(self, command: str, why: str) -> str:
-        """The one line a command that does not apply answers with."""
-        return f"{command} does not apply to a {self.title}: {why}"
+    def does_not_apply(self, command: str, why: str, name: str = "") -> str:
+        """The one line a command that does not apply answers with (name: the run's)."""
+        return f"{command} does not apply to a {self.title}{f' ({name})' if name else ''}: {why}"
 
 
 LOOP = Kind("loop", "torchdeck run")
