@@ -137,6 +137,7 @@ class ConfigForm(VerticalScroll):
         self.refused: dict[str, str] = {}  # field -> why the last key typed into it was dropped
         self._pending = False
         self._last_strategy: str | None = None
+        self._set_names()
         self._w: dict = {}
         self.quit_when_complete = False
         # The GPU pickers cost about a tenth of the first frame: for a CPU preset they are mounted
@@ -387,6 +388,32 @@ class ConfigForm(VerticalScroll):
             else:
                 w.value = format_value(f.kind, value)
         self._last_strategy = data.get("strategy")
+        self._set_names()
+
+    def _set_names(self) -> None:
+        """A loop preset's name and description say nothing of a user's script: a script run takes
+        its name from the script (as `torchdeck launch` does) while the name is one the form or such
+        a preset put there, never one the user typed."""
+        loop = self.data.get("strategy") != "script"
+        self._given_names = {self.data.get("name")} if loop else set()
+        self._loop_description = self.data.get("description") if loop else None
+
+    def _put(self, path: str, text: str) -> None:
+        """Set a text field, mounted or not (an unmounted field reads from self.data)."""
+        f = BY_PATH[path]
+        if self._mounted(f):
+            self._w[f.wid].value = text
+        else:
+            set_path(self.data, path, text)
+
+    def _name_from_script(self) -> None:
+        if self.value_of("strategy") != "script" or self.value_of("name") not in self._given_names:
+            return
+        name = script_name(self.value_of("script.path"), self.value_of("script.module"))
+        self._given_names.add(name)
+        if name != self.value_of("name"):
+            self._put("name", name)
+            self._edited()
 
     def _apply_cuda_devices(self, value) -> None:
         """Put a cuda devices value into every cuda widget, so switching modes keeps it."""
@@ -544,6 +571,8 @@ class ConfigForm(VerticalScroll):
         path = self._path_of(event.input)
         if path in self.refused:
             del self.refused[path]  # an edit that went in: the note on the refused key goes
+        if path in ("script.path", "script.module"):
+            self._name_from_script()
         self._edited()
 
     def on_form_input_refused(self, event: FormInput.Refused) -> None:
@@ -588,6 +617,10 @@ class ConfigForm(VerticalScroll):
 
         if strategy not in names():
             return
+        if strategy == "script":
+            self._name_from_script()
+            if self._loop_description and self.value_of("description") == self._loop_description:
+                self._put("description", "")  # the loop preset's words, not this script's
         strat = get_strategy(strategy)
         acc = self._w["f-accelerator"]
         old_acc = acc.value
@@ -639,6 +672,16 @@ class ConfigForm(VerticalScroll):
         if not self.gpus:
             return "text"
         return "one" if strategy == "gpu" else "many"
+
+
+def script_name(path, module) -> str:
+    """A script run's name, by `torchdeck launch`'s rule: the module's last part, else the
+    script's file stem, else "script"."""
+    from pathlib import Path
+
+    if isinstance(module, str) and module.strip():
+        return module.strip().rsplit(".", 1)[-1] or "script"
+    return (Path(path.strip()).stem if isinstance(path, str) and path.strip() else "") or "script"
 
 
 def _probe(strategy: str, accelerator: str, devices, nodes: int = 1, backend: str = "auto"):

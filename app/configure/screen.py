@@ -274,8 +274,8 @@ class ConfigureScreen(Screen):
         came_from = self.deleted_name if self.preset_source == "deleted" else self.preset_name
         if name == came_from and self.preset_source in ("user", "deleted"):
             return cfg.description
-        if cfg.description != self.base.get("description", ""):
-            return cfg.description  # written in the form: the user's words
+        if cfg.description and cfg.description != self.base.get("description", ""):
+            return cfg.description  # written in the form: the user's words (emptied: say where it came from)
         changed = []
         for item in summary.overrides(self.form.to_dict(), self.base):
             key, _, value = item.partition("=")

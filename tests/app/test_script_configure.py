@@ -95,3 +95,92 @@ async def test_a_valid_script_typed_into_the_form_shows_what_runs_and_f5_runs_it
             out = run.rank_log(rank).read_text()
             assert f"args ['--epochs', '2', '--name', 'a b'] greeting hi rank {rank}" in out, out
         await wait_for(pilot, lambda: "FINISHED" in screen_text(app), 10, "the Monitor says FINISHED")
+
+
+# ----------------------------------------------------------------------------- a script preset
+
+ARGS = ["--lr", "0.1", "--name", "a b", "--quote", "it's", "--empty", ""]
+
+
+def script_preset(folder: Path, name: str = "myscript") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "description": "my own script", "strategy": "script",
+                                    "devices": 2, "script": {"path": "train.py", "args": ARGS,
+                                                             "env": {"GREETING": "hello there"}}}))
+    return path
+
+
+@pytest.mark.parametrize("size", [(80, 24), (130, 40)], ids=["80x24", "130x40"])
+async def test_a_script_preset_opened_from_the_command_line_shows_its_summary(tmp_path, presets_dir, project, size):
+    """`torchdeck app myscript.yaml`: the App given the preset, at both widths (130: the side panel)."""
+    preset = script_preset(project)
+    app = make_app(tmp_path, preset=str(preset))
+    async with app.run_test(size=size) as pilot:
+        screen = await ready(pilot)
+        assert app.return_code is None and screen.preset_name and screen.cfg is not None, screen.problems
+        assert screen.form.to_dict()["script"]["args"] == ARGS
+        wide = size[0] >= screen.WIDE
+        said = str(screen.query_one("#side-summary" if wide else "#summary").render())
+        assert "python train.py --lr 0.1 --name 'a b'" in said and "2 processes" in said, said
+        assert "global batch" not in said, said
+        if wide:
+            assert "environment: GREETING='hello there'" in said and "stop: SIGTERM, SIGKILL after 30 s" in said, said
+
+
+async def test_a_script_preset_loaded_with_ctrl_o_and_saved_with_ctrl_s_keeps_its_args(tmp_path, presets_dir, project):
+    """script.args is a list in YAML and a command line in the form: loading, saving under a new
+    name and loading that back gives the same list (quotes, spaces and an empty argument)."""
+    script_preset(presets_dir)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        idx = next(i for i, p in enumerate(app.screen.presets) if p.name == "myscript")
+        await pilot.press(*["down"] * idx, "enter")
+        await wait_for(pilot, lambda: screen.preset_name == "myscript", 10, "the script preset loaded")
+        await pilot.pause(0.2)
+        assert app.return_code is None and screen.cfg is not None, screen.problems
+        assert screen.query_one("#f-script-args").value == "--lr 0.1 --name 'a b' --quote 'it'\"'\"'s' --empty ''"
+        assert "each rank runs: python train.py --lr 0.1" in summary_text(screen)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.3)
+        await pilot.press(*["backspace"] * 20, *"copy", "enter")
+        await wait_for(pilot, lambda: (presets_dir / "copy.yaml").exists(), 10, "the copy written")
+        assert yaml.safe_load((presets_dir / "copy.yaml").read_text())["script"]["args"] == ARGS
+        assert cfgmod.load(presets_dir / "copy.yaml").script.env == {"GREETING": "hello there"}
+        # and loaded back into the form: the same list
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        idx = next(i for i, p in enumerate(app.screen.presets) if p.name == "myscript")
+        await pilot.press(*["down"] * idx, "enter")
+        await wait_for(pilot, lambda: screen.preset_name == "myscript", 10, "myscript again")
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        idx = next(i for i, p in enumerate(app.screen.presets) if p.name == "copy")
+        await pilot.press(*["down"] * idx, "enter")
+        await wait_for(pilot, lambda: screen.preset_name == "copy", 10, "the copy loaded")
+        assert screen.form.to_dict()["script"]["args"] == ARGS and not screen.modified
+
+
+async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_presets_description(
+        tmp_path, presets_dir, project):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        assert screen.form.value_of("name") == "quickstart" and screen.form.value_of("description")
+        await choose(pilot, "f-strategy", "scr")
+        assert screen.form.value_of("name") == "script" and screen.form.value_of("description") == ""
+        await type_into(pilot, "f-script-path", "train.py")
+        assert screen.form.value_of("name") == "train"  # the file's stem, as torchdeck launch names it
+        await type_into(pilot, "f-script-path", "")
+        await type_into(pilot, "f-script-module", "pkg.fit")
+        assert screen.form.value_of("name") == "fit"
+        await type_into(pilot, "f-name", "mine")  # a name the user typed stays
+        await type_into(pilot, "f-script-module", "")
+        await type_into(pilot, "f-script-path", "train.py")
+        assert screen.form.value_of("name") == "mine" and screen.cfg is not None, screen.problems
+        await pilot.press("f5")
+        run = await wait_finished(pilot, app)
+        assert run.config().name == "mine" and run.config().description == ""
