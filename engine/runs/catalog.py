@@ -1,7 +1,8 @@
 """The catalog of runs: one summary per run directory, for `torchdeck runs` and the Runs screen.
 
-A summary comes from small reads: status.json, the pid files, origin.json, and the first and
-last few KiB of events.jsonl (never the whole file: a long run's is hundreds of MiB), folded
+A summary comes from small reads: status.json, the pid files, origin.json, the first and last
+few KiB of events.jsonl, and its epoch_end lines (a run's best epoch is anywhere: one streaming
+pass, resumed where it stopped while the file grows; never the whole file in memory), folded
 through the same reducer and status rule as `torchdeck attach` and the Monitor, so every front
 end says the same of a run.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..events import parse
 from . import fmt, metric
 from .follow import EventTail
 from .layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
@@ -129,6 +131,79 @@ def read_head_tail(path: Path, tail: EventTail | None = None) -> tuple[list[dict
     return reader._parse(head_lines), reader._parse(tail_lines)
 
 
+SCAN_CHUNK = 1 << 20
+EPOCH_MARK = b'"epoch_end"'
+
+
+class EpochScan:
+    """The epoch_end events between a file's head and tail, found by streaming it once: a run's
+    best (and every epoch's figures) can be in the middle, which the head and tail never see.
+    Kept between calls (collect's cache), a growing file is read on from where the last scan
+    stopped; only lines holding an epoch_end are parsed."""
+
+    def __init__(self):
+        self.key, self.upto, self.events = None, 0, []
+
+    def scan(self, path: Path, fh, start: int, stop: int) -> list[dict]:
+        """The epoch_end events of whole lines in [start, stop) (both at line starts)."""
+        try:
+            st = path.stat()
+            key = (st.st_dev, st.st_ino)
+        except OSError:
+            key = None
+        if key != self.key or not start <= self.upto <= stop:  # another file, or it shrank: from the start
+            self.key, self.upto, self.events = key, start, []
+        fh.seek(self.upto)
+        pos, carry = self.upto, b""
+        while pos < stop:
+            chunk = fh.read(min(SCAN_CHUNK, stop - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+            data = carry + chunk
+            last_nl = data.rfind(b"\n")
+            whole, carry = data[:last_nl + 1], data[last_nl + 1:]
+            if len(carry) > 16 * SCAN_CHUNK:  # no line is this long: garbage, skipped
+                carry = b""
+            at = whole.find(EPOCH_MARK)
+            while at >= 0:
+                end = whole.find(b"\n", at)  # whole ends with one
+                ev = parse(whole[whole.rfind(b"\n", 0, at) + 1:end])
+                if ev is not None and ev.get("kind") == "epoch_end":
+                    self.events.append(ev)
+                at = whole.find(EPOCH_MARK, end)
+            self.upto = pos - len(carry)  # a line not whole yet is read again next time
+        return self.events
+
+
+def read_parts(path: Path, scan: EpochScan | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """(head, the epoch_end events between, tail) of an events file: read_head_tail's small reads
+    plus one streaming pass (resumed where `scan` stopped) over the middle for its epoch_end lines."""
+    scan = scan or EpochScan()
+    reader = EventTail(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+            size = fh.seek(0, 2)
+            if size <= HEAD_BYTES:
+                return reader._parse(head.split(b"\n")[:-1]), [], []
+            start = max(len(head), size - TAIL_BYTES)
+            fh.seek(start)
+            rest = fh.read()
+            head_lines = head.split(b"\n")
+            cut = head_lines.pop()
+            head_end = len(head) - len(cut)
+            if start == len(head):  # no middle: the tail goes on from the head's cut line
+                return reader._parse(head_lines), [], reader._parse((cut + rest).split(b"\n")[:-1])
+            nl = rest.find(b"\n")
+            tail_start = start + nl + 1 if nl >= 0 else start + len(rest)
+            middle = scan.scan(path, fh, head_end, tail_start)
+    except OSError:
+        return [], [], []
+    tail_lines = rest[tail_start - start:].split(b"\n")[:-1]
+    return reader._parse(head_lines), list(middle), reader._parse(tail_lines)
+
+
 def _config_facts(rd: RunDir) -> tuple[str, int | None]:
     """Strategy and world size from config.yaml, for runs whose events do not say yet."""
     try:
@@ -145,12 +220,11 @@ def _config_facts(rd: RunDir) -> tuple[str, int | None]:
         return "?", None
 
 
-def _fold(rd: RunDir) -> tuple[RunView, float | None]:
-    """A RunView of the head and tail of the events, and the newest event time."""
+def _fold(rd: RunDir, scan: EpochScan | None = None) -> tuple[RunView, float | None]:
+    """A RunView of the head, every epoch_end and the tail of the events, and the newest event time."""
     view = RunView()
-    head, tail = read_head_tail(rd.events_path)
-    view.feed_all(head)
-    view.feed_all(tail)
+    for part in read_parts(rd.events_path, scan):
+        view.feed_all(part)
     return view, view.last_t
 
 
@@ -222,7 +296,8 @@ def collect(root: Path | None = None, cache: dict | None = None, now: float | No
         sig = _signature(rd)
         hit = cache.get(rd.name)
         if hit is None or hit[0] != sig:
-            hit = cache[rd.name] = (sig, _fold(rd))
+            scan = hit[2] if hit is not None else EpochScan()  # a live run's file: read on, not again
+            hit = cache[rd.name] = (sig, _fold(rd, scan), scan)
         rows.append(summarize(rd, now, hit[1]))
     for gone in set(cache) - seen:
         del cache[gone]

@@ -1,0 +1,104 @@
+"""The numbers a run's front ends print, asked one question each and compared: the best epoch
+(`runs` and the Runs list vs the Monitor's replay), the rates and steps of the rank lines, the
+metrics files (issue 35 bugs 6, 7, 12, 13)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.runs import catalog, metric
+from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.runs.view import RunView
+
+TORCHDECK = Path(sys.executable).with_name("torchdeck")
+T0 = 1_700_000_000.0
+
+
+def torchdeck(*args, cwd, timeout=120):
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    env = dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs"), COLUMNS="200")
+    return subprocess.run(cmd + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _ev(kind, t, **f):
+    e = events.make(kind, **f)
+    e["t"] = T0 + t
+    return e
+
+
+# the regression run of the issue: val loss falls to its minimum at epoch 20, then creeps up
+VAL = [0.05 - 0.0018 * e for e in range(20)] + [0.0149 + 0.0003 * (e - 20) for e in range(20, 30)]
+VAL[19] = 0.0147  # epoch 20: the true best, in the middle of the file
+VAL[-1] = 0.0175
+
+
+def regression_events(epochs=30, steps_per_epoch=20, world=2):
+    evs = [_ev("run_started", 0, run="reg", strategy="ddp", world_size=world, nproc_per_node=world, node_rank=0,
+               num_nodes=1, global_batch=64, devices=["cpu"] * world, total_steps=epochs * steps_per_epoch)]
+    t, step = 1.0, 0
+    for e in range(epochs):
+        for _ in range(steps_per_epoch):
+            step += 1
+            t += 0.1
+            for r in range(world):
+                evs.append(_ev("step", t, rank=r, epoch=e, step=step, total_steps=epochs * steps_per_epoch,
+                               loss=0.02, samples_per_s=320.0, data_wait_s=0.01, compute_s=0.09, lr=0.1,
+                               accuracy=None))
+        for r in range(world):  # every rank sends its epoch_end (the ranks agree on the figures)
+            evs.append(_ev("epoch_end", t, rank=r, epoch=e, step=step, train_loss=0.02, train_acc=None,
+                           val_loss=VAL[e], val_acc=None))
+    evs.append(_ev("run_finished", t + 0.5, status="finished", exit_codes=[0] * world, root_cause=None,
+                   elapsed_s=t + 0.5))
+    return evs
+
+
+def write_run(root, evs, name="reg", status="finished", **cfg):
+    run = RunDir.create(cfgmod.from_dict({"name": name, **cfg}), Path(root))
+    run.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
+    if status:
+        run.status_path.write_text(json.dumps({"status": status, "exit_codes": [0], "root_cause": None}))
+    return run
+
+
+def test_runs_shows_the_best_epoch_the_monitor_shows_even_mid_file(tmp_path):
+    """Bug 6: the catalog folded the head and tail only, so `runs` said (best 0.0149) where the
+    Monitor's replay of the whole file says 0.0147 (epoch 20, in the middle)."""
+    evs = regression_events()
+    run = write_run(tmp_path / "runs", evs)
+    assert run.events_path.stat().st_size > catalog.HEAD_BYTES + catalog.TAIL_BYTES + 100_000  # a middle
+    whole = RunView.replay(events.read_all(run.events_path))
+    name, value, best = whole.main()
+    assert (name, metric.show(name, value), metric.show(name, best)) == ("val_loss", "0.0175", "0.0147")
+    r = torchdeck("runs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"0.0175 (best {metric.show(name, best)})" in r.stdout, r.stdout  # the same answer as the Monitor
+    (row,) = catalog.collect(tmp_path / "runs")  # the Runs list's rows
+    assert (row.main, row.main_value, row.main_best) == (name, value, best)
+
+
+def test_the_runs_list_reads_a_growing_file_on_and_agrees_with_a_whole_replay(tmp_path):
+    """The catalog's cache scans a live run's file on from where it stopped, never again from the
+    start; after each growth its best is the whole replay's."""
+    evs = regression_events()
+    cut = len(evs) * 2 // 3
+    run = write_run(tmp_path, evs[:cut], status=None)
+    cache = {}
+    catalog.collect(tmp_path, cache)
+    scan = cache[run.name][2]
+    upto = scan.upto
+    with open(run.events_path, "a") as fh:
+        fh.write(events.dumps(evs[cut])[:40])  # a line cut mid-write: read once whole, not now
+    catalog.collect(tmp_path, cache)
+    assert cache[run.name][2] is scan and scan.upto >= upto
+    with open(run.events_path, "a") as fh:
+        fh.write(events.dumps(evs[cut])[40:] + "\n" + "".join(events.dumps(e) + "\n" for e in evs[cut + 1:]))
+    (row,) = catalog.collect(tmp_path, cache)
+    whole = RunView.replay(events.read_all(run.events_path))
+    assert (row.main, row.main_value, row.main_best) == whole.main()
+    head, middle, tail = catalog.read_parts(run.events_path)  # a fresh scan from the start
+    assert scan.events == middle  # each once, in order
+    assert sum(e["kind"] == "epoch_end" for e in head + middle + tail) == 60
