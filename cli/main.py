@@ -58,12 +58,17 @@ def _config_or_usage(args, hw=None, launch: bool = False):
 # ----------------------------------------------------------------------------- following a run
 
 
+SIGINT_COALESCE_S = 0.5  # SIGINTs this close together are one keypress: the terminal's and, under
+# `timeout --foreground` (or another wrapper passing it on), the wrapper's copy of it
+
+
 class _Interrupts:
     """Counts Ctrl-C instead of raising mid-write; restores the old handler on exit."""
 
     def __init__(self):
         self.count = 0
         self._old = None
+        self._last = float("-inf")
 
     def __enter__(self):
         try:
@@ -73,29 +78,45 @@ class _Interrupts:
         return self
 
     def _hit(self, signum, frame):
-        self.count += 1
+        now = time.monotonic()
+        if now - self._last >= SIGINT_COALESCE_S:  # from the one counted: pressed again, it counts
+            self.count += 1
+            self._last = now
 
     def __exit__(self, *exc):
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
 
 
-def follow(run, display, on_interrupt=None, interval: float = 0.2):
+def follow(run, display, on_interrupt=None, interval: float = 0.2, output=None):
     """Draw the run until it ends; returns its RunView (None when the user detached).
-    on_interrupt(n) is called for the n-th Ctrl-C; returning False stops following."""
+    on_interrupt(n) is called for the n-th Ctrl-C; returning False stops following. output: an
+    engine.runs.progress.RankOutput, whose lines (the ranks' own) print above the block."""
     from ..engine.runs.follow import Follower
 
     follower = Follower(run, outputs=False)
     seen = 0
-    with _Interrupts() as ints:
-        for _ in follower.follow(interval=interval):
-            display.show(follower.view)
-            while ints.count > seen:
-                seen += 1
-                if on_interrupt is not None and on_interrupt(seen) is False:
-                    return None
-    view = follower.view
-    display.finish(view)
+    try:
+        with _Interrupts() as ints:
+            for _ in follower.follow(interval=interval):
+                if output is not None:  # the run over: its last lines, before "run finished" and the summary
+                    view = follower.view
+                    display.output(output.drain(view) if view.final else output.poll(view))
+                    if output.cut:
+                        display.message(f"(the last {output.HISTORY} lines of each rank's output; all of it in "
+                                        f"{run.path}/rank<N>.log)")
+                        output.cut = 0
+                display.show(follower.view)
+                while ints.count > seen:
+                    seen += 1
+                    if on_interrupt is not None and on_interrupt(seen) is False:
+                        return None
+        view = follower.view
+        if output is not None:
+            display.output(output.drain(view))
+        display.finish(view)
+    finally:
+        display.close()  # the live block stays on screen; the terminal's cursor and print() come back
     if view.status.went_wrong and not view.errors:
         _print_log_tail(run.supervisor_log)
     if follower.skipped:
@@ -115,6 +136,8 @@ def _print_log_tail(path: Path, n: int = 10) -> None:
 
 
 def _exit_for(view) -> int:
+    if view is not None and view.killed:
+        return view.exit_code()  # the user killed it: 130, as for any command Ctrl-C ended
     return EXIT_OK if view is not None and view.status.ended_well else EXIT_FAILED
 
 
@@ -159,6 +182,8 @@ def cmd_launch(args) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     args.debug = getattr(args, "debug", False) or ns.debug
+    args.output_rule = launch_args.output_rule(ns)  # torchrun's --tee/--redirects/--local-ranks-filter
+    args.runs_dir = launch_args.runs_dir(ns)  # --runs-dir, or torchrun's --log-dir
     hw = detect_hardware()
     data = launch_args.to_config(ns, os.getcwd(), gpu_count=lambda: hw.gpu_count or 0)
     try:
@@ -173,7 +198,7 @@ def cmd_launch(args) -> int:
     origin = {"launch": ["torchdeck", "launch", *args.argv]}
     if hw.notes:
         origin["host_notes"] = hw.notes
-    args.detach, args.runs_dir = ns.detach, ns.runs_dir
+    args.detach = ns.detach
     return _launch(args, cfg, origin)
 
 
@@ -221,8 +246,30 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
             print(f"killed {len(pids)} process(es) of the run", flush=True)
         return True
 
-    view = follow(run, Display(), on_interrupt)
+    view = follow(run, Display(), on_interrupt, output=_rank_output(run, getattr(args, "output_rule", None), True)
+                  if cfg.strategy == "script" else None)
     return script_exit_code(view) if cfg.strategy == "script" else _exit_for(view)
+
+
+def _rank_output(run, rule=None, whole: bool = True):
+    """What a script run's ranks print, for the terminal (torchrun prints it where it was typed)."""
+    from ..engine.runs.progress import RankOutput
+
+    return RankOutput(run, rule, whole)
+
+
+def _launch_rule(run):
+    """The --local-ranks-filter/--redirects/--tee a `torchdeck launch` was given, for attach to show
+    the same ranks' output; None (all) for anything else."""
+    argv = run.origin().get("launch")
+    if not isinstance(argv, list) or argv[:2] != ["torchdeck", "launch"]:
+        return None
+    from ..engine.launch import args as launch_args
+
+    try:
+        return launch_args.output_rule(launch_args.parse([str(a) for a in argv[2:]]))
+    except (UsageError, SystemExit):
+        return None
 
 
 def cmd_resume(args) -> int:
@@ -255,7 +302,7 @@ def cmd_attach(args) -> int:
         print(f"detached; the run goes on. Re-attach with: torchdeck attach {run.path}", flush=True)
         return False
 
-    view = follow(run, Display(), on_interrupt)
+    view = follow(run, Display(), on_interrupt, output=_rank_output(run, _launch_rule(run), whole=False))
     return EXIT_OK if view is None else _exit_for(view)
 
 
@@ -302,7 +349,7 @@ def cmd_compare(args) -> int:
             None if args.target_acc is None else parse_target(args.target_acc))
     except UsageError as exc:
         raise UsageError(f"--target: {exc}") from None
-    facts, entries = compare.plan(args.preset, strategies, _overrides(args), args.steps, args.epochs)
+    facts, entries = compare.plan(args.preset, strategies, _overrides(args), args.steps, args.epochs, target=target)
     try:
         path = compare.new_dir(facts["name"], Path(args.runs_dir) if args.runs_dir else None)
     except OSError as exc:

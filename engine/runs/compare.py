@@ -390,9 +390,10 @@ def _first_problem(problems) -> str:
 
 
 def plan(preset: str, strategies: list[str], overrides: list[str] | None = None, steps: int | None = None,
-         epochs: int | None = None, hw=None) -> tuple[dict, list[Entry]]:
+         epochs: int | None = None, hw=None, target=None) -> tuple[dict, list[Entry]]:
     """What a comparison would run: (the plan's header facts, one Entry per strategy). The preset
-    with `overrides` must itself be valid (ConfigError, UsageError otherwise: nothing starts);
+    with `overrides` must itself be valid, and `target` name a metric its runs report (ConfigError,
+    UsageError otherwise: nothing starts);
     a strategy this host cannot run, or whose config the preflight refuses, is an Entry with the
     reason it is skipped."""
     from .. import config as cfgmod
@@ -414,6 +415,11 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     problems = preflight.file_problems(base)
     if problems:
         raise UsageError(*preflight.lines(problems, str(path)))
+    if target is not None:
+        try:
+            metric.check_target_metric(metric.parse_target(target), metric.may_report_own(base))
+        except UsageError as exc:
+            raise UsageError(f"--target: {exc}") from None
     limits = []
     if steps is not None:
         if steps < 2:

@@ -9,6 +9,7 @@ No torch, no textual.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -148,3 +149,28 @@ def _acc(v: float, s: str) -> Target:
     if not 0 < v <= 1:
         raise UsageError(f"{s!r}: a validation accuracy between 0 and 1 (0.9, or 90%)")
     return Target(ACC, ">=", v)
+
+
+KNOWN = FIELDS + ("perplexity", "val_perplexity", "train_perplexity")  # what any run can report
+
+
+def may_report_own(cfg) -> bool:
+    """Whether a run of `cfg` can report metrics of its own (names fixed by its first batch): a
+    loss callable's, or a user model's `metrics` under its own loss."""
+    loss, model = str(cfg.train.loss), str(cfg.model.name)
+    return ":" in loss or (":" in model and loss == "auto")
+
+
+def check_target_metric(target: Target, own: bool = False) -> None:
+    """UsageError (one line: the known names, the closest) when a target names a metric no run
+    of this kind reports: a misspelt `val_los<=5` would run to its end and say `not reached`.
+    `own` (may_report_own): any name not a near miss of a known one may be the run's own."""
+    name = target.name
+    if name in KNOWN:
+        return
+    close = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
+    if own and not close:
+        return
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    own_said = "; a loss callable's or model's own metrics by their name" if own else ""
+    raise UsageError(f"{target.text!r}: unknown metric {name!r}{hint}; known: {', '.join(KNOWN)}{own_said}")

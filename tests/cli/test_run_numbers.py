@@ -102,3 +102,40 @@ def test_the_runs_list_reads_a_growing_file_on_and_agrees_with_a_whole_replay(tm
     head, middle, tail = catalog.read_parts(run.events_path)  # a fresh scan from the start
     assert scan.events == middle  # each once, in order
     assert sum(e["kind"] == "epoch_end" for e in head + middle + tail) == 60
+
+
+TINY = """\
+name: tiny
+strategy: cpu
+model: {name: mlp, hidden: 16}
+data: {dataset: synthetic, train_size: 64, val_size: 32, image_size: 8}
+train: {batch_size: 16, epochs: 1, log_every_n_steps: 1}
+"""
+
+
+def test_compare_refuses_a_misspelt_target_metric_before_running(tmp_path):
+    """Bug 7: `--target 'val_los<=5'` ran, exited 0 and said `not reached`."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    r = torchdeck("compare", "tiny.yaml", "--strategies", "cpu", "--steps", "2", "--target", "val_los<=5",
+                  cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr.strip()
+    assert err.count("\n") == 0 and "unknown metric 'val_los' (did you mean val_loss?)" in err, err
+    assert "known: val_acc, val_loss" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
+
+
+def test_a_target_metric_is_known_a_near_miss_or_possibly_the_runs_own():
+    import pytest
+
+    from torchdeck.engine.errors import UsageError
+
+    for ok in ("val_loss<=1", "val_acc>=0.9", "perplexity<=5", "train_loss<1"):
+        metric.check_target_metric(metric.parse_target(ok))
+    with pytest.raises(UsageError, match="unknown metric 'mae'; known"):
+        metric.check_target_metric(metric.parse_target("mae<=0.1"))  # a built-in loss reports no mae
+    metric.check_target_metric(metric.parse_target("mae<=0.1"), own=True)  # a loss callable's may
+    with pytest.raises(UsageError, match="did you mean perplexity"):
+        metric.check_target_metric(metric.parse_target("perplexty<=5"), own=True)  # a near miss, even then
+    cfg = cfgmod.from_dict({"name": "x", "train": {"loss": "mypkg.losses:with_mae"}})
+    assert metric.may_report_own(cfg) and not metric.may_report_own(cfgmod.from_dict({"name": "x"}))
