@@ -139,7 +139,11 @@ class Screen:
             elif tok == "\r":
                 self.x = 0
             elif tok == "\n":
-                self.y = min(self.rows - 1, self.y + 1)
+                if self.y == self.rows - 1:  # the bottom line: the screen scrolls up a line
+                    del self.cells[0]
+                    self.cells.append([" "] * self.cols)
+                else:
+                    self.y += 1
             elif tok == "\b":
                 self.x = max(0, self.x - 1)
             else:
@@ -165,7 +169,7 @@ class Screen:
             self.x += 2 if wide else 1
 
     def _csi(self, params: str, final: str) -> None:
-        if params.startswith("?") or final not in "HfABCDGdJK":
+        if params.startswith("?") or final not in "HfABCDEFGdJK":
             return  # modes, colours: nothing a cell holds
         nums = [int(p) if p.isdigit() else 0 for p in params.split(";")] if params else []
         n = nums[0] if nums and nums[0] else 1
@@ -176,6 +180,9 @@ class Screen:
             self.y = max(0, self.y - n)
         elif final == "B":
             self.y = min(self.rows - 1, self.y + n)
+        elif final in "EF":  # next / previous line, at its start
+            self.y = min(self.rows - 1, self.y + n) if final == "E" else max(0, self.y - n)
+            self.x = 0
         elif final == "C":
             self.x = min(self.cols - 1, self.x + n)
         elif final == "D":

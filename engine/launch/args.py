@@ -7,12 +7,15 @@ Replacing the word `torchrun` in a command line works:
     torchrun --nproc-per-node 2 train.py --epochs 3
     torchdeck launch --nproc-per-node 2 train.py --epochs 3
 
-torchrun's flags that torchdeck does not support (elastic rendezvous, restarts, its own log
-redirection) are refused by name with what to do instead. Stdlib only.
+torchrun's flags that torchdeck does not support (elastic rendezvous, restarts) are refused by name
+with what to do instead. Its output flags (--tee, --redirects, --local-ranks-filter, --log-dir) are
+taken with their meanings mapped onto a run directory: `output_rule`. Stdlib only.
 """
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
@@ -29,12 +32,6 @@ UNSUPPORTED = {
     ("--monitor-interval", "--monitor_interval"): "leave it out (torchdeck's supervisor watches the ranks)",
     ("--start-method", "--start_method"): "leave it out (each rank is its own process, started by exec)",
     ("--role",): "leave it out (every rank's role is 'default')",
-    ("--log-dir", "--log_dir"): "leave it out: each rank's stdout and stderr go to the run directory "
-                                "(torchdeck attach, or the app's log view)",
-    ("-r", "--redirects"): "leave it out: each rank's output is already kept in the run directory",
-    ("-t", "--tee"): "leave it out: each rank's output is already kept in the run directory",
-    ("--local-ranks-filter", "--local_ranks_filter"): "leave it out: torchdeck attach and the app show "
-                                                      "one rank's log at a time or all of them",
     ("--run-path", "--run_path"): "give the script's path (torchdeck runs it with runpy's run_path)",
     ("--logs-specs", "--logs_specs"): "leave it out: the logs are in the run directory",
     ("--local-addr", "--local_addr"): "leave it out (a static rendezvous needs only --master-addr)",
@@ -104,6 +101,19 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
     t.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module: python -m SCRIPT")
     t.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
                    help="torch.distributed.launch's: the rank only in the environment (torchdeck's default)")
+    t.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter", metavar="R,R",
+                   help="only these local ranks' output on the terminal, e.g. 0 or 0,1 (every rank's is kept in "
+                        "rank<N>.log all the same)")
+    t.add_argument("-r", "--redirects", metavar="STD", default="0",
+                   help="output only to the rank logs, not the terminal: 0 none, 1 stdout, 2 stderr, 3 both, or "
+                        "per local rank 0:3,1:0. A rank's stdout and stderr share rank<N>.log in the order written, "
+                        "so the terminal shows both or neither: neither once its stdout is redirected")
+    t.add_argument("-t", "--tee", metavar="STD", default="0",
+                   help="output to the rank logs and the terminal (same format): torchdeck always does both, "
+                        "so --tee only takes back a --redirects")
+    t.add_argument("--log-dir", "--log_dir", dest="log_dir", metavar="DIR",
+                   help="where the logs go: the run directory (rank<N>.log, supervisor.log ...) is made under DIR, "
+                        "as --runs-dir DIR")
     o = p.add_argument_group("torchdeck's own")
     o.add_argument("--name", help="the run's name (default: the script's)")
     o.add_argument("--detach", action="store_true", help="start it and return; watch later with torchdeck attach")
@@ -126,6 +136,60 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
 
 
 _SPELLING = "--local-rank-spelling"
+
+_STD_ONE, _STD_MAP = re.compile(r"[0-3]"), re.compile(r"(\d+:[0-3],)*\d+:[0-3]")  # torchrun's Std.from_str
+
+
+def _std(text: str, flag: str):
+    """torchrun's stream spec: 0-3 for every local rank, or `0:3,1:1` per local rank (a dict)."""
+    text = str(text).strip()
+    if _STD_ONE.fullmatch(text):
+        return int(text)
+    if _STD_MAP.fullmatch(text):
+        return {int(k): int(v) for k, v in (item.split(":") for item in text.split(","))}
+    raise UsageError(f"torchdeck launch: {flag} {text}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both) "
+                     f"for every rank, or per local rank like 0:3,1:1")
+
+
+@dataclass(frozen=True)
+class OutputRule:
+    """Which local ranks' output the terminal shows (torchrun's --local-ranks-filter, --redirects,
+    --tee). Every rank's output is in its rank<N>.log whatever the rule says."""
+    redirects: object = 0  # int, or {local rank: int}; bit 1 stdout, bit 2 stderr
+    tee: object = 0
+    ranks: frozenset | None = None  # --local-ranks-filter; None: every rank
+
+    def shows(self, local_rank: int) -> bool:
+        """The rank's lines reach the terminal: it passes the filter and its stdout is not
+        redirected without a tee. stderr shares stdout's file, so it follows stdout."""
+        if self.ranks is not None and local_rank not in self.ranks:
+            return False
+        def at(spec):
+            return spec.get(local_rank, 0) if isinstance(spec, dict) else spec
+        return bool((~at(self.redirects) | at(self.tee)) & 1)
+
+
+def output_rule(args: argparse.Namespace) -> OutputRule:
+    ranks = None
+    text = getattr(args, "local_ranks_filter", None)
+    if text is not None:
+        try:
+            ranks = frozenset(int(r) for r in str(text).split(","))
+        except ValueError:
+            raise UsageError(f"torchdeck launch: --local-ranks-filter {text}: expected local ranks separated by "
+                             f"commas, like 0 or 0,1") from None
+    return OutputRule(_std(getattr(args, "redirects", "0"), "--redirects"), _std(getattr(args, "tee", "0"), "--tee"),
+                      ranks)
+
+
+def runs_dir(args: argparse.Namespace) -> str | None:
+    """Where the run directory goes: --runs-dir, or torchrun's --log-dir (the same folder, said the
+    torchrun way: each run's logs in a directory of its own under it)."""
+    log_dir, runs = getattr(args, "log_dir", None), getattr(args, "runs_dir", None)
+    if log_dir and runs and Path(log_dir).resolve() != Path(runs).resolve():
+        raise UsageError(f"torchdeck launch: --log-dir {log_dir} and --runs-dir {runs} disagree: both say where the "
+                         f"run directory (with rank<N>.log) goes; give one")
+    return log_dir or runs
 
 
 def parse(argv: list[str], p: argparse.ArgumentParser | None = None) -> argparse.Namespace:

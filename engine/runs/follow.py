@@ -63,19 +63,23 @@ _RANK_LOG = re.compile(r"rank(\d+)\.log")
 
 
 class _LogFile:
-    def __init__(self, size: int):
-        self.pos = max(0, size - FIRST_BYTES)
+    def __init__(self, size: int, whole: bool = False):
+        self.pos = 0 if whole else max(0, size - FIRST_BYTES)
         self.skip_first = self.pos > 0  # started mid-line: that piece is not a line
         self.partial = b""
 
 
 class OutputTail:
     """New lines of a run's text logs (rank<N>.log, supervisor.log): what the workers printed.
-    A finished run's logs can be long; only their tails matter to a reader."""
+    A finished run's logs can be long; only their tails matter to a reader (whole: every line, from
+    the start, for `torchdeck launch` printing its ranks' output; supervisor: supervisor.log too).
+    Each poll reads at most READ_BYTES a file; `behind` says one had more."""
 
-    def __init__(self, run: RunDir):
+    def __init__(self, run: RunDir, whole: bool = False, supervisor: bool = True):
         self.run = run
         self._files: dict[Path, _LogFile] = {}
+        self.whole, self.supervisor = whole, supervisor
+        self.behind = False
 
     def _paths(self) -> list[tuple[int | None, Path]]:
         out = []
@@ -88,12 +92,23 @@ class OutputTail:
             if m:
                 out.append((int(m.group(1)), self.run.path / name))
         out.sort()
-        return [(None, self.run.supervisor_log)] + out
+        return ([(None, self.run.supervisor_log)] if self.supervisor else []) + out
+
+    def leftovers(self) -> list[tuple[int | None, str]]:
+        """The last line of each file where it has no newline yet (a run that is over: its end)."""
+        out = []
+        for rank, p in self._paths():
+            f = self._files.get(p)
+            if f is not None and f.partial.strip():
+                out.append((rank, f.partial.decode("utf-8", "replace").rstrip()))
+                f.partial = b""
+        return out
 
     def poll(self) -> list[tuple[int | None, str, float]]:
         """(rank or None for the supervisor, line, when) for every complete line written since the
         last poll; `when` is the file's modification time, the best time a line without one has."""
         out = []
+        self.behind = False
         for rank, p in self._paths():
             try:
                 stat = p.stat()
@@ -102,7 +117,7 @@ class OutputTail:
             size = stat.st_size
             f = self._files.get(p)
             if f is None:
-                f = self._files[p] = _LogFile(size)
+                f = self._files[p] = _LogFile(size, self.whole)
             if size < f.pos:  # truncated or replaced: start over
                 f.pos, f.partial = 0, b""
             if size == f.pos:
@@ -112,6 +127,7 @@ class OutputTail:
                     fh.seek(f.pos)
                     chunk = fh.read(READ_BYTES)
                     f.pos = fh.tell()
+                    self.behind = self.behind or f.pos < size
             except OSError:
                 continue
             lines = (f.partial + chunk).split(b"\n")

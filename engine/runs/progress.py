@@ -75,11 +75,11 @@ def _task_parts(view: RunView, now: float) -> list[tuple[int, str]]:
     return parts
 
 
-def header(view: RunView, now: float, width: int) -> str:
+def header(view: RunView, now: float, width: int, command: bool = True) -> str:
     """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
-    parts go first when the terminal is narrow."""
+    parts go first when the terminal is narrow. command: a script run's ends with its command."""
     if view.run_kind == "script":
-        return script_header(view, now, width)
+        return script_header(view, now, width, command)
     step, total = view.progress()
     parts = _head(view, now, f"step {step}/{total or '?'}")
     if len(parts) == 5 and not view.final:  # neither starting nor stalled
@@ -105,7 +105,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
         "epoch": f"ep {r.epoch or '-'}/{view.total_epochs}" if view.total_epochs else f"ep {r.epoch or '-':>2}",
         "steps": f"{r.step:>5}/{total or '?':<5}",
         "loss": f"loss {fmt.num(r.loss)}",
-        "rate": f"{fmt.rate(r.samples_per_s):>6}/s",
+        "rate": f"{fmt.rate(r.samples_per_s):>6} samples/s",  # the unit said: `101/s` read as anything
         "tokens": "" if r.tokens_per_s is None else f"{fmt.rate(r.tokens_per_s):>7} tok/s",
         "wait": f"wait {fmt.pct(r.data_wait, 0):>4}",
         "comm": "" if r.comm_wait is None else f"all-reduce {fmt.pct(r.comm_wait, 0):>4}",
@@ -182,7 +182,7 @@ def pick_line(view: RunView, p: "fleet.Pick", now: float, unit: str, many_nodes:
 
 
 def _short(unit: str) -> str:
-    return {"samples/s": "/s", "tokens/s": " tok/s"}.get(unit, " " + unit)
+    return {"samples/s": " samples/s", "tokens/s": " tok/s"}.get(unit, " " + unit)
 
 
 def node_summary(view: RunView, now: float, most: int = 4) -> list[str]:
@@ -304,7 +304,7 @@ def script_rate_text(view: RunView, now: float) -> str:
     return f"{_sps(min(paces) if paces else None)} steps/s"
 
 
-def script_header(view: RunView, now: float, width: int) -> str:
+def script_header(view: RunView, now: float, width: int, command: bool = True) -> str:
     """status | script | world | step | elapsed | pace | the command, cut to what is left of the
     width (the first to go, then the loop header's order)."""
     step, total = view.progress()
@@ -315,7 +315,7 @@ def script_header(view: RunView, now: float, width: int) -> str:
         parts.remove(max(parts, key=lambda p: p[0]))
     text = " | ".join(p for _, p in parts)
     room = width - len(text) - 3
-    if view.command and room >= 12:
+    if command and view.command and room >= 12:
         text += " | " + _fit(" ".join(view.command), room)
     return _fit(text, width)
 
@@ -385,7 +385,10 @@ def script_summary(view: RunView, now: float) -> list[str]:
 
 
 class Display:
-    """Prints a RunView: redrawn in place on a TTY, periodic plain lines otherwise."""
+    """Prints a RunView: on a TTY a live block that rich's Live redraws in place, with log lines and
+    the ranks' own output printed above it; in a pipe, those lines as they come and a short status
+    line every few seconds. rich is imported only for a TTY (torchrun's rank 0 prints through Echo,
+    in a pipe's way, and must not pay for it)."""
 
     def __init__(self, stream=None, tty: bool | None = None, interval: float | None = None,
                  width: int | None = None, clock=time.time):
@@ -394,8 +397,9 @@ class Display:
         self.interval = interval if interval is not None else (0.25 if self.tty else 5.0)
         self._fixed_width = width
         self.clock = clock
+        self._console = None  # rich's, on a TTY
+        self._live = None  # rich.live.Live, from the first frame until finish()/close()
         self._drawn: list[str] = []  # the live block now on screen
-        self._drawn_width = 0
         self._last = 0.0
         self._log_seq = 0
         self.frames = 0
@@ -426,19 +430,73 @@ class Display:
         except (BrokenPipeError, ValueError, OSError):
             pass
 
-    def _clear_block(self) -> None:
-        """Move up over the block as the terminal shows it now (a narrower terminal rewraps it)."""
-        if self.tty and self._drawn:
-            w = max(1, self.width)
-            rows = sum(max(1, -(-len(line) // w)) for line in self._drawn)
-            self._write(f"\x1b[{rows}F\x1b[J")
-            self._drawn = []
+    def _rich(self):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, force_terminal=True, highlight=False, soft_wrap=True,
+                                    emoji=False, markup=False)
+        self._console.width = self.width
+        return self._console
+
+    def _print(self, text) -> None:
+        """Lines that stay: above the live block while it is up."""
+        try:
+            self._rich().print(text)
+        except (BrokenPipeError, ValueError, OSError):
+            pass
 
     def message(self, line: str) -> None:
         """A line that stays (above the live block on a TTY, wrapped at its width under an indent)."""
-        self._clear_block()
-        self._write((fmt.wrap(line, self.width) if self.tty else line) + "\n")
-        self._last = 0.0  # redraw the block at once below it
+        if not self.tty:
+            self._write(line + "\n")
+            return
+        from rich.text import Text
+
+        self._print(Text(fmt.wrap(line, self.width)))
+
+    def output(self, lines: list[str]) -> None:
+        """The ranks' own lines (prefixed already), above the block as torchrun prints them: as they
+        are in a pipe; on a TTY their colours kept and a progress bar's carriage returns resolved to
+        what a terminal would show, the terminal wrapping what is too long."""
+        if not lines:
+            return
+        if not self.tty:
+            self._write("".join(ln + "\n" for ln in lines))
+            return
+        from rich.text import Text
+
+        self._print(Text("\n").join(Text.from_ansi(ln) for ln in lines))
+
+    def _start_live(self):
+        from rich.live import Live
+
+        console = self._rich()
+        redirect = self.stream is sys.stdout  # print() from elsewhere (Ctrl-C's "stopping") goes above the block
+        self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=redirect,
+                          redirect_stderr=redirect and _isatty(sys.stderr), vertical_overflow="visible")
+        self._live.start()
+        return self._live
+
+    def _draw(self, lines: list[str]) -> None:
+        from rich.text import Text
+
+        live = self._live or self._start_live()
+        if self._drawn and self._resized_rows:
+            # the terminal rewrapped the old block at its new width: move up over all of its rows
+            try:
+                w, _ = live._live_render._shape
+                live._live_render._shape = (w, self._resized_rows)
+            except (AttributeError, TypeError, ValueError):
+                pass
+        self._resized_rows = 0
+        try:
+            live.update(Text("\n".join(lines), no_wrap=True, overflow="crop"), refresh=True)
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+        self._drawn = lines
+
+    _resized_rows = 0
 
     def show(self, view: RunView, force: bool = False) -> None:
         """New log lines, then the block (rate-limited unless forced, or the terminal was resized)."""
@@ -449,33 +507,117 @@ class Display:
         mono = time.monotonic()
         if self._resized:
             self._resized, force = False, True
+            w = max(1, self.width)
+            self._resized_rows = sum(max(1, -(-len(line) // w)) for line in self._drawn)
         if not force and mono - self._last < self.interval:
             return
+        if not self.tty and not (view.world_size or view.final):
+            return  # in a log, not `STARTING | ? | world ?`: the first line waits until the run says what it is
         self._last = mono
 
         now = self.clock()
         if self.tty:
-            lines = block(view, now, self.width)
-            self._clear_block()
-            self._write("".join(line + "\n" for line in lines))
-            self._drawn = lines
+            self._draw(block(view, now, self.width))
         else:
-            text = header(view, now, 10_000)
+            text = header(view, now, 10_000, command=False)  # the command was said once, at the start
             if text == self._last_header:
                 return  # the same line again (finish() right after the last show) says nothing new
             self._last_header = text
             self._write(text + "\n")
         self.frames += 1
 
+    def close(self) -> None:
+        """Leave the block where it is and give the terminal back (its cursor, print())."""
+        if self._live is not None:
+            live, self._live = self._live, None
+            try:
+                live.stop()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+        self._drawn = []
+
     def finish(self, view: RunView) -> None:
         """Last draw, then the summary lines."""
         self.show(view, force=True)
+        self.close()
         if not self.tty and view.ranks:
             for line in block(view, self.clock(), 10_000, every_node=True)[1:]:
                 self._write(line + "\n")
-        self._drawn = []
         for line in summary(view, self.clock()):
             self._write(line + "\n")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class RankOutput:
+    """What a script's ranks print, for the terminal, as torchrun --tee prints it: each line of
+    rank<N>.log (stdout and stderr, in the order written) prefixed `[default<local rank>]:`, for the
+    local ranks `rule.shows` (engine.launch.args.OutputRule; None: all). Read incrementally, at most
+    READ_BYTES a file a read; a chatty rank gets up to ROUNDS reads a poll so it cannot fall behind.
+    whole: from the first line (a launch); else (attach) the last HISTORY lines of each rank first."""
+
+    ROUNDS = 8
+    HISTORY = 20
+
+    def __init__(self, run, rule=None, whole: bool = True):
+        from .follow import OutputTail
+
+        self.tail = OutputTail(run, whole=whole, supervisor=False)
+        self.rule = rule
+        self._history = not whole
+        self.cut = 0  # history lines left out (attach)
+
+    @staticmethod
+    def local_rank(view: RunView, rank: int) -> int:
+        per_node = view.world_size // max(1, view.num_nodes) if view.world_size else 0
+        if not per_node:
+            return rank
+        local = rank - view.node_rank * per_node
+        return local if 0 <= local < per_node else rank % per_node
+
+    def _lines(self, view: RunView, got) -> list[str]:
+        out = []
+        for rank, text in got:
+            local = self.local_rank(view, rank)
+            if self.rule is None or self.rule.shows(local):
+                out.append(f"[default{local}]:{text}")
+        return out
+
+    def poll(self, view: RunView) -> list[str]:
+        """The new lines, prefixed; nothing until the run says it runs a script (run_started)."""
+        if view.run_kind != "script":
+            return []
+        got = []
+        for _ in range(self.ROUNDS):
+            got += [(rank, text) for rank, text, _ in self.tail.poll()]
+            if not self.tail.behind:
+                break
+        if self._history:
+            self._history = False
+            keep = []
+            for rank in sorted({r for r, _ in got}):
+                mine = [g for g in got if g[0] == rank]
+                self.cut += max(0, len(mine) - self.HISTORY)
+                keep += mine[-self.HISTORY:]
+            got = keep
+        return self._lines(view, got)
+
+    def drain(self, view: RunView) -> list[str]:
+        """Everything left once the run is over, its last unterminated lines too."""
+        if view.run_kind != "script":
+            return []
+        out = []
+        while True:
+            lines = self.poll(view)
+            out += lines
+            if not self.tail.behind:
+                break
+        return out + self._lines(view, self.tail.leftovers())
 
 
 # ----------------------------------------------------------------------------- torchrun's rank 0

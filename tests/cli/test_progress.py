@@ -8,7 +8,16 @@ from torchdeck.cli.progress import Display, block
 from torchdeck.engine import events
 from torchdeck.engine.runs.view import RunView
 
-REDRAW = re.compile(r"\x1b\[(\d+)F\x1b\[J")  # cursor up over the old block, clear to the end
+_ESC = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def screen_of(raw: str, cols: int, rows: int = 60) -> list[str]:
+    """What a terminal of `cols` shows after `raw` (bench.ptyterm's model of one), blank rows dropped."""
+    from bench.ptyterm import Screen
+
+    scr = Screen(cols, rows)
+    scr.feed(raw.replace("\n", "\r\n").encode())  # the tty driver's onlcr
+    return [ln.rstrip() for ln in scr.text() if ln.strip()]
 
 
 def _step(rank, step, sps, wait=0.1, total=100):
@@ -77,9 +86,9 @@ def test_progress_redraws_in_place_on_a_tty_at_most_4_hz_and_at_least_once():
     drawn = d.frames
     assert 1 <= drawn <= 2  # the first frame comes at once; the burst takes well under 0.5 s
     d.show(v, force=True)
-    frames = REDRAW.findall(buf.getvalue())
-    assert frames and frames[-1] == "3"  # header + 2 rank lines moved over, then redrawn
-    assert buf.getvalue().rstrip().splitlines()[-1].startswith("rank  1")
+    shown = screen_of(buf.getvalue(), 100)
+    assert [ln[:7] for ln in shown] == ["run sta", "first s", "RUNNING", "rank  0", "rank  1"], shown  # in place
+    assert "49/100" in shown[-1]
 
 
 def test_progress_failure_summary_names_the_root_cause():
@@ -111,11 +120,11 @@ def test_every_line_of_the_live_block_fits_the_terminal_at_80_and_40_columns():
         buf = io.StringIO()
         d = Display(buf, tty=True, width=width)
         d.show(v, force=True)
-        # the block, without the messages above it (their wrapped rest is indented)
-        lines = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step", "  "))]
-        assert len(lines) == 3
+        lines = [ln for ln in _ESC.sub("", buf.getvalue()).replace("\r", "\n").split("\n")
+                 if ln and not ln.startswith(("run started", "first step", "  "))]  # the block, not the messages
+        assert len(lines) == 3, lines
         for ln in lines:
-            assert len(REDRAW.sub("", ln)) < width, (width, ln)
+            assert len(ln) < width, (width, ln)
     buf = io.StringIO()
     Display(buf, tty=True, width=200).show(v, force=True)
     assert "cuda:12345" in buf.getvalue() and "wait" in buf.getvalue()  # wide: every column
@@ -135,17 +144,18 @@ def test_a_resize_redraws_at_once_and_moves_up_over_the_rewrapped_block():
     d._fixed_width = None
     d.__class__ = type("D", (Display,), {"width": property(lambda self: buf.cols)})
     d.show(v, force=True)
-    first = [ln for ln in buf.getvalue().split("\n") if ln and not ln.startswith(("run started", "first step"))]
+    first = [ln for ln in _ESC.sub("", buf.getvalue()).split("\n") if ln.startswith(("RUNNING", "rank"))]
     widest = max(len(ln) for ln in first)
     buf.cols = 40  # the terminal shrank: the old lines now take more rows each
     d._on_resize()
+    before = len(buf.getvalue())
     d.show(v)  # within the interval, but a resize redraws at once
-    ups = REDRAW.findall(buf.getvalue())
-    assert ups, "no redraw after the resize"
+    redraw = buf.getvalue()[before:]
+    assert redraw, "no redraw after the resize"
     rows_before = sum(-(-len(ln) // 40) for ln in first)
-    assert int(ups[-1]) == rows_before and widest > 40
-    last = buf.getvalue().split(REDRAW.findall(buf.getvalue())[-1] + "F\x1b[J")[-1]
-    assert all(len(ln) < 40 for ln in last.split("\n"))
+    assert widest > 40 and redraw.count("\x1b[1A") == rows_before - 1, repr(redraw)  # up over every rewrapped row
+    new = [ln for ln in _ESC.sub("", redraw).replace("\r", "\n").split("\n") if ln]
+    assert new and all(len(ln) < 40 for ln in new), new
 
 
 def test_lines_that_arrive_out_of_time_order_are_all_printed_once():
