@@ -62,5 +62,7 @@ def test_every_package_folder_is_in_the_wheel():
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {"torchdeck." + ".".join(p.parent.relative_to(ROOT).parts)
                for top in ("engine", "app", "cli") for p in (ROOT / top).rglob("__init__.py")}
+    folders |= {".".join(p.parent.relative_to(ROOT).parts)  # torchdeck's own subpackages (integrations)
+                for p in (ROOT / "torchdeck").rglob("*/__init__.py")}
     assert folders | {"torchdeck", "torchdeck.presets"} == set(setup["packages"])
     assert setup["package-dir"] == {f"torchdeck.{n}": n for n in ("engine", "app", "cli", "presets")}
