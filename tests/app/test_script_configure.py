@@ -184,3 +184,126 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         await pilot.press("f5")
         run = await wait_finished(pilot, app)
         assert run.config().name == "mine" and run.config().description == ""
+
+
+# ----------------------------------------------------------------------------- every field of a script run
+
+
+PKG_TRAIN = """\
+import os, sys
+print("module args", sys.argv[1:], "cwd", os.getcwd(), "threads", os.environ["OMP_NUM_THREADS"],
+      "rank", os.environ["RANK"], flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_a_module_run_in_its_own_folder_with_an_old_style_local_rank_launches(tmp_path, presets_dir, project):
+    """The script fields a tutorial's train.py does not need, each filled validly and launched:
+    -m MODULE, the folder it runs in, --local-rank, the stop grace and threads per rank."""
+    other = tmp_path / "elsewhere"
+    (other / "pkg").mkdir(parents=True)
+    (other / "pkg" / "__init__.py").write_text("")
+    (other / "pkg" / "train.py").write_text(PKG_TRAIN)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "scr")
+        await type_into(pilot, "f-script-cwd", str(other))
+        await type_into(pilot, "f-script-module", "pkg.train")
+        await type_into(pilot, "f-script-args", "--steps 3")
+        await type_into(pilot, "f-script-local_rank_arg", "--local-rank")
+        await type_into(pilot, "f-script-stop_grace_s", "5")
+        await type_into(pilot, "f-train-threads_per_rank", "1")
+        await pilot.pause(0.2)
+        assert screen.cfg is not None and not screen.problems, screen.problems
+        said = summary_text(screen)
+        assert "1 thread/rank" in said and "each rank runs: python -m pkg.train --steps 3" in said, said
+        await pilot.press("f5")
+        run = await wait_finished(pilot, app)
+        cfg = run.config()
+        assert (cfg.script.module, cfg.script.cwd, cfg.script.stop_grace_s) == ("pkg.train", str(other), 5.0)
+        for rank in (0, 1):
+            out = run.rank_log(rank).read_text()
+            # (where --local-rank goes among the script's own arguments is the launcher's business)
+            assert f"--local-rank={rank}'" in out and "'--steps', '3'" in out, out
+            assert f"cwd {other} threads 1 rank {rank}" in out, out
+
+
+@pytest.mark.timeout(120)
+async def test_an_executable_run_with_no_python_launches(tmp_path, presets_dir, project):
+    exe = project / "train.sh"
+    exe.write_text('#!/bin/sh\necho "shell rank $RANK of $WORLD_SIZE: $*"\n')
+    exe.chmod(0o755)
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await choose(pilot, "f-strategy", "scr")
+        await type_into(pilot, "f-script-path", "./train.sh")
+        await type_into(pilot, "f-script-args", "--fast")
+        screen.query_one("#f-script-no_python").focus()
+        await pilot.press("space")  # the switch, by its key
+        await pilot.pause(0.2)
+        assert screen.form.value_of("script.no_python") is True
+        assert screen.cfg is not None and not screen.problems, screen.problems
+        assert "each rank runs: ./train.sh --fast" in summary_text(screen)
+        assert screen.form.value_of("name") == "train"
+        await pilot.press("f5")
+        run = await wait_finished(pilot, app)
+        assert "shell rank 1 of 2: --fast" in run.rank_log(1).read_text()
+
+
+# ----------------------------------------------------------------------------- every other strategy
+
+
+async def pick_gpus(pilot, strategy: str) -> None:
+    """The GPU picker as a user works it: one GPU from the list (gpu), or two ticked (dp)."""
+    if strategy == "gpu":
+        await choose(pilot, "f-devices-gpu", "G")
+        return
+    pilot.app.screen.query_one("#f-devices-gpus").focus()
+    await pilot.pause(0.1)
+    await pilot.press("space", "down", "space")
+    await pilot.pause(0.2)
+
+
+# strategy -> (what to type to pick it, launched here). gpu and dp need GPUs: with the fake GPU list
+# they are filled to a valid form and summary, not launched (this machine has no CUDA).
+WALK = {"cpu": ("cp", True), "ddp": ("dd", True), "model-parallel": ("mo", False), "fsdp": ("fs", False),
+        "zero": ("ze", False), "deepspeed": ("de", False), "gpu": ("gp", False), "dp": ("dp", False)}
+
+
+def test_the_walk_covers_every_strategy_the_form_offers():
+    from torchdeck.app.configure.fields import BY_PATH
+
+    assert set(WALK) | {"script"} == set(BY_PATH["strategy"].choices)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strategy", list(WALK))
+async def test_every_strategy_filled_validly_reaches_a_valid_summary_and_the_cpu_ones_launch(
+        tmp_path, presets_dir, project, strategy):
+    typed, launch = WALK[strategy]
+    cuda = strategy in ("gpu", "dp")
+    app = make_app(tmp_path, gpus=two_fake_gpus() if cuda else None)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        if strategy != "ddp":  # quickstart is ddp already
+            await choose(pilot, "f-strategy", typed)
+        assert screen.form.value_of("strategy") == strategy
+        if cuda:
+            await pick_gpus(pilot, strategy)
+        if launch:  # small enough to finish in seconds (typing costs seconds: only where it runs)
+            await type_into(pilot, "f-train-epochs", "1")
+            await type_into(pilot, "f-data-train_size", "128")
+            await type_into(pilot, "f-data-val_size", "64")
+            await type_into(pilot, "f-data-image_size", "16")
+        await pilot.pause(0.2)
+        assert app.return_code is None
+        assert screen.cfg is not None and not screen.problems, (strategy, screen.problems)
+        said = summary_text(screen)
+        assert " · world " in said and "global batch" in said, said
+        if not launch:
+            return
+        await pilot.press("f5")
+        run = await wait_finished(pilot, app)
+        assert run.config().strategy == strategy
