@@ -14,9 +14,10 @@
                     are extra metrics, averaged over the samples and the ranks like the loss
 
 How a batch meets the model: a tuple or list (x, y, ...) is passed as model(x), the rest are the
-targets (y alone when there is one); a dict is passed whole as model(**batch), except under
-cross_entropy, mse and bce, which take their targets from its "labels" key (or label, targets,
-target, y) and pass the other keys; one tensor is passed as model(x), with no targets.
+targets (y alone when there is one); a dict (any Mapping: a tokenizer's BatchEncoding is a
+UserDict) is passed whole as model(**batch), except under cross_entropy, mse and bce, which take
+their targets from its "labels" key (or label, targets, target, y) and pass the other keys; one
+tensor is passed as model(x), with no targets.
 
 A loss that is not a scalar (nn.DataParallel gathers each replica's scalar into a vector) is
 averaged. Extra metrics may also come from the model: an output whose `metrics` (attribute or
@@ -26,6 +27,7 @@ No torch at import: the supervisor and `torchdeck validate` describe the setting
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from .config import LOSSES as BUILTIN  # train.loss, besides package.module:callable
@@ -95,6 +97,21 @@ def token_count(batch) -> int | None:
     if mask is not None and hasattr(mask, "sum"):
         return int(mask.sum())
     return int(ids.numel())
+
+
+def forward(model, x):
+    """The model on a batch's inputs: model(**x) for a dict (any Mapping: a HuggingFace
+    BatchEncoding too, as `Loss.split` and `to_device` see it), else model(x). The one rule for
+    the training step, evaluation and `validate --memory`."""
+    return model(**x) if isinstance(x, Mapping) else model(x)
+
+
+def perplexity(mean_loss: float) -> float:
+    """exp of the mean token loss (of a sum it would grow with the set's size); inf past a float."""
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return math.inf
 
 
 def to_device(obj, device):
@@ -316,3 +333,14 @@ class Loss:
 
     def metric_names(self) -> list[str]:
         return list(self.names)
+
+    def metrics(self, loss_sum: float, extra_sums, count: float) -> dict:
+        """The task's metrics over `count` samples from their sums (the loss and the extra metrics
+        weighted by samples, as training windows and evaluation add them): the extra metrics'
+        means and, for token cross-entropy, the perplexity of the mean loss. Training's epoch end
+        and evaluation both say them this way."""
+        count = count or 1
+        out = {name: v / count for name, v in zip(self.names, extra_sums)}
+        if self.tokens:
+            out["perplexity"] = perplexity(loss_sum / count)
+        return out

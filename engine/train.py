@@ -22,7 +22,7 @@ from .cache import NodeShare
 from .data import BatchPrep, BatchTensors, TrainData, keep_batch
 from .errors import TorchdeckError
 from .events import EVENT_VERSION
-from .losses import Loss, batch_size, logits_of, slice_batch, to_device, token_count
+from .losses import Loss, batch_size, forward, logits_of, slice_batch, to_device, token_count
 from .optim import Precision, set_speed_flags
 
 
@@ -140,7 +140,7 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
             if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
-            out = model(**x) if isinstance(x, dict) else model(x)
+            out = forward(model, x)
         if n == 0:
             continue
         if isinstance(out, torch.Tensor) and out.device != dev:  # model-parallel: logits on the last stage
@@ -171,9 +171,7 @@ def evaluate_model(model, dataset, ctx, batch_size: int, precision: Precision | 
     _all_reduce(sums)
     total = sums.tolist()
     loss_sum, correct, count, extra = total[0], total[1], max(total[2], 1.0), total[3:]
-    metrics = {name: v / count for name, v in zip(loss.names, extra)}
-    if loss.tokens:
-        metrics["perplexity"] = _perplexity(loss_sum / count)
+    metrics = loss.metrics(loss_sum, extra, count)
     return {"loss": loss_sum / count, "accuracy": correct / count if loss.classification else None,
             "metrics": metrics, "samples": int(count), "loss_rule": loss.said}
 
@@ -182,13 +180,6 @@ def _samples_in(batch) -> int:
     if isinstance(batch, (list, tuple)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor):
         return batch[1].shape[0]  # (x, y): as before
     return batch_size(batch)
-
-
-def _perplexity(loss: float) -> float:
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return math.inf
 
 
 @dataclass
@@ -575,7 +566,7 @@ class Trainer:
             x, y, batch, b, tokens = self._batch(it, epoch, micro + j, window)
             with self.strategy.no_sync(self.model) if j < k - 1 else _SYNCS:
                 with prec.autocast():
-                    out = self.forward_model(**x) if type(x) is dict else self.forward_model(x)
+                    out = forward(self.forward_model, x)  # model(**x) for any Mapping
                     if self._elsewhere is None:  # model-parallel: logits on the last stage's device
                         self._elsewhere = (isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor)
                                            and out.device != y.device)
@@ -699,9 +690,7 @@ class Trainer:
             val = evaluate_model(self.forward_model, self.val_ds, self.ctx, self.cfg.train.batch_size, self.precision,
                                  channels_last=self.cfg.train.channels_last, prep=self.val_prep, loss=self.loss_fn)
         lf = self.loss_fn
-        train_metrics = {name: v / n for name, v in zip(lf.names, metric_sums)} if n else {}
-        if lf.tokens and n:
-            train_metrics["perplexity"] = _perplexity(loss_sum / n)
+        train_metrics = lf.metrics(loss_sum, metric_sums, n) if n else {}
         fields = dict(epoch=epoch, step=self.pos.step, train_loss=loss_sum / n if n else None,
                       train_acc=correct / n if n and lf.classification else None, val_loss=val["loss"],
                       val_acc=val["accuracy"], train_metrics=train_metrics, val_metrics=val["metrics"])
