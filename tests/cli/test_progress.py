@@ -369,3 +369,27 @@ def test_two_nodes_of_two_ranks_list_every_rank_and_every_gpu():
     assert sum(ln.startswith("rank ") and "holds the others back" not in ln for ln in lines) == 4
     assert any(ln.startswith("GPUs: 16 on 2 nodes") for ln in lines)
     assert any(ln.startswith("GPU imbalance: util") for ln in lines)
+
+
+def test_rank_lines_say_the_unit_of_their_rate_at_80_columns():
+    """At 80 columns a rank line said `1,000/s`: samples/s of what? It says samples/s (the fleet's
+    picked ranks too)."""
+    v = view_of([_started(4)] + [_step(r, 10 + r, 1000.0 + r) for r in range(4)])
+    for width in (140, 80, 60):
+        ranks = [ln for ln in block(v, v.last_t + 1, width) if ln.startswith("rank ")]
+        assert len(ranks) == 4 and all(re.search(r"1,00\d samples/s", ln) for ln in ranks), ranks
+    fleet, now = _fleet_view()
+    picks = [ln for ln in block(fleet, now, 80) if re.match(r"  (median|slowest|data wait) ", ln)]
+    assert picks and all(" samples/s" in ln for ln in picks), picks
+
+
+def test_the_piped_status_line_of_a_script_run_is_short():
+    """In a pipe a script run's status line repeated the whole command every 5 s (~500 characters
+    for nanoGPT's); the command is said once, in `run started`."""
+    v = view_of(_script_run())
+    buf = io.StringIO()
+    d = Display(buf, tty=False, interval=0, clock=lambda: 1001.0)
+    d.show(v)
+    (status,) = [ln for ln in buf.getvalue().splitlines() if ln.startswith("RUNNING")]
+    assert status == "RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.4 steps/s", status
+    assert buf.getvalue().count("/very/long/path/") == 1  # in `run started` only
