@@ -270,10 +270,12 @@ def test_accelerate_tracker_main_rank_logs_and_other_ranks_count_their_samples(m
     model(torch.randn(4, 4)).sum().backward()
     opt.step()
     accelerator.log({"train/loss": 0.25}, step=3, log_kwargs={"torchdeck": {"samples": 5, "tokens": 50}})
+    accelerator.log({"val_loss": 0.75}, step=3)  # no step since: no samples (None, not a rate of 0)
     accelerator.end_training()
-    assert [(m["loss"], step, samples, tokens) for m, step, samples, tokens in logged] == [
-        (0.5, 1, 4, None), (0.5, 2, 4, None), (0.25, 3, 5, 50)], logged
+    assert [(m.get("loss"), step, samples, tokens) for m, step, samples, tokens in logged] == [
+        (0.5, 1, 4, None), (0.5, 2, 4, None), (0.25, 3, 5, 50), (None, 3, None, None)], logged
     assert all(m["lr"] == 0.02 for m, *_ in logged) and logged[0][0]["loss_logged"] == 9.0, logged
+    assert logged[-1][0] == {"val_loss": 0.75, "lr": 0.02}, logged
 
 
 def test_a_bad_samples_per_step_is_refused_by_name():
