@@ -467,7 +467,7 @@ def rank_spread_text(state: RunView) -> Text:
 
 def script_spread_text(state: RunView) -> Text:
     """A script run's balance: its ranks' optimizer steps/s (the step hook's), slowest and fastest."""
-    ranks = [r for r in state.rank_list() if not r.failed_exit and r.steps_per_s]
+    ranks = [r for r in state.rank_list() if not state.ended_badly(r) and r.steps_per_s]  # a stop's SIGTERM counts
     if len(ranks) < 2:
         return Text(f"rank balance: {len(ranks)} of {state.world_size or len(state.rank_list())} ranks "
                     "timing their optimizer steps", style="dim")

@@ -69,9 +69,9 @@ def _task_parts(view: RunView, now: float) -> list[tuple[int, str]]:
         name, value, _ = main
         parts.append((4, f"val {metric.show(name, value)}" if name == metric.ACC
                       else f"{metric.label(name)} {metric.show(name, value)}"))
-    extra = view.metrics_now()
+    extra = view.metrics_text()  # `rank 0 last: mae 0.31`: one rank's newest numbers, said so
     if extra:
-        parts.append((8, "  ".join(f"{metric.label(k)} {fmt.num(v, '.4g')}" for k, v in list(extra.items())[:4])))
+        parts.append((8, extra))
     return parts
 
 

@@ -61,35 +61,74 @@ class RankState:
     _step_t: float | None = None  # event time of its newest step (or report)
     _paused: bool = True  # evaluating or checkpointing after that step event (or not stepping yet)
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
-    _rates: int = 0  # step-window rates it reported, and the sum of their inverses: each window
-    _inv_rate_sum: float = 0.0  # is the same number of samples, so their harmonic mean is its mean rate
+    _rates: int = 0  # step-window rates it reported, and the sum of their inverses: where a window's
+    _inv_rate_sum: float = 0.0  # length is not known, each counts as the same samples (harmonic mean)
     _tok_rates: int = 0  # the same for tokens/s
     _inv_tok_sum: float = 0.0
+    _samples: float = 0.0  # samples (rate x window length) and seconds of the windows whose length is
+    _samples_s: float = 0.0  # known: the mean over the run is their ratio (windows of unequal length:
+    _tokens: float = 0.0  # a script's torchdeck.log events, the last one a few ms of a merged call)
+    _tokens_s: float = 0.0
+    _rate_t: float | None = None  # event time of its last torchdeck.log event: where the next one's window starts
+    _pace_from: tuple | None = None  # (event time, step) of its first step event and its newest step: the
+    _pace_to: tuple | None = None  # mean steps/s over the run
     warmup_steps: int | None = None  # the step of its first timed window: warm-up, left out of the sums below
     timed_steps: int = 0  # steps of its timed windows after warm-up (the run's rate: engine.runs.compare)
     timed_s: float = 0.0  # their data_wait_s + compute_s (training only: evaluation is in no window)
     timed_wait_s: float = 0.0  # their data_wait_s
     _timed_at: int | None = None  # the step of its newest timed window
+    _script: bool = False  # it reports through a script's step hook or torchdeck.log (steps/s is its pace)
 
-    def add_rate(self, samples_per_s: float) -> None:
+    def add_rate(self, samples_per_s: float, window_s: float | None = None) -> None:
         self.samples_per_s = samples_per_s
         if samples_per_s > 0:
             self._rates += 1
             self._inv_rate_sum += 1.0 / samples_per_s
+            if window_s is not None and window_s > 0:
+                self._samples += samples_per_s * window_s
+                self._samples_s += window_s
 
     @property
     def mean_samples_per_s(self) -> float:
+        """Its rate over the run: samples / time of its windows (each window's samples are its
+        rate x its length); the harmonic mean where no window said its length (older events)."""
+        if self._samples_s > 0:
+            return self._samples / self._samples_s
         return self._rates / self._inv_rate_sum if self._rates else 0.0
 
-    def add_tokens(self, tokens_per_s: float) -> None:
+    def add_tokens(self, tokens_per_s: float, window_s: float | None = None) -> None:
         self.tokens_per_s = tokens_per_s
         if tokens_per_s > 0:
             self._tok_rates += 1
             self._inv_tok_sum += 1.0 / tokens_per_s
+            if window_s is not None and window_s > 0:
+                self._tokens += tokens_per_s * window_s
+                self._tokens_s += window_s
 
     @property
     def mean_tokens_per_s(self) -> float:
+        if self._tokens_s > 0:
+            return self._tokens / self._tokens_s
         return self._tok_rates / self._inv_tok_sum if self._tok_rates else 0.0
+
+    @property
+    def mean_steps_per_s(self) -> float | None:
+        """Steps/s from its first step event to its newest step; None before two."""
+        if self._pace_from is None or self._pace_to is None:
+            return None
+        (t0, s0), (t1, s1) = self._pace_from, self._pace_to
+        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
+    def settle(self) -> None:
+        """The run is over: its rates are its means over the run, not its last window's (a
+        script's last merged torchdeck.log event can be one step over a few ms)."""
+        if self._rates:
+            self.samples_per_s = self.mean_samples_per_s
+        if self._tok_rates:
+            self.tokens_per_s = self.mean_tokens_per_s
+        if self.steps_per_s is not None or self._pace_from is not None and self._script:
+            pace = self.mean_steps_per_s
+            self.steps_per_s = pace if pace is not None else self.steps_per_s
 
     def add_window(self, step: int, wall_s: float, wait_s: float) -> None:
         """A step event that timed its window (the steps since the one before): the first is warm-up
@@ -433,7 +472,14 @@ class RunView:
         st.from_report = False
         self._node(st, ev)
         st.epoch = epoch_number(ev.get("epoch"), st.epoch)
-        st.step = _i(ev.get("step"), st.step)
+        reported = _i(ev.get("step"), st.step)
+        # a rank's step is the highest it reported: a script's torchdeck.log(step=i) counted from 0
+        # after the step hook's count from 1 must not take it back (nor the order events are read in)
+        st.step = max(st.step, reported)
+        if st._pace_from is None:
+            st._pace_from = (t, reported)
+        if st._pace_to is None or reported >= st._pace_to[1]:
+            st._pace_to = (t, reported)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
         loss = _f(ev.get("loss"))
         script_hook = loss is None and "steps_per_s" in ev  # a script's step hook: loss null between log() calls
@@ -444,21 +490,30 @@ class RunView:
             self.has_accuracy = True
         elif loss is not None and self.has_accuracy is None and self.run_kind != "script":
             self.has_accuracy = False  # the loop says a batch's accuracy wherever the task has one
+        wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
+        script = "steps_per_s" in ev  # a script's step hook or torchdeck.log
+        st._script = st._script or script
+        if wait_s is not None and comp_s is not None:
+            window = wait_s + comp_s  # the loop's window: its rate is samples / this
+        elif script and "samples_per_s" in ev:  # torchdeck.log: its rates are over the time since its last event
+            window = None if st._rate_t is None else t - st._rate_t
+            st._rate_t = t
+        else:
+            window = None
         rate = _f(ev.get("samples_per_s"))
-        if rate is not None or "steps_per_s" not in ev:  # the hook's null: the last log() rate stands
-            st.add_rate(rate or 0.0)
+        if rate is not None or not script:  # the hook's null: the last log() rate stands
+            st.add_rate(rate or 0.0, window)
         sps = _f(ev.get("steps_per_s"))
         st.steps_per_s = sps if sps is not None else st.steps_per_s
         tok = _f(ev.get("tokens_per_s"))
         if tok is not None:
-            st.add_tokens(tok)
+            st.add_tokens(tok, window)
         mfu = _f(ev.get("mfu"))
         st.mfu = mfu if mfu is not None else st.mfu
         metrics = _numbers(ev.get("metrics"))
         if metrics:
             st.metrics = {**st.metrics, **metrics}  # a new dict: a snapshot keeps the one it copied
         _memory(st, ev)  # the loop's step events carry each rank's memory (issue 31; before: rank_report)
-        wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         wait, comp = wait_s or 0.0, comp_s or 0.0
         st.data_wait = wait / (wait + comp) if wait + comp > 0 else None
         if wait_s is not None and comp_s is not None:  # a window it timed
@@ -549,6 +604,7 @@ class RunView:
         self.finished_t = t
         self._finished_event = True
         self._codes(ev)
+        self._settle()
         elapsed = _f(ev.get("elapsed_s"))
         if elapsed is not None and elapsed >= 0:
             self.elapsed_s = elapsed  # the run's own figure: every front end shows this one
@@ -673,6 +729,7 @@ class RunView:
                                 "torchdeck's supervisor")
             self.finished_t = self.finished_t or self.last_t or now
             self._log(self.finished_t, "error", None, f"run lost: {self.root_cause}")
+            self._settle()
             self.version += 1
         elif st.final and final is not None:
             self.status = st
@@ -682,6 +739,7 @@ class RunView:
             self.root_cause = self.root_cause or (None if rc is None else str(rc))
             self._codes(final)
             self.finished_t = self.finished_t or self.last_t or now
+            self._settle()
             self.version += 1
 
     def _codes(self, final: dict) -> None:
@@ -691,6 +749,11 @@ class RunView:
         first = final.get("failed_local_rank")
         if isinstance(first, int) and not isinstance(first, bool):
             self.failed_local_rank = first
+
+    def _settle(self) -> None:
+        """Over: every front end's rank lines show each rank's mean over the run (RankState.settle)."""
+        for st in self.ranks.values():
+            st.settle()
 
     # ------------------------------------------------------------------ derived
     def exit_code(self) -> int | None:
@@ -803,7 +866,7 @@ class RunView:
     def mean_samples_per_s(self) -> float:
         """The whole run's training rate: each rank's mean over its step windows, added up
         (evaluation and checkpoints are not in the windows' rates)."""
-        return sum(r.mean_samples_per_s for r in self.rank_list() if not r.failed_exit)
+        return sum(r.mean_samples_per_s for r in self.rank_list() if not self.ended_badly(r))
 
     def rate_text(self, now: float | None = None) -> str:
         """The headers' rate: the ranks' latest while it trains, the run's mean once it is over
@@ -906,7 +969,7 @@ class RunView:
         if not ranks:
             return None
         if self.final:
-            return sum(r.mean_tokens_per_s for r in ranks if not r.failed_exit)
+            return sum(r.mean_tokens_per_s for r in ranks if not self.ended_badly(r))
         if now is not None and self.stale_ranks(now):
             return 0.0
         return sum(r.tokens_per_s for r in ranks if r.exited is None)
@@ -914,13 +977,29 @@ class RunView:
     def mfu(self) -> float | None:
         """The ranks' model FLOPs utilization, averaged (each rank is one GPU); None where the run
         does not report it (not compiled, on the CPU, a GPU or model the table does not know)."""
-        vals = [r.mfu for r in self.rank_list() if r.mfu is not None and not r.failed_exit]
+        vals = [r.mfu for r in self.rank_list() if r.mfu is not None and not self.ended_badly(r)]
         return sum(vals) / len(vals) if vals else None
 
     def metrics_now(self) -> dict:
         """The extra metrics the curve's rank sent last ({name: value}), for the headers."""
         st = self.ranks.get(self._curve_rank) if self._curve_rank is not None else None
         return dict(st.metrics) if st is not None else {}
+
+    def metrics_text(self, n: int = 4) -> str:
+        """metrics_now in words, saying whose they are: `rank 0 last: mae 0.31  lr 0.01` (one
+        rank's newest batch or log() call, not an average over the ranks or the epoch)."""
+        extra = self.metrics_now()
+        if not extra:
+            return ""
+        said = "  ".join(f"{metric.label(k)} {fmt.num(v, '.4g')}" for k, v in list(extra.items())[:n])
+        return f"rank {self._curve_rank} last: {said}"
+
+    def ended_badly(self, st: RankState) -> bool:
+        """A rank that ended on its own with an error or a signal; not one the user's stop ended
+        (SIGTERM, then SIGKILL, is how a stop ends a script's ranks): its figures still count."""
+        if not st.failed_exit:
+            return False
+        return not (self.status == Status.STOPPED and st.exited in ("signal SIGTERM", "signal SIGKILL"))
 
     def timed_losses(self) -> list[tuple[int, float, float]]:
         """The loss curve with its times: (step, event time, loss) of the lowest rank's step events
@@ -944,7 +1023,7 @@ class RunView:
 
     def rank_spread(self) -> tuple[RankState, RankState] | None:
         """(slowest, fastest) rank by samples/s (their last figures, once the run is over)."""
-        live = [r for r in self.rank_list() if not r.failed_exit and r.samples_per_s > 0
+        live = [r for r in self.rank_list() if not self.ended_badly(r) and r.samples_per_s > 0
                 and (r.exited is None or self.final)]
         if len(live) < 2:
             return None
@@ -957,7 +1036,7 @@ class RunView:
         the ranks out, so the slow one is not the one with the lowest rate: it is the one the
         others wait for, the rank that waits least in the all-reduce. Its dominant cause is data
         (waiting for batches) or compute. None until two ranks report their all-reduce time."""
-        ranks = [r for r in self.rank_list() if not r.failed_exit and r.comm_wait is not None
+        ranks = [r for r in self.rank_list() if not self.ended_badly(r) and r.comm_wait is not None
                  and r.data_wait is not None and (r.exited is None or self.final)]
         if len(ranks) < 2:
             return None

@@ -2,6 +2,7 @@
 (`runs` and the Runs list vs the Monitor's replay), the rates and steps of the rank lines, the
 metrics files (issue 35 bugs 6, 7, 12, 13)."""
 import json
+import pytest
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
-from torchdeck.engine.runs import catalog, metric
+from torchdeck.engine.runs import catalog, fmt, metric
 from torchdeck.engine.runs.layout import RunDir
 from torchdeck.engine.runs.view import RunView
 
@@ -139,3 +140,104 @@ def test_a_target_metric_is_known_a_near_miss_or_possibly_the_runs_own():
         metric.check_target_metric(metric.parse_target("perplexty<=5"), own=True)  # a near miss, even then
     cfg = cfgmod.from_dict({"name": "x", "train": {"loss": "mypkg.losses:with_mae"}})
     assert metric.may_report_own(cfg) and not metric.may_report_own(cfgmod.from_dict({"name": "x"}))
+
+
+# ----------------------------------------------------------------------------- bug 12: a script run's numbers
+
+def script_events(status="stopped", signal="SIGTERM"):
+    """Two ranks of a user's script: the step hook's first event, then torchdeck.log every 0.1 s at
+    900 samples/s with 0-based steps (step=i), the last merged log event 1 step over 72 ms
+    (441 samples/s), and the hook's count of optimizer steps (30) at exit."""
+    evs = [_ev("run_started", 0, run="s", strategy="script", world_size=2, nproc_per_node=2, node_rank=0,
+               num_nodes=1, global_batch=None, devices=["cpu", "cpu"], total_steps=None, run_kind="script",
+               command=["python", "train.py"])]
+    for r in (0, 1):
+        evs.append(_ev("step", 1.0, rank=r, step=1, steps_per_s=None, epoch=None, loss=None))
+    for i in range(1, 30):  # log(step=i) after optimizer step i + 1
+        for r in (0, 1):
+            extra = {} if i > 1 else {}
+            evs.append(_ev("step", 1.0 + 0.1 * i, rank=r, step=i, epoch=None, loss=1.0 / i, metrics={"mae": 0.5 / i},
+                           steps_per_s=10.0, samples_per_s=None if i == 1 else 900.0 * (1 + 0.1 * r),
+                           tokens_per_s=None, **extra))
+    for r in (0, 1):  # the merged last call: a few ms
+        evs.append(_ev("step", 1.0 + 2.9 + 0.072, rank=r, step=29, epoch=None, loss=0.03, metrics={"mae": 0.01},
+                       steps_per_s=10.0, samples_per_s=441.0, tokens_per_s=None))
+        evs.append(_ev("step", 4.0, rank=r, step=30, steps_per_s=10.0, epoch=None, loss=None))  # the hook's flush
+    for r in (0, 1):
+        evs.append(_ev("rank_exited", 4.5, rank=r, exitcode=-15, signal=signal))
+    evs.append(_ev("run_finished", 4.6, status=status, exit_codes=[-15, -15], root_cause=None, elapsed_s=4.6))
+    return evs
+
+
+def test_a_finished_script_runs_rank_rate_is_its_mean_not_its_last_merged_event():
+    view = RunView.replay(script_events())
+    r0, r1 = view.rank_list()
+    # windows of 0.1 s at 900 (28 of them) and one of 72 ms at 441: samples / time
+    mean0 = (900.0 * 0.1 * 28 + 441.0 * 0.072) / (0.1 * 28 + 0.072)
+    assert r0.samples_per_s == pytest.approx(mean0) and r0.samples_per_s > 880, r0.samples_per_s
+    assert r1.samples_per_s > 960  # rank 1 logged 990/s
+    assert view.rate_text() == f"mean {fmt.rate(r0.samples_per_s + r1.samples_per_s)} samples/s"
+
+
+def test_without_torchdeck_log_the_final_pace_is_the_mean_steps_per_s_not_the_last_window():
+    evs = [_ev("run_started", 0, run="s", strategy="script", world_size=1, nproc_per_node=1, node_rank=0, num_nodes=1,
+               global_batch=None, devices=["cpu"], total_steps=None, run_kind="script", command=["python", "t.py"])]
+    evs += [_ev("step", 1.0, rank=0, step=1, steps_per_s=None, epoch=None, loss=None),
+            _ev("step", 2.0, rank=0, step=10, steps_per_s=9.0, epoch=None, loss=None),
+            _ev("step", 3.0, rank=0, step=31, steps_per_s=21.0, epoch=None, loss=None),  # the last instant
+            _ev("run_finished", 3.1, status="finished", exit_codes=[0], root_cause=None, elapsed_s=3.1)]
+    (r,) = RunView.replay(evs).rank_list()
+    assert r.steps_per_s == pytest.approx(15.0)  # (31 - 1) steps over 2 s
+
+
+def test_a_ranks_step_is_the_highest_it_reported_whatever_the_order():
+    """The hook counts optimizer steps from 1, a script's torchdeck.log(step=i) from 0: the rank
+    that did 30 steps shows 30 (it showed 29), and the events read in another order say the same."""
+    evs = script_events()
+    view = RunView.replay(evs)
+    assert [r.step for r in view.rank_list()] == [30, 30] and view.progress()[0] == 30
+    shuffled = RunView.replay(sorted(evs, key=lambda e: (-e["step"] if e["kind"] == "step" else 0)))
+    assert [r.step for r in shuffled.rank_list()] == [30, 30]
+
+
+def test_a_stop_ending_a_scripts_ranks_leaves_their_pace_in_the_balance():
+    """'rank balance: 0 of 2 ranks timing their optimizer steps' on a stopped script run: the
+    stop's SIGTERM is not a failure of the rank; a crash's signal is."""
+    from torchdeck.app.monitor.panes import script_spread_text
+
+    view = RunView.replay(script_events("stopped", "SIGTERM"))
+    assert not any(view.ended_badly(r) for r in view.rank_list())
+    assert script_spread_text(view).plain.startswith("rank balance: slowest rank"), script_spread_text(view).plain
+    failed = RunView.replay(script_events("failed", "SIGSEGV"))
+    assert all(failed.ended_badly(r) for r in failed.rank_list())
+
+
+def test_the_extra_metrics_say_whose_last_value_they_are():
+    view = RunView.replay(script_events())
+    assert view.metrics_text() == "rank 0 last: mae 0.01"
+
+
+def test_attach_and_the_monitor_show_the_same_steps_and_rates_of_a_script_run(tmp_path):
+    """One question, one answer: the CLI (`attach`, a real subprocess) and the Monitor's Ranks pane
+    (its Follower and row text) read the same run directory and say the same step and rate."""
+    import re
+
+    from torchdeck.app.monitor.panes import script_rank_text
+    from torchdeck.engine.runs.follow import Follower
+
+    run = write_run(tmp_path / "runs", script_events(), name="s", status="stopped", strategy="script",
+                    script={"path": "train.py"})
+    r = torchdeck("attach", run.name, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cli = {int(m[0]): (int(m[1]), m[2]) for m in re.findall(r"rank +(\d+) +step +(\d+) .*?([\d,]+) samples/s",
+                                                            r.stdout)}
+    follower = Follower(run)
+    while follower.poll(force=True):
+        pass
+    view = follower.view
+    app = {}
+    for st in view.rank_list():
+        cells = script_rank_text(view, st, T0 + 10, 80).plain.split()
+        app[st.rank] = (int(cells[1].replace(",", "")), cells[4])
+    assert cli == app == {0: (30, app[0][1]), 1: (30, app[1][1])}, (cli, app, r.stdout)
+    assert app[0][1] == fmt.rate(view.ranks[0].samples_per_s) and int(app[0][1].replace(",", "")) > 880

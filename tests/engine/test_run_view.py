@@ -36,12 +36,14 @@ def test_ranks_throughput_and_eta_from_steps():
 
 
 def test_a_finished_runs_rate_is_its_mean_over_the_step_windows():
-    """Each step window holds the same samples, so a rank's mean rate is the harmonic mean of its
-    windows' rates: 100 then 300 samples/s is 150 (2 windows of N samples in N/100 + N/300 s)."""
+    """A rank's mean rate is its samples over its windows' time: windows of 30 samples at 100
+    then 300 samples/s (0.3 s and 0.1 s, as the loop's wait + compute say) is 60 / 0.4 = 150."""
     st = RunView()
     st.feed(started(total=4))
-    st.feed_all([step(0, 1, 1, sps=100.0, total=4), step(0, 2, 2, sps=300.0, total=4),
-                 step(1, 1, 1, sps=200.0, total=4), step(1, 2, 2, sps=200.0, total=4)])
+    st.feed_all([step(0, 1, 1, sps=100.0, total=4, wait=0.03, comp=0.27),
+                 step(0, 2, 2, sps=300.0, total=4, wait=0.01, comp=0.09),
+                 step(1, 1, 1, sps=200.0, total=4, wait=0.05, comp=0.1),
+                 step(1, 2, 2, sps=200.0, total=4, wait=0.05, comp=0.1)])
     assert st.rate_text(T0 + 2) == "500 samples/s"  # the latest: 300 + 200
     st.feed(ev("run_finished", 3, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=3.0))
     assert st.mean_samples_per_s() == pytest.approx(350.0)
