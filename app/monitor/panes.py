@@ -120,64 +120,94 @@ def _script_rate(state: RunView, now: float) -> str:
     return out
 
 
+SEP = "  ·  "
+
+
+def flow(items: list[Text], width: int = 0, lead: str = " ", start: int = 0) -> Text:
+    """Items joined by SEP, a line broken only between two items (never inside one: at 80 columns
+    `1,187⏎ samples/s` and `val acc⏎ 70.0%` read as two things), each new line begun with `lead`;
+    start: the cells already used on the first line; width 0: one line."""
+    t = Text()
+    line = start
+    for item in items:
+        if line > start and width and line + len(SEP) + item.cell_len > width:
+            t.append("\n" + lead)
+            line = len(lead)
+        elif line > start:
+            t.append(SEP)
+            line += len(SEP)
+        t.append_text(item)
+        line += item.cell_len
+    return t
+
+
+def _item(text: str, style: str = "") -> Text:
+    return Text(text, style=style)
+
+
 def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Text:
     st = state.status
     script = state.run_kind == "script"
-    t = Text()
-    t.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
-    t.append(f" {state.run or run_name}", style="bold")
+    first = Text()
+    first.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
+    first.append(f" {state.run or run_name}", style="bold")
+    top = [first]
+    if not script:  # a script's command says what runs
+        top.append(_item(state.strategy))
     nodes = f", {state.num_nodes} nodes" if state.num_nodes > 1 else ""
-    t.append(f"  ·  world {state.world_size or '?'}{nodes}" if script  # the command says what runs
-             else f"  ·  {state.strategy}  ·  world {state.world_size or '?'}{nodes}")
+    top.append(_item(f"world {state.world_size or '?'}{nodes}"))
     if script and state.command:  # what runs, cut to what is left of the line
-        room = (width or 120) - t.cell_len - 5
+        used = flow(top, width).plain.split("\n")[-1]
+        room = (width or 120) - cell_len(used) - len(SEP)
         cmd = command_text(state)
         if room >= 8:
-            t.append("  ·  ")
-            t.append(cmd if cell_len(cmd) <= room else cmd[:room - 1] + "…", style="bold cyan")
+            top.append(_item(cmd if cell_len(cmd) <= room else cmd[:room - 1] + "…", "bold cyan"))
     if state.global_batch:
-        t.append(f"  ·  global batch {state.global_batch}")
+        top.append(_item(f"global batch {state.global_batch}"))
     if state.stop_requested and not state.final:
-        t.append("  ·  stop requested", style="yellow")
-    t.append("\n")
+        top.append(_item("stop requested", "yellow"))
     step, total = state.progress()
-    t.append(f" elapsed {fmt.duration(state.elapsed(now))}  ·  ")
+    row = [_item(f"elapsed {fmt.duration(state.elapsed(now))}")]
     stale = state.stale_ranks(now)
     starting = state.startup(now)
     if starting and script:  # a script sends no phases: its ranks are busy until their first optimizer step
         since = max(0.0, now - state.started_t) if state.started_t is not None else 0.0
-        t.append(f"waiting for the first optimizer step ({since:.0f} s)" if state.started_t is not None
-                 else starting, style="cyan")
+        row.append(_item(f"waiting for the first optimizer step ({since:.0f} s)" if state.started_t is not None
+                         else starting, "cyan"))
     elif starting:
-        t.append(starting, style="cyan")
+        row.append(_item(starting, "cyan"))
     elif stale:
-        who = ",".join(str(r.rank) for r in stale)
-        t.append(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", style="bold red")
+        who = fmt.ranks_text([r.rank for r in stale])  # as attach says them: 256 silent ranks are '0-255'
+        row.append(_item(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", "bold red"))
     elif script:
-        t.append("done" if st == "finished" else "length: the script's own")  # no total to count down to
+        row.append(_item("done" if st == "finished" else "length: the script's own"))  # no total to count down to
     else:
         eta = state.eta(now)
-        t.append("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
+        row.append(_item("ETA " + ("done" if st == "finished" else fmt.duration(eta))))
+    row.append(_item(_script_rate(state, now) if script else state.rate_text(now)))
     tok = state.tokens_per_s(now)  # batches with token ids (a language model), or a script that logs tokens
-    tok = "" if tok is None else f"  ·  {'mean ' if state.final else ''}{fmt.rate(tok)} tokens/s"
+    if tok is not None:
+        row.append(_item(f"{'mean ' if state.final else ''}{fmt.rate(tok)} tokens/s"))
     mfu = state.mfu()  # train.compile on a GPU: the model's FLOPs against the GPU's peak
-    tok += "" if mfu is None else f"  ·  MFU {fmt.pct(mfu, 0)}"
-    if script:
-        t.append(f"  ·  {_script_rate(state, now)}{tok}  ·  step {step}")
-    else:
-        t.append(f"  ·  {state.rate_text(now)}{tok}  ·  step {step}/{total or '?'}")
+    if mfu is not None:
+        row.append(_item(f"MFU {fmt.pct(mfu, 0)}"))
+    row.append(_item(f"step {step}" if script else f"step {step}/{total or '?'}"))
     if state.total_epochs:
-        t.append(f"  ·  epoch {max(1, state.epoch())}/{state.total_epochs}")
+        row.append(_item(f"epoch {max(1, state.epoch())}/{state.total_epochs}"))
     main = state.main()  # accuracy for classification, else the validation loss (metric.main_of)
     if main is not None:
         name, value, best = main
-        t.append(f"  ·  {metric.label(name)} ")
-        t.append(metric.show(name, value), style="bold")
+        m = Text(f"{metric.label(name)} ")
+        m.append(metric.show(name, value), style="bold")
         if best is not None:
-            t.append(f" (best {metric.show(name, best)})")
+            m.append(f" (best {metric.show(name, best)})")
+        row.append(m)
         ppl = state.latest("perplexity") if name == metric.LOSS else None
         if ppl is not None:
-            t.append(f"  ·  perplexity {metric.show('perplexity', ppl)}")
+            row.append(_item(f"perplexity {metric.show('perplexity', ppl)}"))
+    t = flow(top, width)
+    t.append("\n ")
+    t.append_text(flow(row, width, start=1))
     if state.root_cause and st.ended_early:
         t.append("\n")
         t.append(f" root cause: {state.root_cause}", style="red" if st.went_wrong else "yellow")
