@@ -14,7 +14,9 @@ taken with their meanings mapped onto a run directory: `output_rule`. Stdlib onl
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +113,9 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
     t.add_argument("-t", "--tee", metavar="STD", default="0",
                    help="output to the rank logs and the terminal (same format): torchdeck always does both, "
                         "so --tee only takes back a --redirects")
+    t.add_argument("--log-line-prefix-template", "--log_line_prefix_template", dest="prefix_template",
+                   metavar="TEMPLATE", help="the prefix of each rank's lines on the terminal (default "
+                                            "'[${role_name}${local_rank}]:'; also ${rank}, ${hostname})")
     t.add_argument("--log-dir", "--log_dir", dest="log_dir", metavar="DIR",
                    help="where the logs go: the run directory (rank<N>.log, supervisor.log ...) is made under DIR, "
                         "as --runs-dir DIR")
@@ -151,6 +156,9 @@ def _std(text: str, flag: str):
                      f"for every rank, or per local rank like 0:3,1:1")
 
 
+DEFAULT_PREFIX = "[${role_name}${local_rank}]:"  # torchrun's for a tee'd line: [default0]:
+
+
 @dataclass(frozen=True)
 class OutputRule:
     """Which local ranks' output the terminal shows (torchrun's --local-ranks-filter, --redirects,
@@ -158,6 +166,11 @@ class OutputRule:
     redirects: object = 0  # int, or {local rank: int}; bit 1 stdout, bit 2 stderr
     tee: object = 0
     ranks: frozenset | None = None  # --local-ranks-filter; None: every rank
+    template: str = DEFAULT_PREFIX  # --log-line-prefix-template
+
+    def prefix(self, local_rank: int, rank: int, host: str) -> str:
+        return string.Template(self.template).safe_substitute(role_name="default", local_rank=local_rank, rank=rank,
+                                                              hostname=host)
 
     def shows(self, local_rank: int) -> bool:
         """The rank's lines reach the terminal: it passes the filter and its stdout is not
@@ -178,8 +191,10 @@ def output_rule(args: argparse.Namespace) -> OutputRule:
         except ValueError:
             raise UsageError(f"torchdeck launch: --local-ranks-filter {text}: expected local ranks separated by "
                              f"commas, like 0 or 0,1") from None
+    template = getattr(args, "prefix_template", None) or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") \
+        or DEFAULT_PREFIX  # torchrun's order: the flag, then its environment variable
     return OutputRule(_std(getattr(args, "redirects", "0"), "--redirects"), _std(getattr(args, "tee", "0"), "--tee"),
-                      ranks)
+                      ranks, template)
 
 
 def runs_dir(args: argparse.Namespace) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -20,6 +21,7 @@ from . import fleet, fmt, metric
 from .status import Status
 from .view import RankState, RunView
 
+_HOST = socket.gethostname()  # this node's: the rank logs read are this node's ranks'
 COMPACT_ABOVE = fleet.LIST_ALL_UPTO  # ranks; beyond this one line per rank is too much to read
 LOG_LEVELS = ("info", "warning", "error")  # "output" lines (what ranks print) stay in rank<N>.log
 
@@ -474,7 +476,7 @@ class Display:
         console = self._rich()
         redirect = self.stream is sys.stdout  # print() from elsewhere (Ctrl-C's "stopping") goes above the block
         self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=redirect,
-                          redirect_stderr=redirect and _isatty(sys.stderr), vertical_overflow="visible")
+                          redirect_stderr=redirect and _isatty(sys.stderr))
         self._live.start()
         return self._live
 
@@ -583,9 +585,13 @@ class RankOutput:
     def _lines(self, view: RunView, got) -> list[str]:
         out = []
         for rank, text in got:
+            text = text.rsplit("\r", 1)[-1]  # a progress bar redrawn with \r: its last state, as a terminal shows it
             local = self.local_rank(view, rank)
-            if self.rule is None or self.rule.shows(local):
+            if self.rule is None:
                 out.append(f"[default{local}]:{text}")
+            elif self.rule.shows(local):
+                state = view.ranks.get(rank)
+                out.append(self.rule.prefix(local, rank, (state.host if state else "") or _HOST) + text)
         return out
 
     def poll(self, view: RunView) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,9 @@ def test_rank_output_reads_the_logs_incrementally_in_bounded_reads(tmp_path, mon
         got += out.poll(view)
         assert got == [f"[default1]:line {i}" for i in range(5000)]
         assert out.drain(view) == ["[default1]:half a line"]
+        f.write("\n\r 0%|  | 0/2\r 50%|# | 1/2\r100%|##| 2/2\n")  # a tqdm bar's line: its last state
+        f.flush()
+        assert out.poll(view) == ["[default1]:100%|##| 2/2"]
 
 
 # ----------------------------------------------------------------------------- a real terminal
@@ -218,3 +222,18 @@ def test_ctrl_c_leaves_no_stale_line_of_the_live_block(project):
     assert any(ln.startswith("stopping: SIGTERM") for ln in lines[:block[0]]), "\n".join(lines)
     assert lines[block[-1] + 1].startswith("run stopped after"), "\n".join(lines)
     assert any(ln.startswith("[default0]:iter 1: rank 0") for ln in lines[:block[0]]), "\n".join(lines)
+
+
+def test_log_line_prefix_template_as_torchrun_takes_it(tmp_path, monkeypatch):
+    """--log-line-prefix-template (and torchrun's environment variable for it) sets the prefix:
+    ${role_name}, ${local_rank}, ${rank}, ${hostname}, as torchrun substitutes them."""
+    rd = RunDir(tmp_path)
+    view = RunView()
+    view.run_kind, view.world_size, view.num_nodes, view.node_rank = "script", 4, 2, 1
+    rd.rank_log(3).write_text("hello\n")
+    rule = launch_args.output_rule(launch_args.parse(["--log-line-prefix-template", "${hostname}:${rank}: ",
+                                                      "train.py"]))
+    assert RankOutput(rd, rule).poll(view) == [f"{socket.gethostname()}:3: hello"]
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}/${local_rank}> ")
+    rule = launch_args.output_rule(launch_args.parse(["train.py"]))
+    assert RankOutput(rd, rule).poll(view) == ["<default/1> hello"]
