@@ -27,7 +27,9 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
         other numbers are its metrics. Numbers are ints, floats, numpy scalars or 0-d tensors
         (read with .item(): for a CUDA tensor that waits for the GPU, as loss.item() does);
         anything else is skipped and counted, never an error.
-    step: the step these numbers belong to; by default the optimizer steps counted so far.
+    step: the step these numbers belong to (an int, numpy or 0-d tensor integer). Once given, it
+        is this rank's step for every later event, as wandb.log(step=) has it; the optimizer
+        steps counted are the step only until then (and on ranks that never pass one).
     samples / tokens: how many this rank processed since its previous call (a batch's size,
         its tokens): samples/s and tokens/s are these over the time between the two calls.
 

@@ -1,7 +1,11 @@
 """Progress of a user's script, as `step` events on the rank's channel: optimizer steps counted
 by torch.optim's global step hook (no change to the script), and `torchdeck.log` calls.
 
-Both feed one state per process, so the two never disagree about the step:
+Both feed one state per process, so the two never disagree about the step. One rule for the
+step number, as wandb.log(step=) and SummaryWriter's global_step have it: the script's own. Once a
+rank's script passes `step=`, every step event of that rank carries the last step it passed (the
+hook's events too, so its steps/s still shows and a stall is still seen); the hook's count is not
+mixed in. Until then (and on a rank that never passes one) the step is the optimizer steps counted.
 - The hook counts the steps of the first optimizer that steps (a GAN's second optimizer, or an
   optimizer wrapping another, is not counted twice; if that optimizer is garbage collected the
   next one to step is adopted). It sends a step event at the first step, then when a window of
@@ -21,6 +25,7 @@ install_step_hook). Stdlib only.
 """
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -55,6 +60,7 @@ class _State:
         self.pending = None  # the newest call's fields, not sent yet (coalesced)
         self.samples = self.tokens = None  # summed over the calls since the last event sent
         self.bad = 0  # metric values log() skipped, all calls together
+        self.script_step = None  # the last step= the script passed: this rank's step from then on
 
 
 _state = _State()
@@ -69,6 +75,12 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
+
+
+def _step_now() -> int:
+    """This rank's step: the script's own once it passed one, else the optimizer steps counted."""
+    s = _state
+    return s.script_step if s.script_step is not None else s.steps
 
 
 def _send_step(now: float, **fields) -> None:
@@ -90,13 +102,13 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
         now = time.monotonic()
         if s.steps == 1:
             s.win_t, s.win_steps = now, 1
-            _send_step(now, step=1, steps_per_s=None, epoch=None, loss=None)
+            _send_step(now, step=_step_now(), steps_per_s=None, epoch=None, loss=None)
             return
         if now - s.win_t >= s.every_s:
             s.rate = (s.steps - s.win_steps) / (now - s.win_t)
             s.win_t, s.win_steps = now, s.steps
             if s.sent_t is None or now - s.sent_t >= s.every_s:
-                _send_step(now, step=s.steps, steps_per_s=s.rate, epoch=None, loss=None)
+                _send_step(now, step=_step_now(), steps_per_s=s.rate, epoch=None, loss=None)
     except Exception:  # noqa: BLE001 - never break the user's optimizer.step()
         pass
 
@@ -112,7 +124,7 @@ def flush() -> None:
             rate = s.rate  # the last window's, unless the one under way is long enough to say
             if s.steps > s.win_steps and now > s.win_t and (rate is None or now - s.win_t >= s.every_s / 4):
                 rate = (s.steps - s.win_steps) / (now - s.win_t)
-            _send_step(now, step=s.steps, steps_per_s=rate, epoch=None, loss=None)
+            _send_step(now, step=_step_now(), steps_per_s=rate, epoch=None, loss=None)
     except Exception:  # noqa: BLE001
         pass
 
@@ -198,6 +210,17 @@ def _number(value):
     return _NOT_A_NUMBER
 
 
+def _step_number(step):
+    """step= as an int: ints, numpy integers, integer 0-d tensors (__index__); None for anything
+    else (bools, floats, None)."""
+    if step is None or isinstance(step, bool):
+        return None
+    try:
+        return operator.index(step)
+    except Exception:  # noqa: BLE001 - a float, a string, a tensor that is not one integer
+        return None
+
+
 def _rate(amount, dt):
     if amount is None or dt is None or dt <= 0:
         return None
@@ -249,10 +272,13 @@ def log(metrics, step=None, samples=None, tokens=None) -> None:
                 values[str(key)] = x
         if not isinstance(metrics, dict):
             skipped += 1
-        if isinstance(step, bool) or not isinstance(step, int):
+        given = _step_number(step)
+        if given is None:
             if step is not None:
                 skipped += 1
-            step = s.steps or s.log_calls
+            step = s.script_step if s.script_step is not None else s.steps or s.log_calls
+        else:
+            step = s.script_step = given  # the script's numbering from here on (module docstring)
         s.samples, bad_s = _add(s.samples, samples)
         s.tokens, bad_t = _add(s.tokens, tokens)
         skipped += bad_s + bad_t
