@@ -51,7 +51,7 @@ def _config_or_usage(args, hw=None, launch: bool = False):
     args.host_notes, args.host_hw = hw.notes, hw  # what was decided from this host (devices: free:N picked which GPUs, why)
     problems = preflight.check(cfg) if launch else preflight.file_problems(cfg)
     if problems:
-        raise UsageError(*preflight.lines(problems, str(path)))
+        raise UsageError(*preflight.lines(problems, str(path), _overrides(args)))
     return cfg
 
 
@@ -579,10 +579,12 @@ def cmd_metrics(args) -> int:
     if args.tensorboard and not metrics.tensorboard_available():
         raise UsageError("--tensorboard: the tensorboard package is not installed (pip install tensorboard); "
                          "--csv works without it")
-    sink = metrics.convert(run.events_path, Path(args.csv) if args.csv else None,
-                           Path(args.tensorboard) if args.tensorboard else None)
-    where = " and ".join(x for x in (args.csv, args.tensorboard) if x)
-    print(f"{run.name}: {sink.rows} metric rows written to {where}")
+    to_stdout = args.csv == "-"  # as for most tools: the CSV on stdout, for a pipe (| head, pandas)
+    sink = metrics.convert(run.events_path, Path(args.csv) if args.csv and not to_stdout else None,
+                           Path(args.tensorboard) if args.tensorboard else None,
+                           stream=sys.stdout if to_stdout else None)
+    where = " and ".join(x for x in ("stdout" if to_stdout else args.csv, args.tensorboard) if x)
+    print(f"{run.name}: {sink.rows} metric rows written to {where}", file=sys.stderr if to_stdout else sys.stdout)
     return EXIT_OK
 
 
@@ -818,7 +820,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("metrics", parents=[common, runs_dir],
                        help="write a run's step and epoch metrics as CSV or TensorBoard files")
     s.add_argument("run", help="run directory, its name under the runs dir, or 'latest'")
-    s.add_argument("--csv", metavar="FILE", help="one row per step event and per epoch, flat columns")
+    s.add_argument("--csv", metavar="FILE", help="one row per step event and per epoch, flat columns; - for stdout")
     s.add_argument("--tensorboard", metavar="DIR", help="TensorBoard event files (needs the tensorboard package)")
     s.set_defaults(func=cmd_metrics)
 

@@ -1,7 +1,9 @@
 """Metrics where other tools read them: `metrics.csv` beside events.jsonl (pandas, a spreadsheet,
 gnuplot) and, with `logging.tensorboard: true`, TensorBoard event files in `tensorboard/`.
 
-One row per step event (every rank's) and per epoch end (train and validation figures), with
+One row per step event (every rank's) and one per epoch end (train and validation figures,
+reduced over the ranks: every rank sends the same, rank 0's is the row, so
+`df[df.kind == "epoch_end"]` is one row per epoch), with
 fixed flat columns so the file can be written as the run goes and read while it grows. A task's
 own metrics (a loss callable's extras, perplexity: engine/losses.py) have names only the run
 knows, and may first appear mid-run: they go in JSON columns (`metrics` for a step,
@@ -40,8 +42,11 @@ def wanted(line: str) -> bool:
 
 
 def row(ev: dict) -> list | None:
-    """The CSV row of one event, or None for events that carry no metrics."""
+    """The CSV row of one event, or None for events that carry no metrics (and the other ranks'
+    copies of an epoch end)."""
     if not isinstance(ev, dict) or ev.get("kind") not in KINDS:
+        return None
+    if ev["kind"] == "epoch_end" and ev.get("rank") not in (0, None, -1):
         return None
     out = []
     for col in COLUMNS:
@@ -106,10 +111,15 @@ class MetricsSink:
     """Appends metric rows to a CSV file (header first when the file is new) and, when asked and
     installed, to TensorBoard. `note` is the one line to tell the user (TensorBoard missing)."""
 
-    def __init__(self, csv_path: Path | None, tensorboard_dir: Path | None = None):
+    def __init__(self, csv_path: Path | None, tensorboard_dir: Path | None = None, stream=None):
         self.note: str | None = None
         self._fh = self._csv = None
-        if csv_path is not None:
+        self._own = True  # the file is ours to close (not a stream given: stdout)
+        if stream is not None:
+            self._fh, self._own = stream, False
+            self._csv = csv.writer(stream)
+            self._csv.writerow(COLUMNS)
+        elif csv_path is not None:
             csv_path = Path(csv_path)
             new = not csv_path.exists() or csv_path.stat().st_size == 0
             self._fh = open(csv_path, "a", newline="")
@@ -149,18 +159,20 @@ class MetricsSink:
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            self._fh.close() if self._own else self._fh.flush()
         if self._tb is not None:
             self._tb.close()
 
 
-def convert(events_path: Path, csv_path: Path | None = None, tensorboard_dir: Path | None = None) -> MetricsSink:
-    """A past run's events into a new CSV file and/or TensorBoard folder; returns the sink (rows, note)."""
+def convert(events_path: Path, csv_path: Path | None = None, tensorboard_dir: Path | None = None,
+            stream=None) -> MetricsSink:
+    """A past run's events into a new CSV file (or `stream`: stdout for `--csv -`) and/or
+    TensorBoard folder; returns the sink (rows, note)."""
     from . import events
 
-    if csv_path is not None:
+    if csv_path is not None and stream is None:
         Path(csv_path).unlink(missing_ok=True)
-    sink = MetricsSink(csv_path, tensorboard_dir)
+    sink = MetricsSink(None if stream is not None else csv_path, tensorboard_dir, stream)
     try:
         for ev in events.read_all(events_path):
             sink.add(ev)

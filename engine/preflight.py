@@ -247,7 +247,7 @@ def load_config(preset: str, overrides: list[str] | None = None, hw=None):
         return from_dict(data, source=source, hw=hw), path
     except cfgmod.ConfigError as exc:
         def within(field: str, names) -> bool:
-            return any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in names if field)
+            return set_by(field, [f"{k}=" for k in names])
         blame = {f: "--set" for f, _ in exc.problems if within(f, keys)}
         # a combination names each of its values with where it came from: --set, the preset, the default
         involved = {f for p in exc.problems for f in getattr(p, "values", ())}
@@ -513,10 +513,20 @@ def check(cfg) -> list[Problem]:
     return file_problems(cfg) + host_problems(cfg)
 
 
-def lines(problems: list[Problem], source: str | None = None) -> list[str]:
-    """The problems as the CLI prints them (the app shows the same words on the field)."""
-    where = f"{source}: " if source else ""
-    return [f"{where}{f}: {why}" if f else f"{where}{why}" for f, why in problems]
+def set_by(field: str, overrides) -> bool:
+    """Whether `--set` values (key=value) gave this field, or a section or a key inside it."""
+    keys = [str(o).split("=", 1)[0].strip() for o in overrides or ()]
+    return bool(field) and any(field == k or field.startswith(k + ".") or k.startswith(field + ".") for k in keys)
+
+
+def lines(problems: list[Problem], source: str | None = None, overrides=None) -> list[str]:
+    """The problems as the CLI prints them (the app shows the same words on the field), each
+    blamed on where its value came from: `--set` (overrides) where it gave the field, else source."""
+    def where(f: str) -> str:
+        src = "--set" if set_by(f, overrides) else source
+        return f"{src}: " if src else ""
+
+    return [f"{where(f)}{f}: {why}" if f else f"{where(f)}{why}" for f, why in problems]
 
 
 # What torchdeck sets in each rank's environment for a script run (engine.launch.env builds them).

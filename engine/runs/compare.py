@@ -414,7 +414,7 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     base, path = preflight.load_config(preset, overrides, hw=hw)
     problems = preflight.file_problems(base)
     if problems:
-        raise UsageError(*preflight.lines(problems, str(path)))
+        raise UsageError(*preflight.lines(problems, str(path), overrides))
     if target is not None:
         try:
             metric.check_target_metric(metric.parse_target(target), metric.may_report_own(base))

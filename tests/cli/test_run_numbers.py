@@ -241,3 +241,36 @@ def test_attach_and_the_monitor_show_the_same_steps_and_rates_of_a_script_run(tm
         app[st.rank] = (int(cells[1].replace(",", "")), cells[4])
     assert cli == app == {0: (30, app[0][1]), 1: (30, app[1][1])}, (cli, app, r.stdout)
     assert app[0][1] == fmt.rate(view.ranks[0].samples_per_s) and int(app[0][1].replace(",", "")) > 880
+
+
+# ----------------------------------------------------------------------------- bug 13: blame and files
+
+def test_a_bad_loss_callable_from_set_is_blamed_on_set_not_the_preset(tmp_path):
+    (tmp_path / "reg.py").write_text("def fn(out, batch):\n    return out.sum()\n")
+    for cmd in ("validate", "run"):
+        r = torchdeck(cmd, "quickstart", "--set", "train.loss=reg:nosuchfn", cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stderr.strip() == "--set: train.loss: reg (%s) defines no 'nosuchfn'; it defines fn" % (
+            tmp_path / "reg.py"), r.stderr
+    (tmp_path / "mine.yaml").write_text("name: mine\ntrain: {loss: 'reg:nosuchfn'}\n")
+    r = torchdeck("validate", "mine.yaml", cwd=tmp_path)  # the preset's own value: the preset's to answer for
+    assert r.returncode == 2 and r.stderr.startswith("mine.yaml: train.loss: reg"), r.stderr
+
+
+def test_metrics_csv_dash_is_stdout_and_an_epoch_is_one_row(tmp_path):
+    """`--csv -` wrote a file named '-'; every rank's copy of an epoch end was a row of its own."""
+    import csv
+    import io
+
+    run = write_run(tmp_path / "runs", regression_events(epochs=3, steps_per_epoch=2))
+    r = torchdeck("metrics", run.name, "--csv", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "-").exists()
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    epochs = [(row["epoch"], row["rank"], row["val_loss"]) for row in rows if row["kind"] == "epoch_end"]
+    assert [(e, k) for e, k, _ in epochs] == [("1", "0"), ("2", "0"), ("3", "0")], epochs
+    assert len([row for row in rows if row["kind"] == "step"]) == 3 * 2 * 2  # every rank's steps stay
+    assert "metric rows written to stdout" in r.stderr and r.stdout.startswith("t,kind,rank")
+    r = torchdeck("metrics", run.name, "--csv", "m.csv", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "m.csv").read_text() == (
+        "".join(io.StringIO(torchdeck("metrics", run.name, "--csv", "-", cwd=tmp_path).stdout)))

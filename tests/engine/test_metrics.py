@@ -22,10 +22,12 @@ def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rd = RunDir(run)
     evs = read_all(rd.events_path)
-    want = [e for e in evs if e["kind"] in ("step", "epoch_end")]
+    # every rank's steps; an epoch end once (the ranks send the same reduced figures: rank 0's row)
+    want = [e for e in evs if e["kind"] == "step" or e["kind"] == "epoch_end" and e.get("rank") in (0, None)]
     with open(rd.metrics_path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(want) > 4
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch_end"] == ["1", "2"]
     assert {r["rank"] for r in rows if r["kind"] == "step"} == {"0", "1"}
     for r, e in zip(rows, want):
         assert (r["kind"], int(r["rank"]), int(r["step"])) == (e["kind"], e["rank"], e["step"])
