@@ -656,7 +656,9 @@ def cmd_export(args) -> int:
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
         raise UsageError(f"devices: {cfg.devices}: an exported job cannot know how many GPUs its nodes have; list "
                          "them, e.g. --set 'devices=[0,1,2,3]'")
-    if cfg.strategy == "script":  # the user's own script: the torchrun line they would type
+    from ..engine.runs.kind import kind_of
+
+    if kind_of(cfg).is_script:  # the user's own script: the torchrun line they would type
         if args.deepspeed:
             raise UsageError("--deepspeed: a script run is exported as --torchrun or --sbatch")
         import shlex
