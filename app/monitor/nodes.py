@@ -8,6 +8,8 @@ sampler) and the other nodes' node_sample events are one Fleet by the time they 
 """
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -15,7 +17,7 @@ from textual.containers import Vertical, VerticalScroll
 from ...engine.runs import fleet as fl
 from ...engine.runs import fmt
 from ...engine.runs.view import RunView
-from .panes import (RanksPane, TextPane, gpu_ranks, gpu_row, rank_header, rank_spread_text, rank_text,
+from .panes import (SEP, RanksPane, TextPane, balance_text, gpu_ranks, gpu_row, rank_header, rank_spread_text, rank_text,
                     script_rank_header, script_spread_text)
 
 LIST_ALL_UPTO = fl.LIST_ALL_UPTO  # ranks; beyond this a row per rank pushes the GPU, host and curves panes off
@@ -39,10 +41,14 @@ def ranks_summary(state: RunView, now: float, width: int) -> Text:
     steps = [r.step for r in ranks]
     n = len({fl.node_of(r) for r in ranks})
     t = Text(f"{len(ranks)} ranks" + (f" on {n} nodes" if n > 1 else ""), style="bold")
+    items = []
     if paces is not None:
         lo, med, hi = (fl.pace_text(v) for v in paces)
-        t.append(f"  ·  {unit} min {lo}, median {med}, max {hi}")
-    t.append(f"  ·  steps {min(steps)}" + (f"-{max(steps)}" if max(steps) != min(steps) else ""))
+        items.append(f"{unit} min {lo}, median {med}, max {hi}")
+    items.append(f"steps {min(steps)}" + (f"-{max(steps)}" if max(steps) != min(steps) else ""))
+    for item in items:  # whole items only: the steps are left out at 80 columns, not cut to 'steps…'
+        if t.cell_len + len(SEP) + len(item) <= width:
+            t.append(SEP + item)
     return _cut(t, width)
 
 
@@ -101,10 +107,7 @@ class FleetRanksPane(RanksPane):
         if state.run_kind == "script":
             spread.show(script_spread_text(state))
             return
-        balance = state.balance_line()
-        spread.show(Text(balance if len(balance) <= width else balance[:width - 1] + "…",
-                         style="green" if state.balance()["even"] else "yellow") if balance
-                    else rank_spread_text(state))
+        spread.show(balance_text(state, width) or rank_spread_text(state))
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -148,9 +151,33 @@ def node_text(row: fl.NodeRow, width: int, is_open: bool, unit: str) -> Text:
         hot_s = "-" if hot is None else f"g{hot.index} {hot.temp_c:.0f}°C"
         t.append(f" {ranks[:7]:<7} {pace:>5} {wait:>4} {util_s:>8} {mem_s:>9} {hot_s:<7}")
     if row.flags:
+        flags = row.flags if _wide(width) else narrow_flags(row.flags, width - t.cell_len - 1)
         t.append(" ")
-        t.append(", ".join(row.flags), style="bold red" if row.bad else "yellow")
+        t.append(", ".join(flags), style="bold red" if row.bad else "yellow")
     return _cut(t, width)
+
+
+# At 80 columns a node's flags lose what its columns already say (the wait, the hottest GPU and
+# its temperature) and keep the word: 'hot GP…' read as nothing.
+_SHORT_FLAGS = [(re.compile(r"^data wait \d+%$"), "data wait"), (re.compile(r"^hot GPU \d+ .*"), "hot GPU"),
+                (re.compile(r"^(idle GPUs?) .*"), r"\1"), (re.compile(r"^slow rank (\d+)$"), r"slow r\1"),
+                (re.compile(r"^GPU (\d+) memory (\d+%)$"), r"g\1 mem \2")]
+
+
+def narrow_flags(flags: list[str], room: int) -> list[str]:
+    """The flags in their short words, as many as fit whole, then '+N' for the rest."""
+    short = []
+    for f in flags:
+        for pat, repl in _SHORT_FLAGS:
+            if pat.match(f):
+                f = pat.sub(repl, f)
+                break
+        short.append(f)
+    for n in range(len(short), 0, -1):
+        shown = short[:n] + ([f"+{len(short) - n}"] if n < len(short) else [])
+        if len(", ".join(shown)) <= room:
+            return shown
+    return [f"+{len(short)}"] if room >= 3 else []
 
 
 def node_gpus_text(row: fl.NodeRow, state: RunView, width: int, family: dict | None) -> Text:

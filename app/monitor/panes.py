@@ -109,12 +109,8 @@ def steps_rate(v: float | None) -> str:
 def _script_rate(state: RunView, now: float) -> str:
     """A script run's pace: the slowest rank's optimizer steps/s (they meet in each collective),
     and its samples/s where the script logs them."""
-    ranks = [r for r in state.rank_list() if not r.failed_exit]
-    rates = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
-    if state.final or not rates or state.stale_ranks(now):
-        out = "- steps/s"
-    else:
-        out = f"{steps_rate(min(rates))} steps/s"
+    ranks = [r for r in state.rank_list() if not state.ended_badly(r)]
+    out = state.script_pace_text(now)  # the CLI's words (its mean once over)
     if any(r.samples_per_s for r in ranks):
         out += f"  ·  {state.rate_text(now)}"
     return out
@@ -489,8 +485,8 @@ def rank_spread_text(state: RunView) -> Text:
         return Text(f"rank balance: every rank at {fmt.rate(fast.samples_per_s)} samples/s", style="green")
     gap = 100 * (1 - slow.samples_per_s / fast.samples_per_s) if fast.samples_per_s else 0.0
     t = Text("rank balance: slowest ")
-    t.append(f"rank {slow.rank} {fmt.rate(slow.samples_per_s)}/s", style="bold")
-    t.append(f", fastest rank {fast.rank} {fmt.rate(fast.samples_per_s)}/s: ")
+    t.append(f"rank {slow.rank} {fmt.rate(slow.samples_per_s)} samples/s", style="bold")
+    t.append(f", fastest rank {fast.rank} {fmt.rate(fast.samples_per_s)}: ")
     t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
     return t
 
@@ -507,6 +503,31 @@ def script_spread_text(state: RunView) -> Text:
              f"fastest rank {fast.rank} {steps_rate(fast.steps_per_s)}: ")
     t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
     return t
+
+
+def balance_text(state: RunView, width: int) -> Text | None:
+    """The balance line (engine.runs.view.balance_line, as the CLI says it) when it fits the width;
+    else shortened on purpose, never cut mid-word: the slow rank with its main cause's share, and
+    the rank that waits most, on a line each when they do not fit together."""
+    line = state.balance_line()
+    if line is None:
+        return None
+    b = state.balance()
+    style = "green" if b["even"] else "yellow"
+    if cell_len(line) <= width:
+        return Text(line, style=style)
+    many = fleet.multi_node(state)
+
+    def who(r: int) -> str:
+        return f"rank {r} (node {fleet.node_of(state.ranks[r])})" if many else f"rank {r}"
+
+    if b["even"]:
+        parts = [f"rank balance: even ({who(b['rank'])}: {b[b['cause']]:.0%} {b['cause']})"]
+    else:
+        parts = [f"{who(b['rank'])} holds the others back: {b[b['cause']]:.0%} {b['cause']}",
+                 f"{who(b['waiter'])} waits {b['waits']:.0%} in the all-reduce"]
+    one = "; ".join(parts)
+    return Text(one if cell_len(one) <= width else "\n".join(parts), style=style)
 
 
 class RanksPane(Vertical):
@@ -537,11 +558,8 @@ class RanksPane(Vertical):
             self.query_one("#rank-spread", TextPane).show(
                 Text("no rank has reported yet", style="dim") if not state.final else Text("no rank reported"))
         else:
-            balance = state.balance_line()  # who the others wait for, and why; else the rates' spread
-            self.query_one("#rank-spread", TextPane).show(
-                Text(balance if len(balance) <= width else balance[:width - 1] + "…",
-                     style="green" if state.balance()["even"] else "yellow") if balance
-                else rank_spread_text(state))
+            balance = balance_text(state, width)  # who the others wait for, and why; else the rates' spread
+            self.query_one("#rank-spread", TextPane).show(balance or rank_spread_text(state))
 
 
 class RankRow(TextPane):
@@ -657,7 +675,26 @@ def step_ticks(lo: float, hi: float, most: int = 5) -> list[int]:
 # ----------------------------------------------------------------------------- log
 
 
-def log_lines(line, prefix: bool = True) -> list[Text]:
+def short_paths(text: str, home: str = "", width: int = 0) -> str:
+    """Paths in a message as they fit the pane: relative to the run's folder when inside it
+    (checkpoints/ckpt-64.pt), and a path wider than the pane kept by its tail ('…/runs/x/ckpt-64.pt'),
+    so it is never folded inside a word."""
+    if home:
+        text = text.replace(home.rstrip("/") + "/", "")
+    if width <= 8 or all(len(w) <= width for w in text.split(" ")):
+        return text
+    out = []
+    for w in text.split(" "):
+        if len(w) > width and "/" in w:
+            parts, tail = w.split("/"), ""
+            while parts and len(tail) + len(parts[-1]) + 3 <= width:
+                tail = "/" + parts.pop() + tail
+            w = "…" + tail if tail else "…" + w[-(width - 1):]
+        out.append(w)
+    return " ".join(out)
+
+
+def log_lines(line, prefix: bool = True, home: str = "", width: int = 0) -> list[Text]:
     who = "supervisor" if line.rank is None else f"rank {line.rank}"
     if line.level == "output":  # one rank's log alone reads as its file: no prefix
         return [Text.assemble((f"{who} │ " if prefix else "", "dim bold"), (line.text, "dim"))]
@@ -665,7 +702,7 @@ def log_lines(line, prefix: bool = True) -> list[Text]:
     head = Text()
     head.append(f"[{line.level}] ", style=style or "dim")
     head.append(f"{who}: ", style=style or "bold")
-    head.append(line.text, style=style)
+    head.append(short_paths(line.text, home, width), style=style)
     out = [head]
     for tb in line.detail.splitlines() if line.detail else []:
         out.append(Text("    " + tb, style="red"))
@@ -677,8 +714,9 @@ class LogPane(RichLog):
     wrapped to the pane's width when written, so a resize writes them all again at the new width
     (nothing is cut), as does a line that arrived out of time order."""
 
-    def __init__(self, **kw):
+    def __init__(self, home: str = "", **kw):
         super().__init__(max_lines=2000, min_width=1, wrap=True, markup=False, highlight=False, auto_scroll=True, **kw)
+        self.home = home  # the run's folder: paths inside it are shown relative to it
         self.only: int | None = None  # one rank's lines (its rank<N>.log and its events), or None: all
         self._seq = 0
         self._rewrites = 0
@@ -694,7 +732,8 @@ class LogPane(RichLog):
             return
         only = self.only
         for line in [ln for ln in state.logs if ln.seq > self._seq and (only is None or ln.rank == only)]:
-            for text in log_lines(line, prefix=only is None):
+            for text in log_lines(line, prefix=only is None, home=self.home,
+                                  width=self.scrollable_content_region.width):
                 self.write(text)
         self._seq = state.log_seq
 

@@ -123,7 +123,7 @@ class MonitorScreen(Screen):
                 yield TextPane(id="mon-host", classes="pane")
             with Horizontal(id="mon-bottom"):
                 yield Curves(id="mon-curves", classes="pane")
-                yield LogPane(id="mon-log", classes="pane")
+                yield LogPane(home=str(self.run_dir.path), id="mon-log", classes="pane")
         yield Footer()
 
     def on_mount(self) -> None:
