@@ -73,7 +73,8 @@ def test_nanogpt_style_rank_0_logging_0_based_steps_under_launch(tmp_path):
              "torchdeck.log({'loss': loss.item()}, step=step - 1, samples=len(x))")
     path = ddp_script(tmp_path, after=after)
     path.write_text("import torchdeck\n" + path.read_text())
-    run = launch_run(tmp_path, script_cfg(tmp_path, path, env={"TORCHDECK_STEP_EVERY_S": "0.01", "TORCHDECK_LOG_EVERY_S": "0"}))
+    every = {"TORCHDECK_STEP_EVERY_S": "0.01", "TORCHDECK_LOG_EVERY_S": "0"}  # hook events between the calls
+    run = launch_run(tmp_path, script_cfg(tmp_path, path, env=every))
     final = ended(run)
     assert final["status"] == "finished", (final, run.supervisor_log.read_text())
     steps = kinds(run, "step")

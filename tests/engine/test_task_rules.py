@@ -65,10 +65,10 @@ def test_rule_auto_trains_on_the_models_own_loss():
         loss = Loss("auto")
         x, y = loss.split(batch)
         value, extras = loss(out, y, batch)
+        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
         assert value.item() == 7.0, (
-            f"rule 'auto takes the model's own loss': trained on {value.item():.4f} "
-            f"(cross-entropy of the logits is {F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100):.4f}), "
-            "not the output's loss 7.0")
+            f"rule 'auto takes the model's own loss': trained on {value.item():.4f} (cross-entropy of the "
+            f"logits is {ce:.4f}), not the output's loss 7.0")
         assert loss.said == "loss: the model's own (output.loss)" and loss.rule == "output"
         assert loss.tokens, "rule 'token logits [B, T, V] under the model's own loss report perplexity'"
 
