@@ -91,6 +91,13 @@ def test_local_ranks_filter_shows_only_rank_1_and_log_dir_holds_the_run(project)
     assert "[default1]:iter 0" in a.stdout and "[default0]:" not in a.stdout, a.stdout
 
 
+def test_torchdeck_run_of_a_script_preset_prints_the_ranks_output_too(project):
+    (project / "mine.yaml").write_text("name: mine\nstrategy: script\ndevices: 2\nscript:\n  path: train.py\n")
+    r = torchdeck("run", "mine.yaml", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[default0]:iter 0: loss 1.0000, time 12.50ms" in r.stdout and "[default1]:rank 1 saved model.pt" in r.stdout
+
+
 def test_redirects_3_keeps_the_output_in_the_files_only(project):
     r = torchdeck("launch", "--nproc-per-node", "2", "-r", "3", "train.py", cwd=project)
     assert r.returncode == 0, r.stdout + r.stderr
