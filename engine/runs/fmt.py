@@ -188,3 +188,10 @@ def _glue_commands(text: str) -> str:
     text = re.sub(r"(?<!\S)(--[\w-]+) (?!-)(\S+)", glue, text)  # --set key=value, --runs-dir DIR
     # torchdeck and its arguments, up to a word that ends the clause (`;`, `,`, `)`) or the line
     return re.sub(r"(?<![\w/.-])torchdeck(?: (?![(`])[^\s;,)]+)+", glue, text)
+
+
+def steps_rate(v: float | None) -> str:
+    """Optimizer steps/s: a few a second for a real model, so with decimals below 100."""
+    if v is None or v != v:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"

@@ -302,8 +302,7 @@ def script_rate_text(view: RunView, now: float) -> str:
     tokens = [r.tokens_per_s for r in ranks if r.tokens_per_s]
     if tokens:
         return f"{fmt.rate(sum(tokens))} tokens/s"
-    paces = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
-    return f"{_sps(min(paces) if paces else None)} steps/s"
+    return view.script_pace_text(now, _sps)
 
 
 def script_header(view: RunView, now: float, width: int, command: bool = True) -> str:

@@ -868,6 +868,22 @@ class RunView:
         (evaluation and checkpoints are not in the windows' rates)."""
         return sum(r.mean_samples_per_s for r in self.rank_list() if not self.ended_badly(r))
 
+    def script_pace(self, now: float | None = None) -> float | None:
+        """A script run's pace: the slowest rank's optimizer steps/s (the ranks of one job meet in
+        each collective); while it runs its latest window's, None while a rank is stale (the others
+        wait for it); once over, its mean over the run (RankState.settle). None before a window."""
+        ranks = [r for r in self.rank_list() if not self.ended_badly(r) and (r.exited is None or self.final)]
+        rates = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
+        if not rates or (not self.final and now is not None and self.stale_ranks(now)):
+            return None
+        return min(rates)
+
+    def script_pace_text(self, now: float | None = None, number=fmt.steps_rate) -> str:
+        """script_pace in words, for `torchdeck launch`/`attach` and the Monitor's header (number:
+        the front end's way of writing it, `3.4` in the CLI's narrow lines)."""
+        pace = self.script_pace(now)
+        return f"{'mean ' if self.final and pace is not None else ''}{number(pace)} steps/s"
+
     def rate_text(self, now: float | None = None) -> str:
         """The headers' rate: the ranks' latest while it trains, the run's mean once it is over
         (a finished run's header said `0 samples/s`)."""

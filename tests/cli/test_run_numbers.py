@@ -274,3 +274,26 @@ def test_metrics_csv_dash_is_stdout_and_an_epoch_is_one_row(tmp_path):
     r = torchdeck("metrics", run.name, "--csv", "m.csv", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "m.csv").read_text() == (
         "".join(io.StringIO(torchdeck("metrics", run.name, "--csv", "-", cwd=tmp_path).stdout)))
+
+
+def test_a_finished_script_runs_pace_is_its_mean_in_attach_and_the_monitor_header(tmp_path):
+    """Without torchdeck.log the pace is the step hook's: once over, the CLI said the last window's
+    steps/s and the Monitor '- steps/s'; both say the mean now."""
+    from torchdeck.app.monitor.panes import header_text
+    from torchdeck.engine.runs.follow import Follower
+
+    evs = [_ev("run_started", 0, run="s", strategy="script", world_size=2, nproc_per_node=2, node_rank=0,
+               num_nodes=1, global_batch=None, devices=["cpu", "cpu"], total_steps=None, run_kind="script",
+               command=["python", "t.py"])]
+    for r in (0, 1):
+        evs += [_ev("step", 1.0, rank=r, step=1, steps_per_s=None, epoch=None, loss=None),
+                _ev("step", 2.0, rank=r, step=10, steps_per_s=9.0, epoch=None, loss=None),
+                _ev("step", 3.0, rank=r, step=31, steps_per_s=21.0, epoch=None, loss=None)]
+    evs.append(_ev("run_finished", 3.1, status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=3.1))
+    run = write_run(tmp_path / "runs", evs, name="s", strategy="script", script={"path": "t.py"})
+    r = torchdeck("attach", run.name, cwd=tmp_path)
+    assert r.returncode == 0 and "| mean 15.0 steps/s" in r.stdout, r.stdout + r.stderr
+    follower = Follower(run)
+    while follower.poll(force=True):
+        pass
+    assert "mean 15.0 steps/s" in header_text(follower.view, T0 + 10, run.name, 140).plain
