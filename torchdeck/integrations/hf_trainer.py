@@ -8,8 +8,9 @@ from . import _common
 
 class TorchdeckCallback(TrainerCallback):
     """The Trainer's own logs (every `logging_steps`: loss, learning_rate -> lr, grad_norm, epoch,
-    and eval_* after an evaluation) as torchdeck.log events of each rank, at the Trainer's
-    global_step (optimizer steps, counted from 1 as torchdeck counts them).
+    and eval_* after an evaluation) as torchdeck.log events of each rank. No step= is passed:
+    torchdeck's count of optimizer steps is the Trainer's global_step in a run not resumed, and a
+    step= every `logging_steps` would hold the rank's live step at the last log in between.
 
     samples: this rank's per_device_train_batch_size x gradient_accumulation_steps per optimizer
     step, summed since the previous log, so samples/s is this rank's over the logging interval
@@ -29,5 +30,4 @@ class TorchdeckCallback(TrainerCallback):
         if not logs or "train_runtime" in logs:
             return
         samples, self._samples = self._samples or None, 0
-        _common.log(_common.to_metrics(logs, rename={"learning_rate": "lr"}), step=state.global_step,
-                    samples=samples)
+        _common.log(_common.to_metrics(logs, rename={"learning_rate": "lr"}), samples=samples)
