@@ -94,3 +94,12 @@ def test_validate_memory_counts_the_data_set_and_the_runtime_a_rank_holds(tmp_pa
     total = float(line.split("total ")[1].replace(",", ""))
     assert runtime > 100 and total > 120 + runtime  # torch alone is hundreds of MiB
     assert "not counted:" in r.stdout  # and it says what is still left out
+
+
+def test_a_script_run_is_not_estimated_as_the_loops_default_model():
+    """Issue 35 bug 9: a script preset's estimate was quickstart's CNN (the loop's defaults); the
+    app's F8 prints these lines too."""
+    c = cfgmod.from_dict({"name": "s", "strategy": "script", "script": {"path": "train.py"}})
+    est = memory.estimate(c)
+    assert est.params == 0 and est.note.startswith("not estimated for a script run: the model and batch")
+    assert memory.lines(c) == [f"memory: {est.note}"]
