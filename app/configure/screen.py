@@ -387,6 +387,13 @@ class ConfigureScreen(Screen):
     def action_estimate_memory(self) -> None:
         """Memory per rank for the form (as `torchdeck validate --memory`), measured in a child
         process: building the model needs torch, which the app never imports."""
+        from ...engine.runs.kind import kind_of
+
+        kind = kind_of(self.form.value_of("strategy"))
+        if not kind.can_estimate_memory:  # a script's model is its own
+            self.notify(kind.does_not_apply("a memory estimate", kind.no_memory_estimate), severity="warning",
+                        timeout=8)
+            return
         if self._refused("estimate memory"):
             return
         data = self.form.to_dict()

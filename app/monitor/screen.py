@@ -49,6 +49,11 @@ class MonitorCommands(Provider):
     def _hits(self):
         screen = self.screen
         for title, action, help_text in self.COMMANDS:
+            if isinstance(screen, MonitorScreen):
+                if not screen.check_action(action, ()):
+                    continue  # as the key bar: what does not apply to this run is not offered
+                if action == "stop":
+                    help_text = f"Graceful stop: {screen.stop_wording()} (s)"
             yield title, getattr(screen, f"action_{action}", None), help_text
 
     async def discover(self) -> Hits:
@@ -78,6 +83,10 @@ class MonitorScreen(Screen):
         Binding("n", "next_node", "Nodes"),  # shown for a run on several nodes only (check_action)
         Binding("escape", "leave", "Leave"),
         Binding("r", "runs", "Runs"),
+        # Out of the key bar where they do not apply (check_action), these keys still answer why
+        Binding("s", "not_now('stop')", show=False),
+        Binding("k", "not_now('kill')", show=False),
+        Binding("R", "not_now('resume')", show=False),
     ]
 
     class Update(Message):
@@ -110,6 +119,26 @@ class MonitorScreen(Screen):
         self._family: dict = {}
         self._last_plot = 0.0
         self._plot_timer = None
+        self._final = False  # the key bar offers s/k while the run goes on, R once it is over
+        self._recorded_kind = None
+
+    # ------------------------------------------------------------------ what kind of run
+    def kind(self):
+        """torchdeck's loop or the user's script (engine.runs.kind): the one place the Monitor asks,
+        so its keys, palette, stop dialog and toast say what applies to this run."""
+        from ...engine.runs.kind import kind_of, kind_of_run
+
+        if self.run_state.run_kind:
+            return kind_of(self.run_state)
+        if self._recorded_kind is None:  # before run_started is read: the recorded config
+            self._recorded_kind = kind_of_run(self.run_dir)
+        return self._recorded_kind
+
+    def stop_wording(self) -> str:
+        from ...engine.runs.kind import stop_grace_of
+
+        kind = self.kind()
+        return kind.stop_wording(stop_grace_of(self.run_dir) if kind.is_script else None)
 
     # ------------------------------------------------------------------ layout
     def compose(self):
@@ -202,8 +231,12 @@ class MonitorScreen(Screen):
 
     # ------------------------------------------------------------------ painting
     def on_monitor_screen_update(self, msg: Update) -> None:
+        script = self.kind().is_script
         self.run_state = msg.run_state
         self._pids = msg.run_state.rank_pids()
+        if msg.run_state.final != self._final or self.kind().is_script != script:
+            self._final = msg.run_state.final
+            self.refresh_bindings()  # s/k go when the run ends; R never shows for a script run
         self._paint(log=True)
 
     def on_monitor_screen_samples(self, msg: Samples) -> None:
@@ -277,9 +310,22 @@ class MonitorScreen(Screen):
         self.query_one(NodesPane).show(self.run_state, self.run_state.fleet.merged(self._local), now, self._family)
 
     def check_action(self, action: str, parameters) -> bool | None:
+        if action == "not_now":
+            return not self.check_action(parameters[0], ())
         if action == "next_node":
             return self._multi  # a one-node run has no nodes to open: no key for it in the bar
+        if action in ("stop", "kill"):
+            return not self._final  # an ended run has nothing left to stop
+        if action == "resume":
+            return self.kind().can_resume  # a script run: torchdeck holds no checkpoint of it
         return True
+
+    def action_not_now(self, action: str) -> None:
+        """s, k or R where they do not apply: say why (they are not in the key bar)."""
+        if action in ("stop", "kill"):
+            self._live(action)
+        else:
+            self.app.resume_run(self.run_dir.path)  # refused there with the run kind's reason
 
     def action_next_node(self) -> None:
         """Open the next node of the nodes pane (its GPUs under its row); after the last, none."""
@@ -319,11 +365,12 @@ class MonitorScreen(Screen):
                 self.notify(f"Cannot stop: cannot write {self.run_dir.stop_path}: {exc.strerror or exc}",
                             severity="error")
                 return
-            self.notify("Stop requested: ranks finish the current step, rank 0 checkpoints, then all exit "
-                        "(k kills at once)")
+            then = "" if self.kind().is_script else ", then all exit"
+            self.notify(f"Stop requested: {self.stop_wording()}{then} (k kills at once)")
 
-        self.app.push_screen(ConfirmDialog(f"Stop {self.run_dir.name} gracefully?\nRanks finish the current "
-                                           f"step and rank 0 writes a checkpoint."), answer)
+        how = self.stop_wording()
+        self.app.push_screen(ConfirmDialog(f"Stop {self.run_dir.name} gracefully?\n{how[0].upper() + how[1:]}."),
+                             answer)
 
     def action_kill(self) -> None:
         if not self._live("kill"):
@@ -334,8 +381,10 @@ class MonitorScreen(Screen):
             if yes:
                 self._kill()
 
-        self.app.push_screen(ConfirmDialog(f"Kill every process of {self.run_dir.name} now (SIGKILL)?\n"
-                                           f"Nothing is saved since the last checkpoint."), answer)
+        lost = ("The script gets no chance to save anything." if self.kind().is_script
+                else "Nothing is saved since the last checkpoint.")
+        self.app.push_screen(ConfirmDialog(f"Kill every process of {self.run_dir.name} now (SIGKILL)?\n{lost}"),
+                             answer)
 
     @work(thread=True, exclusive=True, group="monitor-kill")
     def _kill(self) -> None:

@@ -181,6 +181,10 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         await type_into(pilot, "f-script-module", "")
         await type_into(pilot, "f-script-path", "train.py")
         assert screen.form.value_of("name") == "mine" and screen.cfg is not None, screen.problems
+        await pilot.press("f8")  # the model is the script's: no estimate (it showed quickstart's CNN)
+        await pilot.pause(0.2)
+        assert app.said("a memory estimate does not apply to a script run: "), app.messages
+        assert screen.memory is None
         await pilot.press("f5")
         run = await wait_finished(pilot, app)
         assert run.config().name == "mine" and run.config().description == ""
