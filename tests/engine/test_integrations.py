@@ -279,6 +279,15 @@ def test_accelerate_tracker_main_rank_logs_and_other_ranks_count_their_samples(m
     assert logged[-1][0] == {"val_loss": 0.75, "lr": 0.02}, logged
 
 
+@needs("pytorch_lightning")
+def test_lightning_logger_is_a_pytorch_lightning_logger_for_a_script_that_imported_that():
+    code = ("import sys, pytorch_lightning as pl; from torchdeck.integrations import TorchdeckLogger;"
+            "assert isinstance(TorchdeckLogger(), pl.loggers.Logger), TorchdeckLogger.__mro__;"
+            "print(sorted(m for m in sys.modules if m == 'lightning' or m.startswith('lightning.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
 def test_a_bad_samples_per_step_is_refused_by_name():
     from torchdeck.integrations import _common
 

@@ -1,9 +1,18 @@
-"""Lightning: `Trainer(logger=TorchdeckLogger(samples_per_step=B))`."""
+"""Lightning (`lightning` or `pytorch_lightning`): `Trainer(logger=TorchdeckLogger(samples_per_step=B))`."""
 from __future__ import annotations
 
 import os
+import sys
 
-from lightning.pytorch.loggers import Logger
+# The standalone pytorch_lightning package is the same code under another name: a script that
+# imported it gets a logger of its kind, without a second copy of Lightning imported beside it.
+if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules:
+    from pytorch_lightning.loggers import Logger
+else:
+    try:
+        from lightning.pytorch.loggers import Logger
+    except ImportError:  # only pytorch-lightning installed
+        from pytorch_lightning.loggers import Logger
 
 from . import _common
 
