@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..events import epoch_number
 from . import fmt, metric
 from .fleet import Fleet, multi_node, node_of
+from .kind import kind_of
 from .status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
@@ -488,7 +489,7 @@ class RunView:
         st.acc = acc if acc is not None else st.acc
         if acc is not None:
             self.has_accuracy = True
-        elif loss is not None and self.has_accuracy is None and self.run_kind != "script":
+        elif loss is not None and self.has_accuracy is None and not kind_of(self).is_script:
             self.has_accuracy = False  # the loop says a batch's accuracy wherever the task has one
         wait_s, comp_s = _f(ev.get("data_wait_s")), _f(ev.get("compute_s"))
         script = "steps_per_s" in ev  # a script's step hook or torchdeck.log
