@@ -23,7 +23,9 @@ class TorchdeckCallback(TrainerCallback):
         self._samples = 0
 
     def on_step_end(self, args, state, control, **kwargs):
-        per_device = getattr(args, "train_batch_size", None) or args.per_device_train_batch_size
+        # the state's: auto_find_batch_size may have lowered it; per process (x GPUs under DataParallel)
+        per_device = (getattr(state, "train_batch_size", None) or getattr(args, "train_batch_size", None)
+                      or args.per_device_train_batch_size)
         self._samples += per_device * max(1, args.gradient_accumulation_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
