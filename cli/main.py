@@ -101,11 +101,12 @@ def follow(run, display, on_interrupt=None, interval: float = 0.2, output=None):
             for _ in follower.follow(interval=interval):
                 if output is not None:  # the run over: its last lines, before "run finished" and the summary
                     view = follower.view
-                    display.output(output.drain(view) if view.final else output.poll(view))
+                    lines = output.drain(view) if view.final else output.poll(view)
                     if output.cut:
                         display.message(f"(the last {output.HISTORY} lines of each rank's output; all of it in "
                                         f"{run.path}/rank<N>.log)")
                         output.cut = 0
+                    display.output(lines)
                 display.show(follower.view)
                 while ints.count > seen:
                     seen += 1

@@ -172,6 +172,42 @@ def test_rank_output_reads_the_logs_incrementally_in_bounded_reads(tmp_path, mon
         assert out.poll(view) == ["[default1]:100%|##| 2/2"]
 
 
+def test_attach_to_a_live_run_shows_each_ranks_last_lines_then_the_new_ones(project):
+    """attach of a running script: the last 20 lines of each rank (said so), then each new line as
+    it is printed; Ctrl-C detaches and the run goes on."""
+    (project / "loop.py").write_text(LOOP.replace("0.3", "0.05"))
+    r = torchdeck("launch", "--nproc-per-node", "2", "--detach", "loop.py", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run,) = (project / "runs").iterdir()
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (run / "rank1.log").read_text().count("\n") < 30 \
+                if (run / "rank1.log").exists() else True:
+            time.sleep(0.1)
+        before = (run / "rank1.log").read_text().count("\n")
+        p = subprocess.Popen(cmd + ["attach", str(run)], cwd=project, stdout=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, env=dict(os.environ, TORCHDECK_RUNS=str(project / "runs")))
+        seen = []
+        try:
+            for line in p.stdout:
+                seen.append(line.rstrip("\n"))
+                m = re.match(r"\[default1\]:iter (\d+)", seen[-1])
+                if m and int(m.group(1)) >= before + 60:  # 3 s of lines after the wait: live ones
+                    break
+            p.send_signal(signal.SIGINT)
+            rest, _ = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        ones = [int(re.match(r"\[default1\]:iter (\d+)", ln).group(1)) for ln in seen if ln.startswith("[default1]:")]
+        assert ones[0] >= before - 20 and ones == list(range(ones[0], ones[-1] + 1)), seen  # its tail, none lost
+        assert seen[1].startswith("(the last 20 lines of each rank's output; all of it in"), "\n".join(seen)
+        assert "detached; the run goes on" in rest
+    finally:
+        torchdeck("stop", "--kill", str(run), cwd=project)
+
+
 # ----------------------------------------------------------------------------- a real terminal
 
 
@@ -223,6 +259,8 @@ def test_ctrl_c_leaves_no_stale_line_of_the_live_block(project):
         until(lambda: False, 0.5)  # the last bytes
     finally:
         p.close()
+        for run in (project / "runs").glob("*"):  # the supervisor has a session of its own: a failed wait leaves it
+            torchdeck("stop", "--kill", str(run), cwd=project)
     lines = shown()
     block = [i for i, ln in enumerate(lines) if BLOCK.match(ln)]
     assert [lines[i][:7] for i in block] == ["STOPPED", "rank  0", "rank  1"], "\n".join(lines)
