@@ -393,3 +393,16 @@ def test_the_piped_status_line_of_a_script_run_is_short():
     (status,) = [ln for ln in buf.getvalue().splitlines() if ln.startswith("RUNNING")]
     assert status == "RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.4 steps/s", status
     assert buf.getvalue().count("/very/long/path/") == 1  # in `run started` only
+
+
+def test_the_ranks_lines_print_above_the_live_block_colours_kept():
+    v = view_of([_started(2)] + [_step(0, 5, 10.0), _step(1, 5, 10.0)])
+    buf = io.StringIO()
+    d = Display(buf, tty=True, width=80)
+    d.show(v, force=True)
+    d.output(["[default0]:plain", "[default1]:\x1b[31mred\x1b[0m text"])
+    d.show(v, force=True)
+    shown = screen_of(buf.getvalue(), 80)
+    assert shown[-5:-3] == ["[default0]:plain", "[default1]:red text"], shown
+    assert [ln[:7] for ln in shown[-3:]] == ["RUNNING", "rank  0", "rank  1"], shown
+    assert "\x1b[31mred" in buf.getvalue()
