@@ -34,11 +34,12 @@ def series(events) -> list[int]:
 
 
 def test_an_explicit_step_is_the_ranks_step_from_then_on(tmp_path):
-    """step=it*10 (0, 50, ... 350: neither the call count nor the optimizer count). The hook's events
-    between the calls (every 0.05 s here, with steps/s) carry the script's last step, not its own
-    count; the exit's flush and a later log() without step= too. Before the first step= the
-    optimizer count (the first optimizer step: 1)."""
-    path = script(tmp_path, LOOP.replace("{step}", "it * 10"))
+    """step=it*10 (0, 50, ... 350: neither the call count nor the optimizer count), given as a numpy
+    or a 0-d tensor integer as iter_num often is (taken, not skipped). The hook's events between
+    the calls (every 0.05 s here, with steps/s) carry the script's last step, not its own count;
+    the exit's flush and a later log() without step= too. Before the first step= the optimizer
+    count (the first optimizer step: 1)."""
+    path = script(tmp_path, LOOP.replace("{step}", "np.int64(it * 10) if it % 2 else torch.tensor(it * 10)"))
     run = launch([str(path)], cwd=tmp_path, env={"TORCHDECK_LOG_EVERY_S": "0"})
     assert run.rc == 0, run.stderr
     steps = run.kinds("step")
@@ -46,22 +47,13 @@ def test_an_explicit_step_is_the_ranks_step_from_then_on(tmp_path):
     assert series(steps[:first]) == [1], "before the first step=: the optimizer steps counted"
     logged = [e for e in steps if e.get("loss") is not None]
     assert series(logged) == [it * 10 for it in range(0, 40, 5)] + [350]
-    assert logged[-1]["loss"] == -1.0
+    assert logged[-1]["loss"] == -1.0 and not any(e.get("skipped") for e in logged)
     after = steps[first:]
     hooks = [e for e in after if e.get("loss") is None]
     assert hooks and all(e["steps_per_s"] is not None for e in hooks[:-1])  # the hook's pace still comes
     assert series(after) == sorted(series(after)), f"a rank's steps go back: {series(after)}"
     assert set(series(after)) <= {it * 10 for it in range(0, 40, 5)}, (
         f"rule 'an explicit step= is the rank's step; the hook's count is not mixed in': {series(after)}")
-
-
-def test_numpy_and_tensor_steps_count_as_steps(tmp_path):
-    """iter_num is often a numpy or 0-d tensor integer: taken as the step, not skipped."""
-    path = script(tmp_path, LOOP.replace("{step}", "np.int64(it) if it % 2 else torch.tensor(it)"))
-    run = launch([str(path)], cwd=tmp_path, env={"TORCHDECK_LOG_EVERY_S": "0"})
-    assert run.rc == 0, run.stderr
-    logged = [e for e in run.kinds("step") if e.get("loss") is not None]
-    assert series(logged) == list(range(0, 40, 5)) + [35] and not any(e.get("skipped") for e in logged)
 
 
 def test_nanogpt_style_rank_0_logging_0_based_steps_under_launch(tmp_path):
