@@ -386,10 +386,10 @@ def script_summary(view: RunView, now: float) -> list[str]:
 
 
 class Display:
-    """Prints a RunView: on a TTY a live block that rich's Live redraws in place, with log lines and
-    the ranks' own output printed above it; in a pipe, those lines as they come and a short status
-    line every few seconds. rich is imported only for a TTY (torchrun's rank 0 prints through Echo,
-    in a pipe's way, and must not pay for it)."""
+    """Prints a RunView: in a pipe (and for torchrun's rank 0, through Echo) its log lines and the
+    ranks' own output as they come and a short status line every few seconds. On a TTY the CLI's
+    subclass (cli/progress.py) redraws a live block with rich in place: engine/ imports no
+    front-end library, so here the TTY hooks only print."""
 
     def __init__(self, stream=None, tty: bool | None = None, interval: float | None = None,
                  width: int | None = None, clock=time.time):
@@ -398,13 +398,12 @@ class Display:
         self.interval = interval if interval is not None else (0.25 if self.tty else 5.0)
         self._fixed_width = width
         self.clock = clock
-        self._console = None  # rich's, on a TTY
-        self._live = None  # rich.live.Live, from the first frame until finish()/close()
         self._drawn: list[str] = []  # the live block now on screen
         self._last = 0.0
         self._log_seq = 0
         self.frames = 0
         self._resized = False
+        self._resized_rows = 0
         self._last_header = ""  # the plain header line printed last (not on a TTY)
         if self.tty and width is None:
             try:
@@ -431,76 +430,32 @@ class Display:
         except (BrokenPipeError, ValueError, OSError):
             pass
 
-    def _rich(self):
-        if self._console is None:
-            from rich.console import Console
+    # the TTY hooks: the CLI's Display draws them with rich
+    def _tty_message(self, line: str) -> None:
+        self._write(fmt.wrap(line, self.width) + "\n")
 
-            self._console = Console(file=self.stream, force_terminal=True, highlight=False, soft_wrap=True,
-                                    emoji=False, markup=False)
-        self._console.width = self.width
-        return self._console
+    def _tty_output(self, lines: list[str]) -> None:
+        self._write("".join(ln + "\n" for ln in lines))
 
-    def _print(self, text) -> None:
-        """Lines that stay: above the live block while it is up."""
-        try:
-            self._rich().print(text)
-        except (BrokenPipeError, ValueError, OSError):
-            pass
+    def _draw(self, lines: list[str]) -> None:
+        self._write("".join(ln + "\n" for ln in lines))
+        self._drawn = lines
 
     def message(self, line: str) -> None:
         """A line that stays (above the live block on a TTY, wrapped at its width under an indent)."""
-        if not self.tty:
+        if self.tty:
+            self._tty_message(line)
+        else:
             self._write(line + "\n")
-            return
-        from rich.text import Text
-
-        self._print(Text(fmt.wrap(line, self.width)))
 
     def output(self, lines: list[str]) -> None:
-        """The ranks' own lines (prefixed already), above the block as torchrun prints them: as they
-        are in a pipe; on a TTY their colours kept and a progress bar's carriage returns resolved to
-        what a terminal would show, the terminal wrapping what is too long."""
+        """The ranks' own lines (prefixed already), above the block as torchrun prints them."""
         if not lines:
             return
-        if not self.tty:
+        if self.tty:
+            self._tty_output(lines)
+        else:
             self._write("".join(ln + "\n" for ln in lines))
-            return
-        from rich.text import Text
-
-        if any("\x1b" in ln for ln in lines):
-            self._print(Text("\n").join(Text.from_ansi(ln) if "\x1b" in ln else Text(ln) for ln in lines))
-        else:  # plain lines (most): one Text, a third of the cost of decoding each
-            self._print(Text("\n".join(lines)))
-
-    def _start_live(self):
-        from rich.live import Live
-
-        console = self._rich()
-        redirect = self.stream is sys.stdout  # print() from elsewhere (Ctrl-C's "stopping") goes above the block
-        self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=redirect,
-                          redirect_stderr=redirect and _isatty(sys.stderr))
-        self._live.start()
-        return self._live
-
-    def _draw(self, lines: list[str]) -> None:
-        from rich.text import Text
-
-        live = self._live or self._start_live()
-        if self._drawn and self._resized_rows:
-            # the terminal rewrapped the old block at its new width: move up over all of its rows
-            try:
-                w, _ = live._live_render._shape
-                live._live_render._shape = (w, self._resized_rows)
-            except (AttributeError, TypeError, ValueError):
-                pass
-        self._resized_rows = 0
-        try:
-            live.update(Text("\n".join(lines), no_wrap=True, overflow="crop"), refresh=True)
-        except (BrokenPipeError, ValueError, OSError):
-            pass
-        self._drawn = lines
-
-    _resized_rows = 0
 
     def show(self, view: RunView, force: bool = False) -> None:
         """New log lines, then the block (rate-limited unless forced, or the terminal was resized)."""
@@ -532,12 +487,6 @@ class Display:
 
     def close(self) -> None:
         """Leave the block where it is and give the terminal back (its cursor, print())."""
-        if self._live is not None:
-            live, self._live = self._live, None
-            try:
-                live.stop()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
         self._drawn = []
 
     def finish(self, view: RunView) -> None:
@@ -550,12 +499,6 @@ class Display:
         for line in summary(view, self.clock()):
             self._write(line + "\n")
 
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 class RankOutput:
