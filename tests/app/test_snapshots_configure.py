@@ -118,3 +118,29 @@ async def two_problems(pilot):
 
 def test_configure_two_problems_80x24(snap_compare, app):
     assert snap_compare(app, terminal_size=(80, 24), run_before=two_problems)
+
+
+SCRIPT_DIR = "/tmp/torchdeck-snapshot-project"  # a fixed folder: the side panel names it
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)], ids=["80x24", "140x45"])
+def test_configure_script_preset(snap_compare, tmp_path, monkeypatch, size):
+    """A script preset (issue 35: opening one ended the app): the summary says what each rank
+    runs, its processes, threads and devices; no loop facts (global batch, data)."""
+    import os
+
+    import yaml
+
+    os.makedirs(SCRIPT_DIR, exist_ok=True)
+    with open(os.path.join(SCRIPT_DIR, "train.py"), "w") as fh:
+        fh.write("print('hello')\n")
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "myscript.yaml").write_text(yaml.safe_dump({
+        "name": "myscript", "description": "my own DDP script", "strategy": "script", "devices": 2,
+        "train": {"threads_per_rank": 2},  # auto would be this machine's cores / 2
+        "script": {"path": "train.py", "args": ["--epochs", "3", "--name", "a b"], "env": {"NCCL_DEBUG": "INFO"},
+                   "cwd": SCRIPT_DIR}}))
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(presets))
+    app = TorchdeckApp(preset="myscript", gpu_source=fake_gpus(), runs_root=tmp_path / "runs")
+    assert snap_compare(app, terminal_size=size, run_before=settle)
