@@ -17,8 +17,9 @@ Kinds and their fields (beyond v, kind, t):
                    loop) and command (the rank's command line as the user reads it: ["python",
                    "train.py", args...], ["python", "-m", module, ...], or the executable's), with
                    global_batch, total_steps, epochs, end_epoch, ends_by and steps_per_epoch null
-    phase          rank, phase: what a starting rank does now (rendezvous | data | model | resume |
+    phase          rank, phase: what a starting rank does now (rendezvous | script | data | model | resume |
                    batch | steps), until its first step event; the run's start-up is read from these.
+                   A user's script: rendezvous while its init_process_group waits, then script
                    "batch" also carries step and epoch: the position it trains from (a checkpoint's)
     rank_ready     rank, local_rank, device, pid, host, threads, cpus (the cores it is bound to, or null);
                    a user's script: device from CUDA_VISIBLE_DEVICES (null: unset), threads from

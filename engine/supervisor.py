@@ -44,7 +44,10 @@ STOP_GRACE_S = 30.0
 SLOW_DUMP_EVERY_S = 60.0  # at most one stacks dump a minute for slow steps (a stale rank: always)
 RESERVE_BYTES = 64 << 10
 FAIL_GRACE_S = 2.0
+SIGNAL_COALESCE_S = 0.5
 NODE_DRAIN_S = 3.0  # node 0, its ranks gone: how long it waits for the other nodes' last events
+TAIL_BYTES = 16 << 10  # what is read of a failed rank's log for its last lines (a log may be huge)
+TAIL_LINES = 8
 
 
 # ----------------------------------------------------------------------------- events file
@@ -243,7 +246,7 @@ def choose_port(cfg) -> tuple[int, str | None]:
         return n.master_port, None
     if n.master_port == 0:
         p = free_port()
-        return p, f"master_port 0: using free port {p}"
+        return p, f"master port: free port {p} (master_port 0)"
     if port_in_use(n.master_port):
         p = free_port()
         return p, f"port {n.master_port} in use; using {p}"
@@ -369,6 +372,21 @@ def _exit_said(rank: int, code: int | None) -> str:
     return f"rank {rank} exited with code {code}"
 
 
+def log_tail(path, lines: int = TAIL_LINES, limit: int = TAIL_BYTES) -> list[str]:
+    """The last non-blank lines of a rank's log, from its last `limit` bytes only."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - limit))
+            data = fh.read(limit)
+    except OSError:
+        return []
+    out = data.decode("utf-8", "replace").splitlines()
+    if size > limit:
+        out = out[1:]  # cut mid-line
+    return [ln.rstrip() for ln in out if ln.strip()][-lines:]
+
+
 def _cannot_write(path, exc: OSError) -> str:
     """Disk full, over quota, too large: one line with the file, the reason and the fix."""
     from .checkpoint import disk_hint
@@ -408,6 +426,30 @@ def _raised_at(tb) -> str | None:
         return None
     file, line, func = frames[-1]
     return f"{file}:{line} in {func}"
+
+
+def lone_node_warning(cfg) -> str | None:
+    """Several nodes meeting at a loopback address (torchrun's default 127.0.0.1): node 0 waits
+    for nodes that on other machines can never reach it, silently until nodes.timeout_s, so say
+    so at the start (several nodes on one host is a fair rehearsal: a warning, not a refusal)."""
+    from .preflight import _is_loopback
+
+    n = cfg.nodes
+    if n.num_nodes <= 1:
+        return None
+    if cfg.init_method.startswith("tcp://"):
+        what, host = "init_method", cfg.init_method[len("tcp://"):].rpartition(":")[0]
+    elif cfg.init_method.startswith("env://"):
+        what, host = "master address", n.master_addr
+    else:
+        return None
+    if not _is_loopback(host):
+        return None
+    others = "the other node" if n.num_nodes == 2 else f"the other {n.num_nodes - 1} nodes"
+    return (f"{what} {host.strip()} is this host itself: {others} must reach node 0 there, so only nodes "
+            f"on this host can join; on other machines give every node node 0's network address "
+            f"(--master-addr HOST, nodes.master_addr). The ranks wait at the rendezvous until all "
+            f"{n.num_nodes} nodes have come")
 
 
 def _kind_fields(cfg) -> dict:
@@ -453,6 +495,7 @@ class Supervisor:
     def __init__(self, run_dir):
         self.rd = RunDir(Path(run_dir))
         self.stop_requests = 0
+        self._signal_t = float("-inf")  # the last stop signal (request_stop)
         self.first_stop_t: float | None = None
         self.started = time.time()
         self.writer_errors: list[dict] = []
@@ -466,6 +509,7 @@ class Supervisor:
         self.script = False  # strategy script: the user's own script (torchdeck launch)
         self.stop_grace_s = STOP_GRACE_S  # a stop's SIGKILL comes this long after it (script.stop_grace_s)
         self.failed_local_rank: int | None = None  # the local rank _root_cause blames (status.json, run_finished)
+        self.quote: tuple | None = None  # (local rank, exit code, last lines of its log): _quoted
         self.writer: EventWriter | None = None
         self.sender = None  # engine.nodes.link.Sender: a non-zero node streaming to node 0
         self.receiver = None  # engine.nodes.link.Receiver: node 0, hearing the other nodes
@@ -473,7 +517,13 @@ class Supervisor:
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
-        self.stop_requests += 1
+        """SIGTERM/SIGINT: a stop; a second one (seconds later) kills. Signals within
+        SIGNAL_COALESCE_S of the last are one request: one keypress or `kill` of a process group
+        can deliver the same stop twice."""
+        now = time.monotonic()
+        if now - self._signal_t >= SIGNAL_COALESCE_S:
+            self.stop_requests += 1
+            self._signal_t = now
 
     def request_preempt(self, *_):
         """SLURM is about to preempt the job (or its time is up): stop with a checkpoint, as
@@ -665,6 +715,11 @@ class Supervisor:
 
         threads = threads_for(cfg, strategies.nproc_per_node(cfg))
         child_env = {"OMP_NUM_THREADS": str(threads)}
+        if self.script:  # script.env's, else one exported to torchdeck, as torchrun keeps it
+            from .launch.env import threads_of
+
+            threads = threads_of(cfg.script.env, os.environ, threads)
+            del child_env["OMP_NUM_THREADS"]  # the ranks' environment sets it (engine.launch.env.rank_env)
         store = None  # the store's socket, until local rank 0 has its own copy
         meet = cfg.nodes.master_addr
         # a script's rank 0 binds the port itself (init_process_group's env://): it is not held here
@@ -676,6 +731,9 @@ class Supervisor:
         if cfg.nodes.ifname:
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 child_env[var] = os.environ.get(var, cfg.nodes.ifname)
+        lone = lone_node_warning(cfg)
+        if lone:
+            notes = [*notes, ("warning", lone)]
         return _Plan(port, port_msg, notes, threads, child_env, store, meet)
 
     def _announce(self, cfg, plan: "_Plan", writer: EventWriter) -> None:
@@ -701,11 +759,13 @@ class Supervisor:
         from .launch import ranks as launch_ranks
 
         nproc = strategies.nproc_per_node(cfg)
+        yours = "OMP_NUM_THREADS" in (cfg.script.env or {}) or bool(os.environ.get("OMP_NUM_THREADS", "").strip())
         writer.q = queue_mod.Queue()
         writer.start()
         writer.write(events.make("log", rank=None, level="info", message=(
             f"supervisor {os.getpid()}: {' '.join(launch_ranks.command(cfg.script))} x{nproc} on node "
-            f"{cfg.nodes.node_rank}, {cfg.nodes.master_addr}:{plan.port}, {plan.threads} thread(s) per rank")))
+            f"{cfg.nodes.node_rank}, {cfg.nodes.master_addr}:{plan.port}, {plan.threads} thread(s) per rank"
+            + (" (your OMP_NUM_THREADS)" if yours else ""))))
         node = launch_env.plan_for(cfg, self.rd.path, nproc, plan.port, plan.threads, plan.child_env)
         self.base = cfg.nodes.node_rank * nproc
         ranks = launch_ranks.start(cfg.script, node, self._put, flush=writer.flush_taken)
@@ -783,6 +843,8 @@ class Supervisor:
         if self.sender is not None:
             self.sender.close()  # what is queued, then a bye (node 0 waits for it)
         status, cause = self._outcome(codes, died_first, self.base, reported)
+        if status == "failed" and self.quote is not None:
+            self._write_quote(writer, ranks)
         records = self.rd.flight_records() if status == "failed" else []
         if records:  # NCCL's watchdog dumped what each rank's last collectives were (a GPU timeout)
             cause = f"{cause}; NCCL flight recorder: {', '.join(p.name for p in records)} in {self.rd.path}"
@@ -790,6 +852,16 @@ class Supervisor:
             return self._finish(writer, status, codes, cause)
         finally:
             writer.close()
+
+    def _write_quote(self, writer: EventWriter, ranks) -> None:
+        """The failed rank's last lines as an `error` event, so every front end shows them as a
+        rank's failure (the CLI's summary, attach, the Monitor), as a traceback is shown."""
+        local, code, tail = self.quote
+        what = f"exit code {code}" if code is not None and code >= 0 else _signal_text(code)
+        self._write(writer, events.make(
+            "error", rank=self.base + local, host=socket.gethostname(), pid=ranks.processes[local].pid,
+            exception=what, message=tail[-1].strip(), traceback="\n".join(tail),
+            source=str(self.rd.rank_log(self.base + local).name)))
 
     def _join(self, pctx, stop_event, writer):
         """Wait for the ranks; pass on stop requests; on the first failure stop the rest.
@@ -975,7 +1047,7 @@ class Supervisor:
             code = codes[i]
             if code is not None and code < 0 and base + i not in reporting:
                 self.failed_local_rank = i
-                return _exit_said(base + i, code)
+                return self._quoted(i, code)
         bad = (died_first or [i for i, c in enumerate(codes) if c != 0])[0]
         if errors:
             r = errors[0].get("rank")
@@ -983,7 +1055,22 @@ class Supervisor:
             self.failed_local_rank = local if 0 <= local < len(codes) else bad
             return self._error_cause(errors[0], codes, died_first, base, reporting)
         self.failed_local_rank = bad
-        return _exit_said(base + bad, codes[bad])
+        return self._quoted(bad, codes[bad])
+
+    def _quoted(self, local: int, code) -> str:
+        """A rank that ended badly without an error event (argparse's exit 2, sys.exit(1), a
+        crash in C): its exit, with the last line it printed (from its log: stdout and stderr),
+        the tail kept for an error event (self.quote). A SIGKILL (the OOM killer, a kill) is
+        quoted nowhere: what the rank printed last says nothing of it."""
+        said = _exit_said(self.base + local, code)
+        if code == -signal.SIGKILL:
+            return said
+        name = self.rd.rank_log(self.base + local).name
+        tail = log_tail(self.rd.rank_log(self.base + local))
+        if not tail:
+            return said
+        self.quote = (local, code, tail)
+        return f"{said}; its last output ({name}): {tail[-1].strip()}"
 
     def _error_cause(self, e: dict, codes, died_first, base, reporting) -> str:
         """A timeout names the ranks that never arrived: those still running, silent, when it was stopped."""

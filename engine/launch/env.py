@@ -5,7 +5,8 @@ torchrun's variables: RANK = node_rank * nproc_per_node + local_rank, LOCAL_RANK
 LOCAL_WORLD_SIZE, GROUP_RANK (the node's rank), ROLE_RANK (= RANK), ROLE_WORLD_SIZE (= WORLD_SIZE),
 ROLE_NAME ("default"), MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the run's name),
 TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (0: torchdeck restarts nothing),
-OMP_NUM_THREADS (threads per rank as torchdeck plans them, engine.affinity.threads_for).
+OMP_NUM_THREADS (threads per rank as torchdeck plans them, engine.affinity.threads_for, unless
+it is exported already: torchrun keeps the user's value, and so does torchdeck).
 
 torchrun leaves the device to the script (it reads LOCAL_RANK). When the user picked GPUs
 (devices on cuda), every rank gets CUDA_VISIBLE_DEVICES set to the picked list, as users do by
@@ -66,6 +67,20 @@ def visible_devices(cfg) -> str | None:
     return None
 
 
+def threads_of(user_env, environ, planned: int):
+    """The OMP_NUM_THREADS the ranks get: script.env's, else the one exported to torchdeck (kept,
+    as torchrun keeps it), else torchdeck's plan. An int where it reads as one (what the
+    supervisor says and run_started records), else the text as set."""
+    for source in (user_env or {}, environ):
+        value = source.get("OMP_NUM_THREADS")
+        if value is not None and str(value).strip():
+            try:
+                return int(str(value).strip())
+            except ValueError:
+                return str(value)
+    return planned
+
+
 def plan_for(cfg, run_dir, nproc: int, port: int, threads: int, extra: dict | None = None) -> NodePlan:
     """The node's plan from a script run's config (RunConfig with strategy script)."""
     s = cfg.script
@@ -98,8 +113,9 @@ def rank_env(plan: NodePlan, local_rank: int, events_fd: int | None, base: dict 
         "TORCHELASTIC_RUN_ID": plan.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
-        "OMP_NUM_THREADS": str(plan.threads),
     })
+    if not str(env.get("OMP_NUM_THREADS", "")).strip():  # an exported value is the user's: kept
+        env["OMP_NUM_THREADS"] = str(plan.threads)
     if plan.visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = plan.visible_devices
     env.update(dict(plan.extra))

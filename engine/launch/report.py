@@ -137,10 +137,11 @@ def _register(module) -> None:
 
 
 class _ThenRegister:
-    """The real loader of torch.optim.optimizer, registering the hook once the module ran."""
+    """The real loader of a watched module, calling `then(module)` once the module ran."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, then):
         self._loader = loader
+        self._then = then
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -156,15 +157,18 @@ class _ThenRegister:
                 module.__spec__.loader = self._loader
         except Exception:  # noqa: BLE001
             pass
-        _register(module)
+        self._then(module)
 
 
-class _OptimizerWatch:
-    """A meta path finder that only answers for torch.optim.optimizer (asked once, when the
-    script first imports torch), and only to wrap the real loader; then it removes itself."""
+class _ModuleWatch:
+    """A meta path finder that only answers for one module (asked once, when the script first
+    imports torch), and only to wrap the real loader; then it removes itself."""
+
+    def __init__(self, fullname: str, then):
+        self.fullname, self.then = fullname, then
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != _OPTIMIZER_MODULE:
+        if fullname != self.fullname:
             return None
         try:
             finders = sys.meta_path
@@ -180,17 +184,63 @@ class _OptimizerWatch:
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenRegister(spec.loader)
+            spec.loader = _ThenRegister(spec.loader, self.then)
         return spec
+
+
+def _when_imported(fullname: str, then) -> None:
+    """then(module) now if the module is imported already, else right after its import."""
+    mod = sys.modules.get(fullname)
+    if mod is not None:
+        then(mod)
+    else:
+        sys.meta_path.insert(0, _ModuleWatch(fullname, then))
 
 
 def install_step_hook() -> None:
     """Count optimizer steps: now if torch.optim is already imported, else when it is."""
-    mod = sys.modules.get(_OPTIMIZER_MODULE)
-    if mod is not None and hasattr(mod, "register_optimizer_step_post_hook"):
-        _register(mod)
-    else:
-        sys.meta_path.insert(0, _OptimizerWatch())
+    _when_imported(_OPTIMIZER_MODULE, _register)
+
+
+def _phased_init(real):
+    """init_process_group sending the rank's start-up phases around it: `rendezvous` while it
+    waits for every rank (on several nodes, for the other nodes: that wait is not the torch
+    import), then `script` (the script's own set-up, up to its first step)."""
+    import functools
+
+    @functools.wraps(real)
+    def init_process_group(*args, **kwargs):
+        channel.emit("phase", phase="rendezvous")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            channel.emit("phase", phase="script")
+
+    init_process_group.__torchdeck_phased__ = True
+    return init_process_group
+
+
+def _wrap_init(module) -> None:
+    try:
+        real = module.init_process_group
+        if not getattr(real, "__torchdeck_phased__", False):
+            module.init_process_group = _phased_init(real)
+    except Exception:  # noqa: BLE001 - a torch without it: no phases, the script runs as it is
+        pass
+
+
+def install_phase_hook() -> None:
+    """Say the rendezvous as its own start-up phase: torch.distributed.distributed_c10d's
+    init_process_group wrapped as the module is loaded, before torch.distributed's
+    `from .distributed_c10d import *` copies it (so `dist.init_process_group` is the wrapper).
+    Torch already imported (a sitecustomize): torch.distributed's name is wrapped too."""
+    c10d = "torch.distributed.distributed_c10d"
+    if c10d in sys.modules:
+        _wrap_init(sys.modules[c10d])
+        if "torch.distributed" in sys.modules:
+            _wrap_init(sys.modules["torch.distributed"])
+        return
+    _when_imported(c10d, _wrap_init)
 
 
 _NOT_A_NUMBER = object()

@@ -10,7 +10,8 @@ TORCHDECK_STEP_EVERY_S (engine.launch.report); TORCHDECK_LOCAL_RANK_ARG: "1" app
 `--local-rank=N` (LOCAL_RANK) to the script's arguments as torch.distributed.launch did, any
 other non-empty value is the flag's spelling (`--local_rank` for older scripts).
 
-It sends rank_ready, runs the target as python would (sys.argv, sys.path[0] the script's folder
+It sends rank_ready (then `phase` rendezvous and script around the script's
+init_process_group, engine.launch.report.install_phase_hook), runs the target as python would (sys.argv, sys.path[0] the script's folder
 or, for a module, the working directory; __name__ == "__main__"), and exits with the script's
 code: SystemExit's code, 1 after an exception (an `error` event with the user's frames, the
 traceback on stderr as python prints it, TORCHELASTIC_ERROR_FILE written in torchelastic's
@@ -145,7 +146,9 @@ def run(target: str, args: list[str], module: bool, path0_is_ours: bool) -> int:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            # absolute, as python 3.9+ makes a script's __file__ (and so its traceback lines) under
+            # torchrun (runpy puts it in sys.argv[0] too, where python keeps the path as typed)
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as exc:
         return _exit_code(exc)
     except KeyboardInterrupt as exc:
@@ -172,6 +175,7 @@ def main(argv: list[str], path0_is_ours: bool) -> int:
     _rank_ready()
     if channel.get() is not None:
         report.install_step_hook()
+        report.install_phase_hook()
     try:
         return run(argv[0], _argv(argv[1:]), module, path0_is_ours)
     finally:

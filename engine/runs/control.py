@@ -206,7 +206,9 @@ def _launcher_tree(pid: int | None) -> list[psutil.Process]:
 
 
 def kill(run) -> list[int]:
-    """SIGKILL every process of the run; record the run as failed if nothing else did. Returns pids."""
+    """SIGKILL every process of the run; record it as stopped, killed (the user's choice, not a
+    failure: not red anywhere; `torchdeck launch`/`run` exit 130), unless it recorded how it
+    ended first. Returns pids."""
     run = _as_run(run)
     sid = run.supervisor_pid()
     killed = []
@@ -225,7 +227,7 @@ def kill(run) -> list[int]:
             continue
         killed.append(p.pid)
     if run.final_status() is None:
-        run.write_final(Status.FAILED, "killed by the user (SIGKILL to every process of the run)", killed=True)
+        run.write_final(Status.STOPPED, "killed by the user (SIGKILL to every process of the run)", killed=True)
     return killed
 
 

@@ -281,7 +281,7 @@ class RunDir:
             if pid:
                 final[key] = pid  # the pid files go below; kill and "nothing left" checks still need it
         ev = events.make("run_finished", **{k: final[k] for k in ("status", "exit_codes", "root_cause", "elapsed_s",
-                                                                  "failed_local_rank") if k in final})
+                                                                  "failed_local_rank", "killed") if k in final})
         try:
             if emit is not None:
                 emit(ev)

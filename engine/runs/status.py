@@ -4,7 +4,8 @@
     running    its supervisor (or torchrun's agent) lives and the ranks are training
     finished   ended well                       } written by the run itself:
     failed     a rank or the supervisor failed  } run_finished event and status.json
-    stopped    ended early on request, after a checkpoint
+    stopped    ended early on request, after a checkpoint; or killed by the user (status.json
+               killed: true; its root cause says so, and `torchdeck run`/`launch` exit 130)
     preempted  SLURM's warning signal (USR1) came: checkpointed and stopped; the job is requeued
                and resumes from that checkpoint in a new run directory
     lost       no final status, and nothing of it lives (supervisor killed, host rebooted)

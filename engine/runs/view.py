@@ -195,8 +195,12 @@ def epoch_text(p: EpochPoint) -> str:
     return f"train {part(p.train_loss, p.train_acc, p.train_metrics)}, val {part(p.val_loss, p.val_acc, p.val_metrics)}"
 
 
+KILLED_EXIT = 128 + 2  # a run the user killed: what a shell reports for a command Ctrl-C ended (torchrun: 1)
+
+
 # A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
-PHASES = {"rendezvous": "meeting the other ranks", "data": "building the data set",
+PHASES = {"rendezvous": "meeting the other ranks", "script": "the script setting up (after its rendezvous)",
+          "data": "building the data set",
           "model": "building the model", "resume": "loading the checkpoint",
           "batch": "waiting for the first batch", "steps": "taking the first steps"}
 
@@ -295,6 +299,7 @@ class RunView:
     host: str = ""
     supervisor_pid: int | None = None
     run_kind: str = ""  # "script": a user's script (torchdeck launch); "": torchdeck's own loop
+    killed: bool = False  # the user killed it (torchdeck kill, a second Ctrl-C): status stopped, exit KILLED_EXIT
     command: list = field(default_factory=list)  # a script run's command line (run_started's)
     total_steps: int = 0
     total_epochs: int | None = None
@@ -750,6 +755,8 @@ class RunView:
         first = final.get("failed_local_rank")
         if isinstance(first, int) and not isinstance(first, bool):
             self.failed_local_rank = first
+        if final.get("killed") is True:
+            self.killed = True
 
     def _settle(self) -> None:
         """Over: every front end's rank lines show each rank's mean over the run (RankState.settle)."""
@@ -764,6 +771,8 @@ class RunView:
         more; None while it runs."""
         if not self.final:
             return None
+        if self.killed:
+            return KILLED_EXIT
         if self.status.ended_well:
             return 0
         codes = [c for c in self.exit_codes or [] if c is not None]
@@ -908,7 +917,10 @@ class RunView:
         n = sum(r.phase == behind for r in moving)
         world = self.world_size or len(ranks)
         since = self.phase_t.get(behind, now)
-        return f"{PHASES[behind]} ({n}/{world} rank{'s' if world != 1 else ''}, {max(0.0, now - since):.0f} s)"
+        what = PHASES[behind]
+        if behind == "rendezvous" and (self.num_nodes or 1) > 1:  # the wait a missing node makes
+            what = f"waiting for all {self.num_nodes} nodes to meet"
+        return f"{what} ({n}/{world} rank{'s' if world != 1 else ''}, {max(0.0, now - since):.0f} s)"
 
     def startup_breakdown(self) -> list[tuple[str, float]]:
         """Seconds from the supervisor's start to the first step, by phase (the first rank to enter
@@ -916,8 +928,10 @@ class RunView:
         if self.started_t is None:
             return []
         n = self.first_step
-        marks = [("torch import", self.started_t)] + [
-            (name, self.phase_t[p]) for p, name in (("rendezvous", "rendezvous"), ("data", "data"),
+        first = "python, imports" if self.run_kind == "script" else "torch import"  # a script's: up to its rendezvous
+        marks = [(first, self.started_t)] + [
+            (name, self.phase_t[p]) for p, name in (("rendezvous", "rendezvous"), ("script", "script set-up"),
+                                                    ("data", "data"),
                                                     ("model", "model"), ("resume", "checkpoint"),
                                                     ("batch", "first batch"),
                                                     ("steps", f"steps 1-{n}" if n > 1 else "step 1"),

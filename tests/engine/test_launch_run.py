@@ -171,6 +171,20 @@ def test_unchanged_ddp_script_finishes_with_both_ranks_watched(tmp_path):
         assert f"rank {r} done after 16 steps" in log
     assert (tmp_path / "model.pt").exists()  # rank 0 saved in script.cwd
     assert [e["exitcode"] for e in kinds(run, "rank_exited")] == [0, 0]
+    # init_process_group's wait is a start-up phase of its own, then the script's set-up
+    assert sorted((e["rank"], e["phase"]) for e in kinds(run, "phase")) == [
+        (0, "rendezvous"), (0, "script"), (1, "rendezvous"), (1, "script")]
+
+
+def test_exported_omp_num_threads_is_the_users(tmp_path):
+    """torchrun keeps an exported OMP_NUM_THREADS; torchdeck set its own plan over it."""
+    cfg = cfgmod.from_dict({"strategy": "script", "accelerator": "cpu", "devices": 2, "script": {"path": "t.py"}})
+    plan = launch_env.plan_for(cfg, tmp_path, 2, 29500, 3)
+    assert launch_env.rank_env(plan, 0, None, base={"OMP_NUM_THREADS": "5"})["OMP_NUM_THREADS"] == "5"
+    assert launch_env.rank_env(plan, 0, None, base={})["OMP_NUM_THREADS"] == "3"
+    assert launch_env.threads_of({}, {"OMP_NUM_THREADS": "5"}, 3) == 5
+    assert launch_env.threads_of({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "5"}, 3) == 1
+    assert launch_env.threads_of({}, {}, 3) == 3
 
 
 def test_ddp_script_with_torchdeck_log_sends_loss_and_samples(tmp_path):

@@ -441,3 +441,59 @@ def test_what_the_script_leaves_in_cycles_is_freed_before_the_interpreter_ends(t
     run = launch([str(path)], cwd=tmp_path)
     assert run.rc == 0, run.stderr
     assert (tmp_path / "freed.txt").read_text() == "alive"
+
+
+def test_a_relative_script_path_runs_with_an_absolute_file_as_under_torchrun(tmp_path):
+    """python 3.9+ makes a script's __file__ absolute, so torchrun's tracebacks name the whole
+    path; the shim passed the path as typed to runpy ('File "train.py", line 3')."""
+    path = script(tmp_path, """
+        import sys
+        print("file", __file__, "argv0", sys.argv[0])
+        raise ValueError("here")
+    """)
+    run = launch(["train.py"], cwd=tmp_path)
+    assert run.rc == 1, run.stderr
+    assert f"file {path} argv0 {path}" in run.stdout  # (runpy makes argv[0] the path it runs)
+    (err,) = run.kinds("error")
+    assert f'File "{path}", line {line_of(path, "raise ValueError")}' in err["traceback"], err["traceback"]
+
+
+def test_the_working_directorys_torchdeck_py_does_not_shadow_the_shim(tmp_path):
+    """The shim starts with python -P (shim_argv): without it the working directory (a user's
+    project folder, where `torchdeck launch` starts the ranks) came first on its path, and a
+    torchdeck.py there broke every launch before the script ran."""
+    for name in ("torchdeck.py", "yaml.py", "psutil.py"):
+        script(tmp_path, 'raise SystemExit("user file ran: " + __file__)\n', name)
+    path = script(tmp_path, """
+        import torchdeck
+        torchdeck.log({"loss": 3.0})
+        print("script ran")
+    """)
+    run = launch([path.name], cwd=tmp_path)
+    assert run.rc == 0, run.stderr
+    assert "script ran" in run.stdout and "user file ran" not in run.stdout + run.stderr
+    assert [e["loss"] for e in run.kinds("step")] == [3.0]  # our torchdeck, not the folder's
+
+
+def test_init_process_group_is_said_as_the_rendezvous_phase(tmp_path):
+    """The wait in init_process_group (on several nodes: for the other nodes) is a phase of its
+    own, then the script's set-up: not part of 'importing torch'. `dist.init_process_group`,
+    the name scripts call, is the wrapped one."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = script(tmp_path, """
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+        assert dist.init_process_group is distributed_c10d.init_process_group
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        print("met", dist.get_rank(), dist.init_process_group.__name__)
+        dist.destroy_process_group()
+    """)
+    run = launch([str(path)], cwd=tmp_path, rank=0,
+                 env={"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert run.rc == 0, run.stderr
+    assert "met 0 init_process_group" in run.stdout
+    assert [e["phase"] for e in run.kinds("phase")] == ["rendezvous", "script"]

@@ -392,7 +392,8 @@ def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp
     finally:
         if agent.poll() is None:
             agent.kill()
-    assert rd.final_status()["status"] == "failed" and rd.status() == "failed"
+    assert rd.final_status()["status"] == "stopped" and rd.status() == "stopped"  # killed by the user
+    assert rd.final_status()["killed"] is True
     deadline = time.monotonic() + 15
     while our_descendants() - before and time.monotonic() < deadline:
         time.sleep(0.2)
