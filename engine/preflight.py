@@ -561,8 +561,11 @@ def describe_script(cfg) -> list[str]:
              f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {world}"]
     per_rank = [(cfg.nodes.node_rank * n + lr, ",".join(strat.local_devices(cfg, lr))) for lr in range(n)]
     lines.append("devices per rank: " + fmt.rank_groups(per_rank))
-    threads = threads_for(cfg, n)
-    lines.append(f"threads per rank: {threads} (OMP_NUM_THREADS)")
+    from .launch.env import threads_of
+
+    planned = threads_for(cfg, n)
+    threads = threads_of(s.env, os.environ, planned)  # what the ranks get: the user's value wins
+    lines.append(f"threads per rank: {threads} (OMP_NUM_THREADS" + (", yours)" if threads != planned else ")"))
     names = list(SCRIPT_ENV) + (["CUDA_VISIBLE_DEVICES"] if cfg.accelerator == "cuda" else [])
     lines.append("environment torchdeck sets: " + ", ".join(names))
     if not s.no_python:
