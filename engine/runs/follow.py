@@ -18,41 +18,82 @@ STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still
 OUTPUT_EVERY_S = 0.5  # how often the log files are read
 
 
-class EventTail:
-    """Incremental reader of a growing events file. A line is used once it ends in a newline (a
-    line cut mid-write waits for its end); a line that is not a JSON object is counted, not raised."""
+CHUNK_BYTES = 1 << 20  # one read of events.jsonl: a reader's memory stays flat however long the run
+MAX_LINE = 16 << 20  # no event is this long: a "line" past it is garbage, skipped and counted once
 
-    def __init__(self, path: str | Path):
+
+class EventTail:
+    """Incremental reader of a growing events file, CHUNK_BYTES at a time: a run of days has
+    millions of events, and neither the file nor its parsed lines are ever held whole. A line is
+    used once it ends in a newline (a line cut mid-write, or by a chunk, waits for its end); a line
+    that is not a JSON object is counted, not raised."""
+
+    def __init__(self, path: str | Path, chunk_bytes: int = CHUNK_BYTES):
         self.path = Path(path)
+        self.chunk_bytes = max(1, int(chunk_bytes))
         self._pos = 0
         self._partial = b""
+        self._skipping = False  # inside a line longer than MAX_LINE: dropped up to its newline
         self.malformed = 0
 
-    def poll(self, max_bytes: int | None = None) -> list[dict]:
+    def feed(self, fold, max_bytes: int | None = None) -> int:
+        """Hand every complete event written since the last call to `fold`, one at a time, as its
+        chunk is parsed (at most `max_bytes` read); returns how many events were handed on."""
+        n = 0
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._pos)
-                chunk = fh.read() if max_bytes is None else fh.read(max_bytes)
-                self._pos = fh.tell()
+            fh = open(self.path, "rb")
         except OSError:
-            return []
-        if not chunk:
-            return []
+            return 0
+        with fh:
+            try:
+                size = os.fstat(fh.fileno()).st_size  # what is there now: a fast writer cannot keep a poll going
+                left = size - self._pos if max_bytes is None else min(max_bytes, size - self._pos)
+                fh.seek(self._pos)
+                while left > 0:
+                    chunk = fh.read(min(left, self.chunk_bytes))
+                    if not chunk:
+                        break
+                    self._pos += len(chunk)
+                    left -= len(chunk)
+                    for ev in self._events(self._lines(chunk)):
+                        fold(ev)
+                        n += 1
+            except OSError:
+                pass
+        return n
+
+    def poll(self, max_bytes: int | None = None) -> list[dict]:
+        """The new events as a list (feed() folds them without one)."""
+        out: list[dict] = []
+        self.feed(out.append, max_bytes)
+        return out
+
+    def _lines(self, chunk: bytes) -> list[bytes]:
+        """The lines this chunk completes; the piece after its last newline waits for the next."""
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
-        return self._parse(lines)
+        if self._skipping:
+            if lines:
+                lines, self._skipping = lines[1:], False  # the rest of the overlong line
+            else:
+                self._partial = b""
+        if len(self._partial) > MAX_LINE:
+            self.malformed += 1
+            self._partial, self._skipping = b"", True
+        return lines
 
-    def _parse(self, lines) -> list[dict]:
-        out = []
+    def _events(self, lines):
         for line in lines:
             if not line.strip():
                 continue
             ev = events.parse(line)
             if ev is not None:
-                out.append(ev)
+                yield ev
             else:
                 self.malformed += 1
-        return out
+
+    def _parse(self, lines) -> list[dict]:
+        return list(self._events(lines))
 
 
 # ----------------------------------------------------------------------------- log files
@@ -180,9 +221,8 @@ class Follower:
         return self.events.malformed + self.view.skipped
 
     def poll(self, force: bool = False) -> int:
-        """Fold in what is new; returns the number of events read."""
-        evs = self.events.poll()
-        self.view.feed_all(evs)
+        """Fold in what is new, event by event as it is read; returns the number of events read."""
+        n = self.events.feed(self.view.feed)
         mono = time.monotonic()
         if self.output is not None and (force or mono - self._last_output >= OUTPUT_EVERY_S):
             self._last_output = mono
@@ -190,19 +230,17 @@ class Follower:
                 self.view.add_output(rank, line, min(when, self.clock()))
         if not self.view.final and (force or mono - self._last_status >= STATUS_EVERY_S):
             self._last_status = mono
-            evs2 = self._check_status()
-            evs = evs + evs2
-        return len(evs)
+            n += self._check_status()
+        return n
 
-    def _check_status(self) -> list[dict]:
+    def _check_status(self) -> int:
         now = self.clock()
         final = self.run.final_status()
         pid = self.run.owner_pid()
         alive = final is None and pid_alive(pid)
-        late = []
+        late = 0
         if not alive:
-            late = self.events.poll()  # its last words (run_finished), written before status.json
-            self.view.feed_all(late)
+            late = self.events.feed(self.view.feed)  # its last words (run_finished), written before status.json
         self.view.observe(final, alive, pid is not None, self.run.quiet_s(now), now)
         return late
 

@@ -66,3 +66,134 @@ def test_every_reader_of_an_events_file_reads_one_rule(tmp_path):
     assert events.read_all(p) == list(events.iter_events(p)) == [{"kind": "log", "t": 1}]
     tail = EventTail(p)
     assert tail.poll() == [{"kind": "log", "t": 1}] and tail.malformed == 2
+
+
+def _state(x, seen=None):
+    """Everything a view holds, as plain values that compare (NaN equal to NaN): two views built
+    from one file must hold the same."""
+    import dataclasses
+    import math
+
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else x
+    if isinstance(x, dict):
+        return {k: _state(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_state(v) for v in x]
+    if isinstance(x, (set, frozenset)):
+        return sorted(map(repr, x))
+    if dataclasses.is_dataclass(x) or hasattr(x, "__dict__"):
+        return {type(x).__name__: {k: _state(v) for k, v in vars(x).items() if not callable(v)}}
+    if hasattr(x, "__iter__") and not isinstance(x, (str, bytes)):
+        return [_state(v) for v in x]
+    return x
+
+
+def _mixed_run(tmp_path):
+    """A finished 2-rank run's events with what a reader must get right at any cut: multibyte
+    UTF-8 (a message and a path), malformed lines, an unknown kind, and a last line cut mid-write."""
+    import json
+
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.layout import RunDir
+
+    rd = RunDir.create(cfgmod.RunConfig(name="chunks"), tmp_path)
+    evs = [events.make("run_started", run="chunks", strategy="ddp", world_size=2, total_steps=40, epochs=2)]
+    for s in range(1, 41):
+        for r in (0, 1):
+            evs.append(events.make("step", rank=r, epoch=(s - 1) // 20, step=s, total_steps=40, loss=3.0 / s,
+                                   accuracy=s / 40, samples_per_s=100.0 + r, data_wait_s=0.01, compute_s=0.1,
+                                   lr=0.1, metrics={"ppl": 2.0 + 1 / s}))
+        if s % 20 == 0:
+            evs.append(events.make("epoch_end", rank=0, epoch=s // 20 - 1, step=s, train_loss=1.0 / s,
+                                   train_acc=0.5, val_loss=1.2 / s, val_acc=0.6 + s / 200))
+            evs.append(events.make("log", rank=0, level="warning", message=f"GPU à 84 °C, über heiß 🔥 at {s}"))
+    evs.append(events.make("checkpoint", rank=0, epoch=2, step=40, path="checkpoints/ckpt-é.pt"))
+    evs.append(events.make("run_finished", status="finished", exit_codes=[0, 0], root_cause=None, elapsed_s=9.0))
+    # events.dumps writes ASCII (\u escapes); another writer may not: UTF-8 as it is
+    lines = [json.dumps(e, ensure_ascii=False) if e["kind"] in ("log", "checkpoint") else events.dumps(e) for e in evs]
+    lines[5:5] = ["not json", "[1,2]", '{"v":1,"kind":"from_the_future","t":1}', "{\"kind\":\"log\",\"message\":\"é"]
+    data = ("\n".join(lines) + "\n").encode() + '{"v":1,"kind":"log","message":"cut mid-wri'.encode()
+    rd.events_path.write_bytes(data)
+    rd.status_path.write_text(json.dumps({"status": "finished", "exit_codes": [0, 0], "root_cause": None,
+                                          "elapsed_s": 9.0}))
+    return rd, data
+
+
+def _follow(rd, chunk_bytes):
+    from torchdeck.engine.runs.follow import Follower
+
+    f = Follower(rd, outputs=False)
+    f.events.chunk_bytes = chunk_bytes
+    for _ in f.follow(interval=0.01):
+        pass
+    return f
+
+
+def test_a_file_read_in_chunks_of_any_size_gives_the_view_read_whole(tmp_path):
+    """Issue 37: readers go through events.jsonl a bounded chunk at a time; a chunk may end anywhere,
+    inside a line or a multibyte character, and the view (and the count of skipped lines) must be
+    the one the whole file gives in one read."""
+    rd, data = _mixed_run(tmp_path)
+    whole = _follow(rd, len(data) + 1)
+    assert whole.view.status == "finished" and whole.events.malformed == 3 and whole.view.skipped == 1
+    assert whole.view.ranks[0].step == 40 and len(whole.view.epochs) == 2
+    first_e = data.index("é".encode())
+    sizes = [1, 2, 3, 7, 64, 1000, first_e + 1, data.index("🔥".encode()) + 2]
+    for n in sizes:
+        part = _follow(rd, n)
+        assert (part.events.malformed, part.view.skipped) == (whole.events.malformed, whole.view.skipped), n
+        assert _state(part.view) == _state(whole.view), f"chunks of {n} bytes give another view"
+
+
+def test_a_live_file_written_in_pieces_gives_the_view_read_whole(tmp_path):
+    """The live tail: the file grows a few bytes at a time (a line, and a character, cut mid-write)
+    and is polled between writes; the view it ends with is the whole file's."""
+    from torchdeck.engine.runs.follow import EventTail
+    from torchdeck.engine.runs.view import RunView
+
+    rd, data = _mixed_run(tmp_path)
+    whole = RunView()
+    EventTail(rd.events_path).feed(whole.feed)
+    p = tmp_path / "growing.jsonl"
+    p.write_bytes(b"")
+    tail, view = EventTail(p, chunk_bytes=4), RunView()
+    for i in range(0, len(data), 5):
+        with open(p, "ab") as fh:
+            fh.write(data[i:i + 5])
+        tail.feed(view.feed)
+    assert tail.malformed == 3 and _state(view) == _state(whole)
+
+
+def test_following_a_long_finished_run_holds_neither_the_file_nor_its_events(tmp_path):
+    """Issue 37: attach read the whole events.jsonl in one read() and parsed every line into a list
+    before folding (~3.7 KB a step event: GBs for a day-long run). Folded a chunk at a time, the
+    memory of reading a 9 MB file stays far below the file's own size."""
+    import tracemalloc
+
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine import config as cfgmod
+
+    rd = RunDir.create(cfgmod.RunConfig(name="long"), tmp_path)
+    with open(rd.events_path, "w") as fh:
+        fh.write(events.dumps(events.make("run_started", run="long", strategy="ddp", world_size=2)) + "\n")
+        for s in range(1, 12001):
+            for r in (0, 1):
+                fh.write(events.dumps(events.make(
+                    "step", rank=r, epoch=0, step=s * 10, total_steps=120000, loss=2.0 / s, accuracy=0.5,
+                    metrics={}, samples_per_s=1916.06, tokens_per_s=None, mfu=None, data_wait_s=0.0043,
+                    compute_s=0.3296, lr=0.05, comm_s=0.1153, pause=False, device_mem_mb=1060.17,
+                    peak_mem_mb=1081.36, data_wait=0.0130, comm_wait=0.3454)) + "\n")
+        fh.write(events.dumps(events.make("run_finished", status="finished", exit_codes=[0, 0],
+                                          root_cause=None, elapsed_s=9.0)) + "\n")
+    size = rd.events_path.stat().st_size
+    tracemalloc.start()
+    try:
+        f = _follow(rd, 1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f.view.status == "finished" and f.view.ranks[1].step == 120000
+    assert size > 8e6 and peak < size / 2, f"reading a {size / 1e6:.1f} MB file peaked at {peak / 1e6:.1f} MB"
