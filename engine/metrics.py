@@ -174,7 +174,7 @@ def convert(events_path: Path, csv_path: Path | None = None, tensorboard_dir: Pa
         Path(csv_path).unlink(missing_ok=True)
     sink = MetricsSink(None if stream is not None else csv_path, tensorboard_dir, stream)
     try:
-        for ev in events.read_all(events_path):
+        for ev in events.iter_events(events_path):  # line by line: a day-long run's file is GBs
             sink.add(ev)
     finally:
         sink.close()

@@ -463,7 +463,7 @@ def _close_torchrun_run(rd, emit, status: str, started: float) -> None:
     any rank of this node reported (later ones are usually peers losing their connection)."""
     cause = None
     if status == "failed":
-        errors = sorted((e for e in events.read_all(rd.events_path) if e.get("kind") == "error"),
+        errors = sorted((e for e in events.iter_events(rd.events_path) if e.get("kind") == "error"),
                         key=lambda e: e.get("t", 0))
         if errors:
             e = errors[0]

@@ -119,7 +119,7 @@ def read_head_tail(path: Path, tail: EventTail | None = None) -> tuple[list[dict
                 return reader._parse(head.split(b"\n")[:-1]), []
             start = max(len(head), size - TAIL_BYTES)
             fh.seek(start)
-            rest = fh.read()
+            rest = fh.read(size - start)  # the tail only, however far the file grew since
     except OSError:
         return [], []
     head_lines = head.split(b"\n")
@@ -189,7 +189,7 @@ def read_parts(path: Path, scan: EpochScan | None = None) -> tuple[list[dict], l
                 return reader._parse(head.split(b"\n")[:-1]), [], []
             start = max(len(head), size - TAIL_BYTES)
             fh.seek(start)
-            rest = fh.read()
+            rest = fh.read(size - start)  # the tail only, however far the file grew since
             head_lines = head.split(b"\n")
             cut = head_lines.pop()
             head_end = len(head) - len(cut)

@@ -237,7 +237,7 @@ def run_targets(rd) -> list[tuple[str, int | None, int, Path]]:
     if sup and rd.stacks_path(None).exists():
         out.append(("supervisor", None, sup, rd.stacks_path(None)))
     ranks: dict = {}
-    for ev in events.read_all(rd.events_path):
+    for ev in events.iter_events(rd.events_path):
         if ev.get("kind") == "rank_ready" and isinstance(ev.get("pid"), int) and isinstance(ev.get("rank"), int):
             if ev.get("host") in (None, host):
                 ranks[ev["rank"]] = (ev["pid"], float(ev.get("t") or 0))
@@ -299,8 +299,10 @@ def last_recorded(rd, evs=None) -> dict | None:
     "files"} or None when it never took any."""
     from .. import events
 
-    evs = events.read_all(rd.events_path) if evs is None else evs
-    last = next((e for e in reversed(evs) if isinstance(e, dict) and e.get("kind") == "stacks"), None)
+    last = None
+    for e in events.iter_events(rd.events_path) if evs is None else evs:  # streamed: only the last one is kept
+        if isinstance(e, dict) and e.get("kind") == "stacks":
+            last = e
     files = recorded(rd)
     ev_t = last.get("t") if last is not None else None
     ev_t = float(ev_t) if isinstance(ev_t, (int, float)) and not isinstance(ev_t, bool) else 0.0

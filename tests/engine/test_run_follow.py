@@ -166,34 +166,59 @@ def test_a_live_file_written_in_pieces_gives_the_view_read_whole(tmp_path):
     assert tail.malformed == 3 and _state(view) == _state(whole)
 
 
-def test_following_a_long_finished_run_holds_neither_the_file_nor_its_events(tmp_path):
-    """Issue 37: attach read the whole events.jsonl in one read() and parsed every line into a list
-    before folding (~3.7 KB a step event: GBs for a day-long run). Folded a chunk at a time, the
-    memory of reading a 9 MB file stays far below the file's own size."""
-    import tracemalloc
-
+def _long_run(tmp_path, steps: int):
+    """A finished 2-rank run of `steps` step events a rank, as quickstart's supervisor writes them."""
+    from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
     from torchdeck.engine.runs.layout import RunDir
-    from torchdeck.engine import config as cfgmod
 
     rd = RunDir.create(cfgmod.RunConfig(name="long"), tmp_path)
     with open(rd.events_path, "w") as fh:
         fh.write(events.dumps(events.make("run_started", run="long", strategy="ddp", world_size=2)) + "\n")
-        for s in range(1, 12001):
+        for s in range(1, steps + 1):
             for r in (0, 1):
                 fh.write(events.dumps(events.make(
-                    "step", rank=r, epoch=0, step=s * 10, total_steps=120000, loss=2.0 / s, accuracy=0.5,
+                    "step", rank=r, epoch=0, step=s * 10, total_steps=steps * 10, loss=2.0 / s, accuracy=0.5,
                     metrics={}, samples_per_s=1916.06, tokens_per_s=None, mfu=None, data_wait_s=0.0043,
                     compute_s=0.3296, lr=0.05, comm_s=0.1153, pause=False, device_mem_mb=1060.17,
                     peak_mem_mb=1081.36, data_wait=0.0130, comm_wait=0.3454)) + "\n")
+        fh.write(events.dumps(events.make("stacks", reason="hang", groups=[], files=[])) + "\n")
         fh.write(events.dumps(events.make("run_finished", status="finished", exit_codes=[0, 0],
                                           root_cause=None, elapsed_s=9.0)) + "\n")
-    size = rd.events_path.stat().st_size
+    return rd
+
+
+def _peak(fn):
+    import tracemalloc
+
     tracemalloc.start()
     try:
-        f = _follow(rd, 1 << 20)
-        _, peak = tracemalloc.get_traced_memory()
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def test_following_a_long_finished_run_holds_neither_the_file_nor_its_events(tmp_path):
+    """Issue 37: attach read the whole events.jsonl in one read() and parsed every line into a list
+    before folding (~3.7 KB a step event: GBs for a day-long run). Folded a chunk at a time, the
+    memory of reading a 9 MB file stays far below the file's own size (77 MB before)."""
+    rd = _long_run(tmp_path, 12000)
+    size = rd.events_path.stat().st_size
+    f, peak = _peak(lambda: _follow(rd, 1 << 20))
     assert f.view.status == "finished" and f.view.ranks[1].step == 120000
     assert size > 8e6 and peak < size / 2, f"reading a {size / 1e6:.1f} MB file peaked at {peak / 1e6:.1f} MB"
+
+
+def test_metrics_and_stacks_read_a_long_run_line_by_line(tmp_path):
+    """`torchdeck metrics --csv/--tensorboard`, `torchdeck stacks` and the Monitor's stacks pane read
+    every event of a run that is over: as a list of all of them before (~8 KB a step event)."""
+    from torchdeck.engine import metrics
+    from torchdeck.engine.runs import stacks
+
+    rd = _long_run(tmp_path, 3000)
+    size = rd.events_path.stat().st_size
+    sink, peak = _peak(lambda: metrics.convert(rd.events_path, tmp_path / "m.csv"))
+    assert sink.rows == 6000 and peak < size / 2, f"metrics of a {size / 1e6:.1f} MB file peaked at {peak / 1e6:.1f} MB"
+    last, peak = _peak(lambda: stacks.last_recorded(rd))
+    assert last["reason"] == "hang" and peak < size / 2, f"stacks of it peaked at {peak / 1e6:.1f} MB"
