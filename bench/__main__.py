@@ -16,7 +16,7 @@ import traceback
 
 ORDER = ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app", "scaling", "imagefolder_vs_plain",
          "cifar_vs_plain", "startup", "first_frame", "deepspeed_vs_plain", "compare_overhead", "loader_start", "launch_vs_torchrun", "lm_vs_plain", "gpu",
-         "fleet"]
+         "fleet", "long_run"]
 
 
 def environment() -> dict:
