@@ -395,7 +395,8 @@ class ConfigForm(VerticalScroll):
         its name from the script (as `torchdeck launch` does) while the name is one the form or such
         a preset put there, never one the user typed."""
         loop = self.data.get("strategy") != "script"
-        self._given_names = {self.data.get("name")} if loop else set()
+        self._loop_name = self.data.get("name", "")
+        self._given_names = {self._loop_name} if loop else set()
         self._loop_description = self.data.get("description") if loop else None
 
     def _put(self, path: str, text: str) -> None:
@@ -621,6 +622,11 @@ class ConfigForm(VerticalScroll):
             self._name_from_script()
             if self._loop_description and self.value_of("description") == self._loop_description:
                 self._put("description", "")  # the loop preset's words, not this script's
+        elif old_strategy == "script" and self._loop_description is not None:  # back to the loop preset's
+            if self.value_of("name") in self._given_names:
+                self._put("name", self._loop_name)
+            if self.value_of("description") == "":
+                self._put("description", self._loop_description)
         strat = get_strategy(strategy)
         acc = self._w["f-accelerator"]
         old_acc = acc.value

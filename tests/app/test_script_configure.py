@@ -177,6 +177,11 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         await type_into(pilot, "f-script-path", "")
         await type_into(pilot, "f-script-module", "pkg.fit")
         assert screen.form.value_of("name") == "fit"
+        await choose(pilot, "f-strategy", "dd")  # back to the loop: the preset's own name and words
+        assert screen.form.value_of("strategy") == "ddp"
+        assert screen.form.value_of("name") == "quickstart" and screen.form.value_of("description")
+        await choose(pilot, "f-strategy", "scr")
+        assert screen.form.value_of("name") == "fit" and screen.form.value_of("description") == ""
         await type_into(pilot, "f-name", "mine")  # a name the user typed stays
         await type_into(pilot, "f-script-module", "")
         await type_into(pilot, "f-script-path", "train.py")
