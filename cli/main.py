@@ -58,8 +58,9 @@ def _config_or_usage(args, hw=None, launch: bool = False):
 # ----------------------------------------------------------------------------- following a run
 
 
-SIGINT_COALESCE_S = 0.5  # SIGINTs this close together are one keypress: the terminal's and, under
-# `timeout --foreground` (or another wrapper passing it on), the wrapper's copy of it
+SIGINT_COALESCE_S = 0.1  # a SIGINT this soon after the one counted is the same keypress: the
+# terminal's and, under `timeout --foreground` (or another wrapper passing it on), the wrapper's copy,
+# milliseconds later; a person's second press comes after they read "Ctrl-C again to kill"
 
 
 class _Interrupts:
@@ -67,6 +68,7 @@ class _Interrupts:
 
     def __init__(self):
         self.count = 0
+        self.handled = 0  # the presses the follower has acted on (follow's `seen`)
         self._old = None
         self._last = float("-inf")
 
@@ -78,8 +80,10 @@ class _Interrupts:
         return self
 
     def _hit(self, signum, frame):
+        """One more press, unless the last one is not acted on yet or came just now: the same
+        keypress delivered twice (one Ctrl-C killed a run under `timeout --foreground`)."""
         now = time.monotonic()
-        if now - self._last >= SIGINT_COALESCE_S:  # from the one counted: pressed again, it counts
+        if self.count == self.handled and now - self._last >= SIGINT_COALESCE_S:
             self.count += 1
             self._last = now
 
@@ -112,6 +116,7 @@ def follow(run, display, on_interrupt=None, interval: float = 0.2, output=None):
                     seen += 1
                     if on_interrupt is not None and on_interrupt(seen) is False:
                         return None
+                    ints.handled = seen  # said (its message printed): a press from now on is another
         view = follower.view
         if output is not None:
             display.output(output.drain(view))

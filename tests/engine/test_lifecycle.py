@@ -152,7 +152,7 @@ def test_second_ctrl_c_kills(tmp_path):
         took = time.monotonic() - t0
         out = log.read_text()
         final = run.final_status()
-        assert (code, final["status"], final["killed"]) == (130, "stopped", True), out  # the user's kill: not failed
+        assert (code, final["status"], final.get("killed")) == (130, "stopped", True), (final, out)  # not failed
         assert "killed by the user" in final["root_cause"], final
         killed = [ln for ln in out.splitlines() if ln.startswith("killed ") and "process(es) of the run" in ln]
         assert killed and int(killed[0].split()[1]) >= 3, out  # the supervisor and both ranks
