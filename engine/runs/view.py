@@ -768,7 +768,7 @@ class RunView:
         """A script run's exit code as torchdeck launch exits with it (cli.main.script_exit_code's
         rule): 0 when it ended well, else the first failing rank's code (failed_local_rank's, else
         the first non-zero), a signal's death as a shell says it (128 + N), 1 when no code says
-        more; None while it runs."""
+        more; KILLED_EXIT (130) when the user killed it; None while it runs."""
         if not self.final:
             return None
         if self.killed:
