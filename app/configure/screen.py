@@ -461,6 +461,14 @@ class ConfigureScreen(Screen):
 
     def action_compare(self) -> None:
         """The form's job under several strategies, one after another, watched in the Compare screen."""
+        from ...engine.runs.kind import kind_of
+
+        kind = kind_of(self.form.value_of("strategy"))
+        if kind.is_script:  # the strategies are torchdeck's loop's; a script does its own distributed setup
+            self.notify(kind.does_not_apply("comparing strategies", "the strategies are torchdeck's own training "
+                                            "loop's, and your script does its own distributed setup"),
+                        severity="warning", timeout=8)
+            return
         if self._refused("compare"):
             return
         from ..compare.dialog import CompareDialog

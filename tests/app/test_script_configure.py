@@ -190,6 +190,10 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         await pilot.pause(0.2)
         assert app.said("a memory estimate does not apply to a script run: "), app.messages
         assert screen.memory is None
+        await pilot.press("f7")  # nor a comparison of torchdeck's strategies
+        await pilot.pause(0.2)
+        assert app.said("comparing strategies does not apply to a script run: "), app.messages
+        assert app.screen is screen
         await pilot.press("f5")
         run = await wait_finished(pilot, app)
         assert run.config().name == "mine" and run.config().description == ""
