@@ -155,17 +155,51 @@ def parse(line: bytes) -> dict | None:
     return ev if isinstance(ev, dict) else None
 
 
-def iter_events(path: str | Path) -> Iterator[dict]:
-    """Every complete event of a file, line by line (a long run's file can be hundreds of MiB); a
-    partly written last line and lines that are not events are skipped. Reading a growing file
-    as it grows: engine.runs.follow.EventTail."""
+CHUNK_BYTES = 1 << 20  # one read of an events file: a reader's memory stays flat however long the run
+MAX_LINE = 16 << 20  # no event is this long: a "line" past it is garbage, dropped up to its newline
+
+
+class Lines:
+    """The complete lines of a byte stream read in chunks of any size (a chunk may end inside a
+    line or a character): the piece after the last newline waits for the next chunk. A piece
+    longer than MAX_LINE is dropped up to its newline and counted in `overlong`."""
+
+    def __init__(self):
+        self.partial = b""
+        self.skipping = False
+        self.overlong = 0
+
+    def split(self, chunk: bytes) -> list[bytes]:
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        if self.skipping:
+            if lines:
+                lines, self.skipping = lines[1:], False  # the rest of the overlong line
+            else:
+                self.partial = b""
+        if len(self.partial) > MAX_LINE:
+            self.overlong += 1
+            self.partial, self.skipping = b"", True
+        return lines
+
+
+def iter_events(path: str | Path, chunk_bytes: int | None = None) -> Iterator[dict]:
+    """Every complete event of a file, read CHUNK_BYTES at a time (a day-long run's file is GBs:
+    neither it nor a line without an end is ever held whole); a partly written last line and
+    lines that are not events are skipped. Reading a growing file as it grows, counting what it
+    skips: engine.runs.follow.EventTail."""
+    lines = Lines()
     try:
         with open(path, "rb") as fh:
-            for line in fh:
-                if line.endswith(b"\n") and line.strip():
-                    ev = parse(line)
-                    if ev is not None:
-                        yield ev
+            while True:
+                chunk = fh.read(chunk_bytes or CHUNK_BYTES)
+                if not chunk:
+                    return
+                for line in lines.split(chunk):
+                    if line.strip():
+                        ev = parse(line)
+                        if ev is not None:
+                            yield ev
     except OSError:
         return
 

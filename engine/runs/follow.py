@@ -18,22 +18,17 @@ STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still
 OUTPUT_EVERY_S = 0.5  # how often the log files are read
 
 
-CHUNK_BYTES = 1 << 20  # one read of events.jsonl: a reader's memory stays flat however long the run
-MAX_LINE = 16 << 20  # no event is this long: a "line" past it is garbage, skipped and counted once
-
-
 class EventTail:
-    """Incremental reader of a growing events file, CHUNK_BYTES at a time: a run of days has
+    """Incremental reader of a growing events file, events.CHUNK_BYTES at a time: a run of days has
     millions of events, and neither the file nor its parsed lines are ever held whole. A line is
     used once it ends in a newline (a line cut mid-write, or by a chunk, waits for its end); a line
     that is not a JSON object is counted, not raised."""
 
-    def __init__(self, path: str | Path, chunk_bytes: int = CHUNK_BYTES):
+    def __init__(self, path: str | Path, chunk_bytes: int | None = None):
         self.path = Path(path)
-        self.chunk_bytes = max(1, int(chunk_bytes))
+        self.chunk_bytes = max(1, int(chunk_bytes or events.CHUNK_BYTES))
         self._pos = 0
-        self._partial = b""
-        self._skipping = False  # inside a line longer than MAX_LINE: dropped up to its newline
+        self._split = events.Lines()
         self.malformed = 0
 
     def feed(self, fold, max_bytes: int | None = None) -> int:
@@ -69,17 +64,10 @@ class EventTail:
         return out
 
     def _lines(self, chunk: bytes) -> list[bytes]:
-        """The lines this chunk completes; the piece after its last newline waits for the next."""
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if self._skipping:
-            if lines:
-                lines, self._skipping = lines[1:], False  # the rest of the overlong line
-            else:
-                self._partial = b""
-        if len(self._partial) > MAX_LINE:
-            self.malformed += 1
-            self._partial, self._skipping = b"", True
+        """The lines this chunk completes; a line longer than events.MAX_LINE is one malformed."""
+        before = self._split.overlong
+        lines = self._split.split(chunk)
+        self.malformed += self._split.overlong - before
         return lines
 
     def _events(self, lines):

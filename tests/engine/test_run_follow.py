@@ -1,6 +1,8 @@
 """Following a run from outside (engine.runs.follow): events, log tails, process liveness."""
 from __future__ import annotations
 
+import pytest
+
 
 def test_worker_output_tail_reads_new_lines_only(tmp_path):
     from torchdeck.engine.runs.follow import FIRST_BYTES, OutputTail
@@ -125,7 +127,8 @@ def _follow(rd, chunk_bytes):
     from torchdeck.engine.runs.follow import Follower
 
     f = Follower(rd, outputs=False)
-    f.events.chunk_bytes = chunk_bytes
+    if chunk_bytes is not None:
+        f.events.chunk_bytes = chunk_bytes
     for _ in f.follow(interval=0.01):
         pass
     return f
@@ -199,26 +202,72 @@ def _peak(fn):
         tracemalloc.stop()
 
 
-def test_following_a_long_finished_run_holds_neither_the_file_nor_its_events(tmp_path):
-    """Issue 37: attach read the whole events.jsonl in one read() and parsed every line into a list
-    before folding (~3.7 KB a step event: GBs for a day-long run). Folded a chunk at a time, the
-    memory of reading a 9 MB file stays far below the file's own size (77 MB before)."""
-    rd = _long_run(tmp_path, 12000)
-    size = rd.events_path.stat().st_size
-    f, peak = _peak(lambda: _follow(rd, 1 << 20))
-    assert f.view.status == "finished" and f.view.ranks[1].step == 120000
-    assert size > 8e6 and peak < size / 2, f"reading a {size / 1e6:.1f} MB file peaked at {peak / 1e6:.1f} MB"
+CHUNK = 64 * 1024
 
 
-def test_metrics_and_stacks_read_a_long_run_line_by_line(tmp_path):
-    """`torchdeck metrics --csv/--tensorboard`, `torchdeck stacks` and the Monitor's stacks pane read
-    every event of a run that is over: as a list of all of them before (~8 KB a step event)."""
+@pytest.fixture
+def long_run(tmp_path, monkeypatch):
+    """A 2.2 MB run read in 64 KiB chunks (the readers' 1 MiB scaled down with the file)."""
+    from torchdeck.engine import events
+
+    monkeypatch.setattr(events, "CHUNK_BYTES", CHUNK, raising=False)
+    rd = _long_run(tmp_path, 3000)
+    assert rd.events_path.stat().st_size > 2e6
+    _read_all_ways(_long_run(tmp_path / "warm", 2), tmp_path)  # the modules each way imports: not in a peak
+    return rd
+
+
+def _read_all_ways(rd, tmp_path):
     from torchdeck.engine import metrics
     from torchdeck.engine.runs import stacks
 
-    rd = _long_run(tmp_path, 3000)
-    size = rd.events_path.stat().st_size
-    sink, peak = _peak(lambda: metrics.convert(rd.events_path, tmp_path / "m.csv"))
-    assert sink.rows == 6000 and peak < size / 2, f"metrics of a {size / 1e6:.1f} MB file peaked at {peak / 1e6:.1f} MB"
-    last, peak = _peak(lambda: stacks.last_recorded(rd))
-    assert last["reason"] == "hang" and peak < size / 2, f"stacks of it peaked at {peak / 1e6:.1f} MB"
+    return _follow(rd, None), metrics.convert(rd.events_path, tmp_path / "m.csv"), stacks.last_recorded(rd)
+
+
+CHUNKS_WORTH = 20 * CHUNK  # a chunk, its lines and the view: what a reader may hold, however long the file
+
+
+def test_following_a_long_finished_run_holds_neither_the_file_nor_its_events(long_run):
+    """Issue 37: attach read the whole events.jsonl in one read() and parsed every line into a list
+    before folding (~3.7 KB a step event: GBs for a day-long run, 19 MB for this file). Folded a
+    chunk at a time, reading it holds a few chunks' worth."""
+    f, peak = _peak(lambda: _follow(long_run, None))
+    assert f.view.status == "finished" and f.view.ranks[1].step == 30000
+    assert peak < CHUNKS_WORTH, f"reading a 2.2 MB file peaked at {peak / 1e6:.2f} MB"
+
+
+def test_metrics_and_stacks_read_a_long_run_a_chunk_at_a_time(long_run, tmp_path):
+    """`torchdeck metrics --csv/--tensorboard`, `torchdeck stacks` and the Monitor's stacks pane read
+    every event of a run that is over: as a list of all of them before (~15 MB for this file)."""
+    from torchdeck.engine import metrics
+    from torchdeck.engine.runs import stacks
+
+    sink, peak = _peak(lambda: metrics.convert(long_run.events_path, tmp_path / "m.csv"))
+    assert sink.rows == 6000 and peak < CHUNKS_WORTH, f"metrics of a 2.2 MB file peaked at {peak / 1e6:.1f} MB"
+    last, peak = _peak(lambda: stacks.last_recorded(long_run))
+    assert last["reason"] == "hang" and peak < CHUNKS_WORTH, f"stacks of it peaked at {peak / 1e6:.1f} MB"
+
+
+def test_every_reader_reads_in_chunks_and_drops_a_line_without_end(tmp_path, monkeypatch):
+    """events.iter_events (compare, metrics, tune, stacks) and EventTail (attach, the Monitor) split
+    lines with one rule at any chunk size; a "line" longer than events.MAX_LINE (garbage: no event
+    is 16 MiB) is dropped up to its newline, counted once as malformed by the tail, instead of
+    being gathered whole in memory."""
+    from torchdeck.engine import events
+    from torchdeck.engine.runs.follow import EventTail
+
+    rd, data = _mixed_run(tmp_path)
+    whole = list(events.iter_events(rd.events_path))
+    assert len(whole) > 80 and whole[-1]["kind"] == "run_finished"
+    for n in (1, 3, 64, data.index("é".encode()) + 1):
+        assert list(events.iter_events(rd.events_path, chunk_bytes=n)) == whole, n
+
+    monkeypatch.setattr(events, "MAX_LINE", 100)
+    p = tmp_path / "garbage.jsonl"
+    good = events.dumps({"kind": "log", "t": 1}).encode()
+    p.write_bytes(good + b"\n" + b"x" * 1000 + b'{"kind":"log"}\n' + good + b"\n" + b"y" * 500)
+    for n in (1, 7, 64, 4096):
+        assert list(events.iter_events(p, chunk_bytes=n)) == [{"kind": "log", "t": 1}] * 2, n
+        tail = EventTail(p, chunk_bytes=n)
+        assert tail.poll() == [{"kind": "log", "t": 1}] * 2 and tail.malformed == 2, n
+        assert tail._split.partial == b"", n  # the endless last "line" is not kept either
