@@ -523,7 +523,8 @@ def test_bad_arguments_get_one_line_and_start_nothing(tmp_path, capsys, monkeypa
     code = cli.main([command, str(preset), "--set", override.format(tmp=tmp_path), *extra])
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    assert err.startswith(f"{preset}: {field}: ") and words in err, err
+    # each bad value came from --set, so --set is blamed, not the preset (issue 35 bug 13)
+    assert err.startswith(f"--set: {field}: ") and words in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
     assert not _started_anything(tmp_path) and _children() <= before
     assert not any(m in __import__("sys").modules for m in ("typo_mod", "broken_mod", "needs_mod")), \
@@ -538,12 +539,12 @@ def test_bad_arguments_from_the_real_command_and_debug_shows_the_traceback(tmp_p
     (tmp_path / "typo_mod.py").write_text(USER_FILES["typo_mod.py"])
     r = torchdeck("run", str(preset), "--set", "model.name=typo_mod:biuld", cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == (f"{preset}: model.name: typo_mod ({tmp_path / 'typo_mod.py'}) defines no 'biuld'; "
+    assert r.stderr == (f"--set: model.name: typo_mod ({tmp_path / 'typo_mod.py'}) defines no 'biuld'; "
                         "did you mean 'typo_mod:build'?\n")
     assert not _started_anything(tmp_path)
     for args in (["--debug", "validate", str(preset)], ["validate", str(preset), "--debug"]):
         r = torchdeck(*args, "--set", "model.name=typo_mod:biuld", cwd=tmp_path, timeout=60)
-        assert r.returncode == 2 and r.stderr.startswith(f"{preset}: model.name: typo_mod"), args
+        assert r.returncode == 2 and r.stderr.startswith("--set: model.name: typo_mod"), args
         assert "Traceback (most recent call last)" in r.stderr and "_config_or_usage" in r.stderr, args
 
 
