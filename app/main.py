@@ -140,14 +140,6 @@ class TorchdeckApp(App):
         and the Runs list's Resume; `torchdeck resume RUN` headless)."""
         from ..engine.errors import TorchdeckError
         from ..engine.runs import control
-        from ..engine.runs.kind import kind_of_run
-        from ..engine.runs.layout import RunDir
-
-        kind = kind_of_run(RunDir(Path(path)))
-        if not kind.can_resume:  # a script run: its checkpoints are the script's own
-            self.notify(f"Cannot resume: {kind.does_not_apply('resume', kind.no_resume, Path(path).name)}",
-                        severity="error", timeout=10)
-            return
         try:
             cfg, origin, step, ckpt = control.resume_config(path)
             run = control.start(cfg, Path(path).parent, origin)

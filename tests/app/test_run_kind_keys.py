@@ -82,3 +82,23 @@ async def test_a_run_that_is_over_has_no_stop_or_kill_in_the_key_bar(tmp_path):
         await pilot.press("s")  # not offered, and still says why
         await pilot.pause(0.2)
         assert app.screen is screen and app.said("Cannot stop: the run is not running (status stopped)")
+
+
+async def test_r_on_a_script_run_in_the_runs_list_says_resume_does_not_apply(tmp_path, monkeypatch):
+    """The Runs list's R on a script run advised checkpoint.every_n_steps (a loop setting)."""
+    from tests.app.test_runs import open_runs, select
+
+    monkeypatch.setenv("TORCHDECK_PRESETS", str(tmp_path / "presets"))
+    run = script_run(tmp_path, [os.getpid(), os.getpid()])
+    run.pid_path.unlink()
+    run.write_final("stopped", exit_codes=[143, 143])
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_runs(pilot)
+        select(screen, run.path)
+        await pilot.press("R")
+        await until(pilot, lambda: app.said("Cannot resume:"), 10, "the answer")
+        said = next(m for m in app.messages if m.startswith("Cannot resume:"))
+        assert said.startswith(f"Cannot resume: resume does not apply to a script run ({run.name}): "), said
+        assert "checkpoint.every_n_steps" not in said
+        assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # nothing started
