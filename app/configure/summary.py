@@ -113,7 +113,12 @@ def script_facts(cfg: RunConfig) -> dict:
 
     n = nproc_per_node(cfg)
     first = cfg.nodes.node_rank * n  # global rank = node_rank x nproc_per_node + local rank
-    threads = str(cfg.script.env.get("OMP_NUM_THREADS") or threads_for(cfg, n))  # script.env wins in the rank
+    import os
+
+    from ...engine.launch.env import threads_of
+
+    # script.env's OMP_NUM_THREADS, else the one exported to the app (kept, as torchrun keeps it), else the plan
+    threads = str(threads_of(cfg.script.env, os.environ, threads_for(cfg, n)))
     per_rank = rank_devices(cfg)
     return {"n": n, "nodes": cfg.nodes.num_nodes, "world": world_size(cfg), "threads": threads,
             "devices": fmt.rank_groups([(first + r, ",".join(d)) for r, d in enumerate(per_rank)]),

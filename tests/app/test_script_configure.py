@@ -38,6 +38,7 @@ def project(tmp_path, monkeypatch):
     work.mkdir()
     (work / "train.py").write_text(TRAIN)
     monkeypatch.chdir(work)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an exported one is kept for the ranks
     return work
 
 
@@ -320,3 +321,19 @@ async def test_every_strategy_filled_validly_reaches_a_valid_summary_and_the_cpu
         await pilot.press("f5")
         run = await wait_finished(pilot, app)
         assert run.config().strategy == strategy
+
+
+def test_a_script_summarys_threads_are_the_ones_its_ranks_get(monkeypatch):
+    """script.env's OMP_NUM_THREADS, else the one exported (kept, as torchrun keeps it), else the plan:
+    engine.launch.env.threads_of, which the ranks' environment is built with."""
+    from torchdeck.app.configure.summary import describe
+
+    def cfg(env=None):
+        return cfgmod.from_dict({"name": "t", "strategy": "script", "devices": 2,
+                                 "train": {"threads_per_rank": 4}, "script": {"path": "train.py", "env": env or {}}})
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "· 4 threads/rank ·" in describe(cfg())
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert "· 5 threads/rank ·" in describe(cfg())
+    assert "· 3 threads/rank ·" in describe(cfg({"OMP_NUM_THREADS": "3"}))

@@ -142,5 +142,6 @@ def test_configure_script_preset(snap_compare, tmp_path, monkeypatch, size):
         "script": {"path": "train.py", "args": ["--epochs", "3", "--name", "a b"], "env": {"NCCL_DEBUG": "INFO"},
                    "cwd": SCRIPT_DIR}}))
     monkeypatch.setenv("TORCHDECK_PRESETS", str(presets))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # exported, it would be the threads shown
     app = TorchdeckApp(preset="myscript", gpu_source=fake_gpus(), runs_root=tmp_path / "runs")
     assert snap_compare(app, terminal_size=size, run_before=settle)
