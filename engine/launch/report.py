@@ -14,7 +14,14 @@ mixed in. Until then (and on a rank that never passes one) the step is the optim
   over the last window.
 - log() sends a step event at its first call, then at most one every TORCHDECK_LOG_EVERY_S
   seconds (default 0.05; 0: every call) with the newest call's numbers, samples/s and tokens/s
-  over the calls since the last one sent, and what is left at exit. Every event costs the node's
+  over the calls since the last one sent. The numbers it holds meanwhile go out within that window
+  whatever the script does next (a rank that logs, then hangs in a collective and is stopped,
+  showed the step before its last): the next call, the next optimizer step or the exit sends
+  them if the window has passed, else a daemon thread does at the window's end (started at the
+  first held call; it only ever waits on a condition and writes to the non-blocking pipe). No
+  SIGTERM handler: Python runs one only between the main thread's bytecodes, so a rank stuck in
+  a C++ collective would outlive its stop until SIGKILL; held numbers are at most one window old
+  when the stop comes. Every event costs the node's
   supervisor CPU, on a host whose cores all train taken from the ranks: about 0.1 ms an event at
   the coalesced rate (the supervisor reads the pipes in rounds, engine/launch/ranks.py), 25 us at
   hundreds a second; a script logging every 10 ms step would still spend 1-1.5 % of a core on
@@ -28,6 +35,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -61,6 +69,10 @@ class _State:
         self.samples = self.tokens = None  # summed over the calls since the last event sent
         self.bad = 0  # metric values log() skipped, all calls together
         self.script_step = None  # the last step= the script passed: this rank's step from then on
+        # guards pending/log_t/samples/tokens between log(), the hook and the flusher thread; an
+        # RLock so that a signal handler calling log() inside log() cannot deadlock its own thread
+        self.held = threading.Condition(threading.RLock())
+        self.flusher = None  # the daemon thread sending held numbers at the window's end
 
 
 _state = _State()
@@ -71,6 +83,8 @@ def _forked() -> None:
     call goes out at once, not coalesced into the parent's window (whose end it may never reach:
     multiprocessing's children leave through os._exit, without the exit flush)."""
     _state.log_t, _state.pending, _state.samples, _state.tokens = None, None, None, None
+    _state.held = threading.Condition(threading.RLock())  # the parent's may have been held at the fork
+    _state.flusher = None  # threads do not survive a fork
 
 
 if hasattr(os, "register_at_fork"):
@@ -100,6 +114,8 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
             return
         s.steps += 1
         now = time.monotonic()
+        if s.pending is not None:
+            _send_held(now)
         if s.steps == 1:
             s.win_t, s.win_steps = now, 1
             _send_step(now, step=_step_now(), steps_per_s=None, epoch=None, loss=None)
@@ -118,7 +134,9 @@ def flush() -> None:
     s = _state
     try:
         if s.pending is not None:  # log() numbers coalesced since the last event: they go now
-            _send_log(time.monotonic())
+            with s.held:
+                if s.pending is not None:
+                    _send_log(time.monotonic())
         if s.steps and s.steps != s.sent_steps:
             now = time.monotonic()
             rate = s.rate  # the last window's, unless the one under way is long enough to say
@@ -299,44 +317,96 @@ def _send_log(now: float) -> None:
     _send_step(now, **fields)
 
 
+def _send_held(now: float) -> bool:
+    """Send the held log() numbers if the window since the last log event has passed."""
+    s = _state
+    with s.held:
+        if s.pending is None or s.log_t is None or now - s.log_t < s.log_every_s:
+            return False
+        _send_log(now)
+        return True
+
+
+def _flush_held() -> None:
+    """The flusher thread: held numbers go out at the end of their window if nothing sent them."""
+    s = _state
+    held = s.held
+    while True:
+        try:
+            with held:
+                while s.pending is None:
+                    held.wait()
+                left = s.log_t + s.log_every_s - time.monotonic()
+                if left > 0:
+                    held.wait(left)  # a call meanwhile may send them itself: checked again below
+                else:
+                    _send_held(time.monotonic())
+        except Exception:  # noqa: BLE001 - never end the process's reporting on a bad event
+            time.sleep(s.log_every_s or 0.05)
+
+
+def _start_flusher() -> None:
+    s = _state
+    if s.flusher is None:
+        s.flusher = threading.Thread(target=_flush_held, name="torchdeck-log-flush", daemon=True)
+        s.flusher.start()
+
+
 def log(metrics, step=None, samples=None, tokens=None) -> None:
     """One step event with the script's own numbers (torchdeck.log: see its docstring)."""
     try:
         ch = channel.get()
         if ch is None or ch.closed:
             return
+        loss, values, skipped = _metrics(metrics)  # outside the lock: .item() may wait for a GPU
         s = _state
-        now = time.monotonic()
-        s.log_calls += 1
-        loss, values, skipped = None, {}, 0
-        for key, value in (metrics.items() if isinstance(metrics, dict) else ()):
-            try:
-                x = _number(value)
-            except Exception:  # noqa: BLE001 - a tensor that cannot be read
-                x = _NOT_A_NUMBER
-            if x is _NOT_A_NUMBER:
-                skipped += 1
-            elif key == "loss":
-                loss = x
-            else:
-                values[str(key)] = x
-        if not isinstance(metrics, dict):
-            skipped += 1
-        given = _step_number(step)
-        if given is None:
-            if step is not None:
-                skipped += 1
-            step = s.script_step if s.script_step is not None else s.steps or s.log_calls
-        else:
-            step = s.script_step = given  # the script's numbering from here on (module docstring)
-        s.samples, bad_s = _add(s.samples, samples)
-        s.tokens, bad_t = _add(s.tokens, tokens)
-        skipped += bad_s + bad_t
-        s.pending = dict(step=step, epoch=None, loss=loss, metrics=values)
-        if skipped:
-            s.bad += skipped
-            s.pending["skipped"] = skipped
-        if s.log_t is None or now - s.log_t >= s.log_every_s:
-            _send_log(now)
+        with s.held:
+            _hold(s, loss, values, skipped, step, samples, tokens)
     except Exception:  # noqa: BLE001 - never raise into the user's training loop
         _state.bad += 1
+
+
+def _metrics(metrics) -> tuple:
+    """(loss, the other numbers by name, how many values were skipped)."""
+    loss, values, skipped = None, {}, 0
+    for key, value in (metrics.items() if isinstance(metrics, dict) else ()):
+        try:
+            x = _number(value)
+        except Exception:  # noqa: BLE001 - a tensor that cannot be read
+            x = _NOT_A_NUMBER
+        if x is _NOT_A_NUMBER:
+            skipped += 1
+        elif key == "loss":
+            loss = x
+        else:
+            values[str(key)] = x
+    if not isinstance(metrics, dict):
+        skipped += 1
+    return loss, values, skipped
+
+
+def _hold(s, loss, values, skipped, step, samples, tokens) -> None:
+    """This call's numbers become the held ones; sent now if the window has passed."""
+    now = time.monotonic()
+    s.log_calls += 1
+    given = _step_number(step)
+    if given is None:
+        if step is not None:
+            skipped += 1
+        step = s.script_step if s.script_step is not None else s.steps or s.log_calls
+    else:
+        step = s.script_step = given  # the script's numbering from here on (module docstring)
+    s.samples, bad_s = _add(s.samples, samples)
+    s.tokens, bad_t = _add(s.tokens, tokens)
+    skipped += bad_s + bad_t
+    was_held = s.pending is not None
+    s.pending = dict(step=step, epoch=None, loss=loss, metrics=values)
+    if skipped:
+        s.bad += skipped
+        s.pending["skipped"] = skipped
+    if s.log_t is None or now - s.log_t >= s.log_every_s:
+        _send_log(now)
+    elif not was_held:  # newly held: the flusher sends them at the window's end if nothing else does
+        if s.flusher is None:
+            _start_flusher()
+        s.held.notify()

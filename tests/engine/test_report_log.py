@@ -78,3 +78,37 @@ def test_nanogpt_style_rank_0_logging_0_based_steps_under_launch(tmp_path):
     assert set(series(r0[first:])) <= {0, 5, 10, 15}, (
         f"rule 'an explicit step= is the rank's step; the hook's count is not mixed in': {series(r0)}")
     assert r1[-1]["step"] == 16 and series(r1) == sorted(series(r1))
+
+
+HELD = """
+    import os, time
+    import torchdeck
+    def burst(last):  # inside one 50 ms window: only the first call goes out at once
+        for i in range(1, last + 1):
+            torchdeck.log({"loss": 1.0 / i}, step=i, samples=8)
+    burst(30)
+    pid = os.fork()
+    if pid == 0:  # a forked child reports on its own (its own flusher: threads do not survive a fork)
+        os.environ["RANK"] = "5"
+        burst(20)
+        time.sleep(0.5)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    burst(40)
+    time.sleep(0.5)  # then the rank hangs: the held numbers must not wait for a next call
+    os._exit(0)  # ended without the shim's exit flush, as a SIGKILL or a script's own os._exit
+"""
+
+
+def test_held_log_numbers_go_out_within_the_window_without_a_next_call_or_an_exit(tmp_path):
+    """Coalesced numbers were held until the next call or the exit: a rank that logged step=30 then
+    hung and was stopped showed step 1 (issue 35 bug 12). The flusher thread sends them at the
+    window's end; in a forked child too."""
+    run = launch([str(script(tmp_path, HELD))], cwd=tmp_path, env={"TORCHDECK_LOG_EVERY_S": "0.05"})
+    assert run.rc == 0, run.stderr
+    steps = run.kinds("step")
+    mine, child = [e for e in steps if e["rank"] == 1], [e for e in steps if e["rank"] == 5]
+    assert child and child[-1]["step"] == 20 and child[-1]["loss"] == 1.0 / 20, series(child)
+    assert mine[-1]["step"] == 40 and mine[-1]["loss"] == 1.0 / 40, series(mine)
+    assert 30 in series(mine), series(mine)  # the first burst's last, before the second's first went out
+    assert all(e["samples_per_s"] is None or e["samples_per_s"] > 0 for e in mine)
