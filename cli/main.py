@@ -218,14 +218,16 @@ def script_exit_code(view) -> int:
 def _launch(args, cfg, origin: dict, root=None) -> int:
     from .progress import Display
     from ..engine.runs import control
+    from ..engine.runs.kind import kind_of
 
+    kind = kind_of(cfg)
     if cfg.accelerator == "cuda":
         from ..engine.hardware import visible_devices_warning
 
         warn = visible_devices_warning()
         if warn:
             _err("warning: " + warn)
-    if cfg.strategy == "script":  # the folder the ranks start in, as the run records it
+    if kind.ranks_from_shim:  # the folder the ranks start in, as the run records it
         from ..engine.preflight import script_cwd
 
         cfg.script.cwd = str(script_cwd(cfg).resolve())
@@ -245,7 +247,7 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
         if n == 1:
             control.request_stop(run)
             print(f"stopping: SIGTERM to the script's ranks, SIGKILL after {cfg.script.stop_grace_s:g} s; Ctrl-C "
-                  "again to kill" if cfg.strategy == "script" else
+                  "again to kill" if kind.is_script else
                   "stopping: finishing the step and checkpointing; Ctrl-C again to kill", flush=True)
         else:
             pids = control.kill(run)
@@ -253,8 +255,8 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
         return True
 
     view = follow(run, Display(), on_interrupt, output=_rank_output(run, getattr(args, "output_rule", None), True)
-                  if cfg.strategy == "script" else None)
-    return script_exit_code(view) if cfg.strategy == "script" else _exit_for(view)
+                  if kind.shows_rank_output else None)
+    return script_exit_code(view) if kind.exits_as_torchrun else _exit_for(view)
 
 
 def _rank_output(run, rule=None, whole: bool = True):

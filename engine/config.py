@@ -17,6 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from .errors import TorchdeckError
 from .files import write_atomic
 from .network import host_problem
+from .runs.kind import kind_of
 
 SCHEMA_VERSION = 1
 
@@ -280,9 +281,14 @@ class RunConfig:
     script: ScriptConfig = field(default_factory=ScriptConfig)
 
     @property
+    def kind(self):
+        """Torchdeck's loop or the user's script (engine.runs.kind): what applies to such a run."""
+        return kind_of(self.strategy)
+
+    @property
     def is_script(self) -> bool:
         """A run of the user's own script (strategy script): the loop's sections do not apply."""
-        return self.strategy == "script"
+        return self.kind.is_script
 
     # ------------------------------------------------------------------ derived values
     # (processes per node, world size and global batch are the strategy's to say:
@@ -453,11 +459,12 @@ def from_dict(data: dict | None, source: str | None = None, hw=None) -> RunConfi
 
 def _normalize(cfg: RunConfig, problems: list) -> None:
     """Turn Lightning-style `devices` into its canonical form for the accelerator."""
-    if cfg.strategy == "script":
+    script = kind_of(cfg).is_script
+    if script:
         _normalize_script(cfg.script, problems)
     d = cfg.devices
     if cfg.accelerator == "cpu":
-        if cfg.strategy == "script" and d == "auto":  # one process per usable core (torchrun's cpu)
+        if script and d == "auto":  # one process per usable core (torchrun's cpu)
             return
         if isinstance(d, bool) or not isinstance(d, int):
             problems.append(("devices", f"with accelerator cpu, devices is the number of processes; got {d!r}"))
@@ -541,7 +548,7 @@ def validate(cfg: RunConfig, hw=None) -> list[tuple[str, str]]:
     this host, when hw is given). Returns (field, reason) pairs; empty means valid as far as the
     schema sees. engine.preflight.validate adds the rules that need the strategy."""
     p = _Problems()
-    if cfg.strategy == "script":  # the loop's fields (model, data, train...) do not apply
+    if kind_of(cfg).is_script:  # the loop's fields (model, data, train...) do not apply
         p.choice("accelerator", cfg.accelerator, ACCELERATORS)
         _nodes_rules(cfg, p)
         _script_rules(cfg, p)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import config as cfgmod
 from . import strategies
+from .runs.kind import kind_of
 
 Problem = tuple[str, str]  # (field path, what is wrong and what to do)
 
@@ -115,7 +116,7 @@ def cpu_ranks_advice(cfg, cores: int | None = None) -> str | None:
         return None
     from .cache import fmt_bytes, plan
 
-    data = None if cfg.strategy == "script" else plan(cfg, ranks)  # a script's data is its own
+    data = plan(cfg, ranks) if kind_of(cfg).loop_config else None  # a script's data is its own
     held = "" if data is None else (f", each with its own {fmt_bytes(data.nbytes)} of data ({fmt_bytes(data.node_bytes)} in all)"
             if data.nbytes and not data.shared else "")
     return (f"{ranks} CPU ranks on {cores} usable core{'s' if cores != 1 else ''}: they take turns on the "
@@ -370,7 +371,7 @@ def looks_like_checkpoint(path: Path) -> bool:
 
 def file_problems(cfg) -> list[Problem]:
     """What the schema cannot see: folders and files the config names, and user code."""
-    if cfg.strategy == "script":
+    if kind_of(cfg).is_script:
         return script_problems(cfg)
     strategy = strategies.get_strategy(cfg.strategy)
     problems: list[Problem] = strategy.preflight(cfg)  # deepspeed: its ds_config.json, its resume folder
@@ -581,7 +582,7 @@ def describe_script(cfg) -> list[str]:
 
 def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
-    if cfg.strategy == "script":
+    if kind_of(cfg).is_script:
         return describe_script(cfg)
     from .runs import fmt
 

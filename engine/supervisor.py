@@ -29,6 +29,7 @@ from .errors import TorchdeckError
 from .losses import said as loss_said
 from .runs import stacks
 from .runs.layout import RunDir
+from .runs.kind import kind_of
 from .runs.status import Status
 from .runs.view import RunView
 from .preflight import length, load
@@ -455,11 +456,12 @@ def lone_node_warning(cfg) -> str | None:
 def _kind_fields(cfg) -> dict:
     """run_started's fields that depend on what the ranks run: the run's length for our loop; for
     a user's script, kind "script" and its command line (the length is the script's to know)."""
-    if cfg.strategy != "script":
+    kind = kind_of(cfg)
+    if kind.loop_config:
         return {**length(cfg).fields(), "loss": loss_said(cfg.train.loss)}  # total_steps, epochs, end_epoch, ends_by; train.loss
     from .launch.ranks import command
 
-    return {"run_kind": "script", "command": command(cfg.script), "total_steps": None, "epochs": None,
+    return {"run_kind": kind.name, "command": command(cfg.script), "total_steps": None, "epochs": None,
             "end_epoch": None, "ends_by": None, "steps_per_epoch": None}
 
 
@@ -583,7 +585,7 @@ class Supervisor:
             usercode.add_folders(*usercode.run_folders(rd.path))  # the user's module:callable: where it
             usercode.extend_path()  # was launched from, and its preset's folder; spawned ranks inherit sys.path
             self.timeout_s = cfg.nodes.timeout_s
-            if cfg.strategy == "script":
+            if kind_of(cfg).ranks_from_shim:
                 self.script, self.stop_grace_s = True, float(cfg.script.stop_grace_s)
             plan = self._plan(cfg)
         except (TorchdeckError, OSError) as exc:  # a bad config, a taken port, a missing ds_config

@@ -258,3 +258,29 @@ def test_bare_torchdeck_opens_the_app_without_building_the_parser():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "APP None False", out.stdout
+
+
+# ----------------------------------------------------------------------------- the run kind, asked
+
+# a test of the run kind by its name, as issue 36 item 2 greps for it (quotes either way, and the
+# kind's name on the left too)
+KIND_TEST = re.compile(r"""[=!]=\s*(["'])script\1|(["'])script\2\s*(?:[=!]=|(?:not\s+)?in\b)""")
+# where the name may be tested: the run kinds themselves, and the script strategy naming itself
+KIND_OWNERS = {"engine/runs/kind.py", "engine/strategies/script.py"}
+KIND_ASKERS = ("engine", "cli")  # app/ to be added once its screens ask the kind too
+
+
+def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
+    """What a script run is (its config, its ranks, what stop does, what its views show) lives in
+    engine/runs/kind.py: `kind_of(x).is_script` or one of its properties, never `== "script"` in a
+    caller (issue 36 item 2: 27 such tests in 9 files, each writing its own answer)."""
+    bad = []
+    for top in KIND_ASKERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel in KIND_OWNERS:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if KIND_TEST.search(line):
+                    bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, "the run kind tested by name (ask engine.runs.kind.kind_of(...) instead):\n" + "\n".join(bad)

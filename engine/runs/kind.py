@@ -20,6 +20,18 @@ class Kind:
     no_resume: str = ""
     no_eval: str = ""
     no_memory_estimate: str = ""
+    # torchdeck's loop sections (model, data, train, optimizer, checkpoint) configure it: its length,
+    # global batch and data are torchdeck's to know; False: the script's own, unknown to torchdeck
+    loop_config: bool = True
+    # its ranks are the user's program run by engine/launch (the shim, in script.cwd, SIGTERM on a
+    # stop), not torchdeck's spawned loop
+    ranks_from_shim: bool = False
+    # the front ends print what its ranks print (as torchrun does) and exit with the failing rank's
+    # code (torchrun's rule) rather than torchdeck's status codes
+    shows_rank_output: bool = False
+    exits_as_torchrun: bool = False
+    # the start-up breakdown's name for the time before the first phase a rank reports
+    first_phase: str = "torch import"
 
     @property
     def is_script(self) -> bool:
@@ -61,6 +73,8 @@ SCRIPT_KIND = Kind(
     no_resume="torchdeck holds no checkpoint of it; resume inside your script and launch it again",
     no_eval="torchdeck holds neither its model nor a checkpoint of it; evaluate in your script",
     no_memory_estimate="the model and batch are your script's, torchdeck cannot see them before it runs",
+    loop_config=False, ranks_from_shim=True, shows_rank_output=True, exits_as_torchrun=True,
+    first_phase="python, imports",  # a script's: up to its rendezvous
 )
 # the names the brief and callers use
 loop, script = LOOP, SCRIPT_KIND

@@ -18,6 +18,7 @@ import sys
 import time
 
 from . import fleet, fmt, metric
+from .kind import kind_of
 from .status import Status
 from .view import RankState, RunView
 
@@ -80,7 +81,7 @@ def _task_parts(view: RunView, now: float) -> list[tuple[int, str]]:
 def header(view: RunView, now: float, width: int, command: bool = True) -> str:
     """status | strategy | world | step | elapsed | ETA | samples/s | val acc; the least useful
     parts go first when the terminal is narrow. command: a script run's ends with its command."""
-    if view.run_kind == "script":
+    if kind_of(view).is_script:
         return script_header(view, now, width, command)
     step, total = view.progress()
     parts = _head(view, now, f"step {step}/{total or '?'}")
@@ -98,7 +99,7 @@ _OPTIONAL = ("device", "comm", "wait", "tokens", "loss", "epoch")
 
 
 def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
-    if view.run_kind == "script":
+    if kind_of(view).is_script:
         return script_rank_line(view, r, now, width)
     total = r.total_steps or view.total_steps
     cells = {
@@ -136,7 +137,7 @@ def rank_line(view: RunView, r: RankState, now: float, width: int) -> str:
 
 
 def compact(view: RunView, now: float, width: int, every_node: bool = False) -> list[str]:
-    if view.run_kind == "script":
+    if kind_of(view).is_script:
         return script_compact(view, now, width, every_node)
     ranks = view.rank_list()
     sps = [r.samples_per_s for r in ranks]
@@ -252,7 +253,7 @@ def log_text(line) -> str:
 def summary(view: RunView, now: float) -> list[str]:
     """Final lines: status, accuracy, and for a failure the root cause with its traceback tail
     (a script run: its exit code and the steps each rank took instead of an accuracy)."""
-    if view.run_kind == "script":
+    if kind_of(view).is_script:
         lines = script_summary(view, now)
     else:
         main = view.main()
@@ -541,7 +542,7 @@ class RankOutput:
 
     def poll(self, view: RunView) -> list[str]:
         """The new lines, prefixed; nothing until the run says it runs a script (run_started)."""
-        if view.run_kind != "script":
+        if not kind_of(view).shows_rank_output:
             return []
         got = []
         for _ in range(self.ROUNDS):
@@ -560,7 +561,7 @@ class RankOutput:
 
     def drain(self, view: RunView) -> list[str]:
         """Everything left once the run is over, its last unterminated lines too."""
-        if view.run_kind != "script":
+        if not kind_of(view).shows_rank_output:
             return []
         out = []
         while True:

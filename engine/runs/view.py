@@ -407,8 +407,9 @@ class RunView:
         for st in self.ranks.values():
             st.total_steps = st.total_steps or self.total_steps
         port = ev.get("master_port")
-        batch = f", global batch {self.global_batch or '?'}" if self.run_kind != "script" else ""  # the script's own
-        what = " ".join(self.command) if self.run_kind == "script" and self.command else self.strategy
+        kind = kind_of(self)
+        batch = f", global batch {self.global_batch or '?'}" if kind.loop_config else ""  # else the script's own
+        what = " ".join(self.command) if kind.ranks_from_shim and self.command else self.strategy
         self._log(t, "info", None, f"run started: {what}, world size {self.world_size}{batch}, devices "
                                    f"{fmt.device_list(self.devices) or '?'}" + (f", master port {port}" if port else ""))
 
@@ -928,7 +929,7 @@ class RunView:
         if self.started_t is None:
             return []
         n = self.first_step
-        first = "python, imports" if self.run_kind == "script" else "torch import"  # a script's: up to its rendezvous
+        first = kind_of(self).first_phase
         marks = [(first, self.started_t)] + [
             (name, self.phase_t[p]) for p, name in (("rendezvous", "rendezvous"), ("script", "script set-up"),
                                                     ("data", "data"),
