@@ -166,7 +166,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     reps = min(reps, 5)
     imp = [import_time() for _ in range(reps)]
     fs = [first_screen(_torchdeck_argv(), env=_env(), cwd=str(C.ROOT)) for _ in range(reps)]
-    window, warm = (3.0, 1.0) if quick else (20.0, 4.0)
+    window, warm = (1.5, 0.5) if quick else (20.0, 4.0)
     attach = None
     if importlib.util.find_spec("torchdeck.app.monitor") is None:
         lv = {"skipped": "app.monitor is not there yet"}

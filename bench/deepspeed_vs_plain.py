@@ -23,7 +23,7 @@ HIDDEN = 2048  # mlp width for the memory job
 
 
 def sizes(quick: bool) -> dict:
-    return dict(steps=30, warm=10, batch=32, train=4096, tutorial_steps=20, mem_steps=6) if quick else \
+    return dict(steps=12, warm=4, batch=32, train=1024, tutorial_steps=20, mem_steps=3) if quick else \
         dict(steps=200, warm=40, batch=64, train=16384, tutorial_steps=60, mem_steps=30)
 
 
@@ -70,6 +70,8 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
                    ["script", "samples/s (global)", "start-up s", "first step s", "vs plain"], rows)
     text += (f"\ntorchdeck/plain {C.fmt(ratio)} (target >= {TARGET}: {C.verdict(ratio, TARGET)}); "
              f"torchdeck/batch-fetch plain {C.fmt(e_tp / b_tp if e_tp and b_tp else None)}")
+    if quick:
+        text += "\nquick: torchdeck and the plain script only (batch fetch and the tutorial as written: full run)"
     return {"engine": eng, "plain": pl, "plain_batched": pb, "tutorial": tut, "ratio": ratio,
             "ratio_batched": e_tp / b_tp if e_tp and b_tp else None, "text": text}
 
@@ -93,14 +95,15 @@ def _memory(s: dict, quick: bool) -> dict:
                 train={"batch_size": 32, "max_steps": s["mem_steps"], "log_every_n_steps": 1})
     jobs = [("ddp", {"strategy": "ddp"}), ("zero (ZeroRedundancyOptimizer)", {"strategy": "zero"})]
     jobs += [(f"deepspeed ZeRO-{st}", {"strategy": "deepspeed", "deepspeed": {"stage": st}}) for st in (1, 2, 3)]
-    if quick:  # the suite's smoke run: the one DeepSpeed stage whose memory the table is for, without ddp's pair
+    if quick:  # the suite's smoke run: the one DeepSpeed stage whose memory the table is for, with the
+        # model only (ddp's pair and the tiny-model run it is subtracted from: full run)
         jobs = [jobs[-1]]
     params = sum(p.numel() for p in _mlp(HIDDEN).parameters())
     rows, out = [], {}
     for label, over in jobs:
         cfg = C.merge(base, over)
         big = _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": HIDDEN}}), root)
-        small = _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": 16}}), root)
+        small = [None] * RANKS if quick else _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": 16}}), root)
         grown = [round(b - t, 1) if b and t else None for b, t in zip(big, small)]
         out[label] = {"model_mb": grown, "peak_rss_mb": big, "tiny_model_peak_rss_mb": small}
         rows.append([label, *grown, max(big) if all(big) else None])
@@ -111,6 +114,8 @@ def _memory(s: dict, quick: bool) -> dict:
                    f"one): {RANKS} ranks, mlp {HIDDEN} ({params / 1e6:.1f} M parameters, "
                    f"{params * 4 / 2 ** 20:.0f} MiB fp32), Adam, batch 32, {s['mem_steps']} steps",
                    ["strategy"] + [f"rank {r}" for r in range(RANKS)] + ["peak RSS", "vs ddp"], rows)
+    if quick:
+        text += "\nquick: deepspeed ZeRO-3 with the model only (ddp, zero, ZeRO-1/2 and the tiny-model runs: full run)"
     return {"per_strategy": out, "params": params, "text": text}
 
 

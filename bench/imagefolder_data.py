@@ -35,6 +35,20 @@ def make_folder(root: Path, train: int = 2000, val: int = 500, size: int = 32, c
     return root
 
 
+_SHARED: dict[tuple, Path] = {}
+
+
+def shared_folder(train: int, val: int, size: int = 32) -> Path:
+    """One folder per size for this process: imagefolder_vs_plain and loader_start read the same
+    pictures, written once (in a --quick run they are the same size)."""
+    key = (train, val, size)
+    if key not in _SHARED:
+        from bench import common as C
+
+        _SHARED[key] = make_folder(C.tmpdir("imagefolder-data") / "pngs", train, val, size)
+    return _SHARED[key]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")

@@ -13,15 +13,15 @@ asks for the defaults a user would pick): the ratios say what each way of starti
 from __future__ import annotations
 
 from bench import common as C
-from bench.imagefolder_data import make_folder
+from bench.imagefolder_data import shared_folder
 
 NAME = "loader_start"
 RANKS = 2
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    s = dict(train=400, val=100, epochs=1, batch=32) if quick else dict(train=2000, val=500, epochs=3, batch=32)
-    folder = make_folder(C.tmpdir("imagefolder_vs_plain-data") / "pngs", s["train"], s["val"], 32)
+    s = dict(train=256, val=64, epochs=1, batch=32) if quick else dict(train=2000, val=500, epochs=3, batch=32)
+    folder = shared_folder(s["train"], s["val"], 32)  # imagefolder_vs_plain's, when it ran first
     root = C.tmpdir(NAME)
     samples = s["epochs"] * s["train"]
 
@@ -73,5 +73,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                    f"{RANKS} ranks gloo, 1 loader worker/rank, {s['epochs']} epochs, median of {reps}",
                    ["what", "first step s", "wall s", "samples/s", "val acc", "vs plain forked", "runs wall s"], rows)
     text += f"\ntorchdeck auto/plain forked {C.fmt(ratio)} (paired {C.fmt(paired)}; no target)"
+    if quick:
+        text += "\nquick: torchdeck auto and the plain script with forked workers only (the others: full run)"
     return {"name": NAME, "text": text, "sizes": s, "reps": reps, "auto": auto, "fork": fork, "spawn": spawn,
             "plain": plain, "plain_fork": plain_fork, "ratio": ratio, "paired": paired, "targets": []}
