@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from torchdeck.engine import events
 from torchdeck.engine.runs.layout import RunDir
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
@@ -41,6 +42,15 @@ def _wait_for(cond, what, deadline_s=60.0, seen=lambda: ""):
         time.sleep(0.05)
 
 
+def last_steps(run) -> dict:
+    """Each rank's newest step in events.jsonl."""
+    out = {}
+    for ev in events.read_all(run.events_path):
+        if ev.get("kind") == "step":
+            out[ev["rank"]] = ev["step"]
+    return out
+
+
 def test_a_rank_that_logs_then_hangs_and_is_stopped_shows_its_last_logged_step(tmp_path):
     (tmp_path / "train.py").write_text(HANG)
     r = torchdeck("launch", "--detach", "--nproc-per-node", "2", "train.py", cwd=tmp_path)
@@ -52,6 +62,10 @@ def test_a_rank_that_logs_then_hangs_and_is_stopped_shows_its_last_logged_step(t
             log = run.rank_log(rank)
             _wait_for(lambda: log.exists() and "hanging" in log.read_text(), f"rank {rank} hanging",
                       seen=lambda: log.read_text() if log.exists() else "(no log yet)")
+        # sent while the ranks hang (within the 50 ms window, a few seconds allowed on a busy host),
+        # so the stop below races nothing
+        _wait_for(lambda: last_steps(run) == {0: 28, 1: 30}, "held numbers sent while the ranks hang",
+                  deadline_s=10, seen=lambda: last_steps(run))
     finally:  # stopped whatever happens: a rank left sleeping would outlive the test
         stop = torchdeck("stop", run.name, "--wait", "60", cwd=tmp_path)
     assert stop.returncode == 0 and "run stopped" in stop.stdout, stop.stdout + stop.stderr
