@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
 from ...engine import config as C
+from ...engine.runs.kind import kind_of
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")
@@ -99,6 +100,16 @@ def _custom_model(v) -> bool:
     return v("model.name") not in C.BUILTIN_MODELS
 
 
+def _script(v) -> bool:
+    """A run of the user's own script (torchdeck launch), not torchdeck's loop."""
+    return kind_of(v("strategy")).is_script
+
+
+def _spans_nodes(v) -> bool:
+    """Ranks on several nodes: a distributed strategy's, or a script's (torchrun's node flags)."""
+    return v("strategy") in DISTRIBUTED or _script(v)
+
+
 # path -> predicate over a value getter; a field with an error shows whatever this says
 _SHOWN_WHEN: dict[str, Callable] = {
     "backend": lambda v: v("strategy") in DISTRIBUTED,
@@ -125,17 +136,17 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "scheduler.warmup_steps": lambda v: v("scheduler.name") in ("warmup", "cosine", "onecycle"),
     "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
     # one node is always node 0; a count still being typed (not a number) shows it
-    "nodes.node_rank": lambda v: v("strategy") in DISTRIBUTED + ("script",) and v("nodes.num_nodes") != 1,
+    "nodes.node_rank": lambda v: _spans_nodes(v) and v("nodes.num_nodes") != 1,
     # parameters offload only under stage 3; a stage still being typed shows it
     "deepspeed.offload_param": lambda v: v("strategy") == "deepspeed" and v("deepspeed.stage") not in (0, 1, 2),
 }
 _PREFIX_SHOWN_WHEN = {
-    "nodes.": lambda v: v("strategy") in DISTRIBUTED + ("script",),
+    "nodes.": lambda v: _spans_nodes(v),
     "ddp.": lambda v: v("strategy") in ("ddp", "zero"),
     "model_parallel.": lambda v: v("strategy") == "model-parallel",
     "fsdp.": lambda v: v("strategy") == "fsdp",
     "deepspeed.": lambda v: v("strategy") == "deepspeed",
-    "script.": lambda v: v("strategy") == "script",  # the user's own script (torchdeck launch)
+    "script.": lambda v: _script(v),  # the user's own script (torchdeck launch)
 }
 # What torchdeck's own loop reads, and a script run (strategy script) does not: hidden there, so the
 # form of a script run is its script, processes, nodes and environment. threads/rank stays: it is
@@ -165,7 +176,7 @@ class Field:
 
     def shown(self, value_of: Callable[[str], Any]) -> bool:
         if (self.path.startswith(_LOOP_ONLY) and self.path not in _SCRIPT_USES
-                and value_of("strategy") == "script"):
+                and _script(value_of)):
             return False
         rule = _SHOWN_WHEN.get(self.path)
         if rule is None:

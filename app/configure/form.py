@@ -22,6 +22,7 @@ from textual.widgets.selection_list import Selection
 from .fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
 from ...engine.config import SCHEMA_VERSION, RunConfig
+from ...engine.runs.kind import kind_of
 
 # Fields of the first section built with the first frame. None: the first frame is the screen's
 # frame (title, section heading, summary, key bar) and the whole first section follows one refresh
@@ -394,7 +395,7 @@ class ConfigForm(VerticalScroll):
         """A loop preset's name and description say nothing of a user's script: a script run takes
         its name from the script (as `torchdeck launch` does) while the name is one the form or such
         a preset put there, never one the user typed."""
-        loop = self.data.get("strategy") != "script"
+        loop = not kind_of(self.data.get("strategy")).is_script
         self._loop_name = self.data.get("name", "")
         self._given_names = {self._loop_name} if loop else set()
         self._loop_description = self.data.get("description") if loop else None
@@ -408,7 +409,7 @@ class ConfigForm(VerticalScroll):
             set_path(self.data, path, text)
 
     def _name_from_script(self) -> None:
-        if self.value_of("strategy") != "script" or self.value_of("name") not in self._given_names:
+        if not kind_of(self.value_of("strategy")).is_script or self.value_of("name") not in self._given_names:
             return
         name = script_name(self.value_of("script.path"), self.value_of("script.module"))
         self._given_names.add(name)
@@ -618,11 +619,11 @@ class ConfigForm(VerticalScroll):
 
         if strategy not in names():
             return
-        if strategy == "script":
+        if kind_of(strategy).is_script:
             self._name_from_script()
             if self._loop_description and self.value_of("description") == self._loop_description:
                 self._put("description", "")  # the loop preset's words, not this script's
-        elif old_strategy == "script" and self._loop_description is not None:  # back to the loop preset's
+        elif kind_of(old_strategy).is_script and self._loop_description is not None:  # back to the loop preset's
             if self.value_of("name") in self._given_names:
                 self._put("name", self._loop_name)
             if self.value_of("description") == "":

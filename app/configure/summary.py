@@ -6,6 +6,7 @@ import shlex
 
 from .fields import flatten, override_text
 from ...engine.config import RunConfig
+from ...engine.runs.kind import kind_of
 
 
 def problems_line(problems: dict[str, str], most: int = 4) -> str:
@@ -43,7 +44,7 @@ def rank_devices(cfg: RunConfig) -> list[list[str]]:
 
 def describe(cfg: RunConfig) -> str:
     """One line: processes, world size, global batch, devices per rank."""
-    if cfg.strategy == "script":
+    if kind_of(cfg).is_script:
         return describe_script(cfg)
     per_rank = rank_devices(cfg)
     if len(per_rank) <= 4:
@@ -73,7 +74,7 @@ def data_line(cfg: RunConfig) -> str:
 
 def describe_lines(cfg: RunConfig, most_ranks: int = 8) -> list[str]:
     """The same facts one per line, for the side panel of a wide terminal (plain text)."""
-    if cfg.strategy == "script":
+    if kind_of(cfg).is_script:
         return script_lines(cfg)
     from ...engine.strategies import global_batch, nproc_per_node, world_size
 

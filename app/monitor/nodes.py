@@ -16,6 +16,7 @@ from textual.containers import Vertical, VerticalScroll
 
 from ...engine.runs import fleet as fl
 from ...engine.runs import fmt
+from ...engine.runs.kind import kind_of
 from ...engine.runs.view import RunView
 from .panes import (SEP, RanksPane, TextPane, balance_text, gpu_ranks, gpu_row, rank_header, rank_spread_text, rank_text,
                     script_rank_header, script_spread_text)
@@ -30,7 +31,7 @@ LABEL_STYLE = {"median": "dim", "slowest": "bold yellow", "data wait": "bold cya
 
 
 def _rank_head(state: RunView, width: int) -> Text:
-    return script_rank_header(width) if state.run_kind == "script" else rank_header(width, state)
+    return script_rank_header(width) if kind_of(state).is_script else rank_header(width, state)
 
 
 def ranks_summary(state: RunView, now: float, width: int) -> Text:
@@ -104,7 +105,7 @@ class FleetRanksPane(RanksPane):
         for w, text in zip(slots, lines):
             w.show(text)
         spread = self.query_one("#rank-spread", TextPane)
-        if state.run_kind == "script":
+        if kind_of(state).is_script:
             spread.show(script_spread_text(state))
             return
         spread.show(balance_text(state, width) or rank_spread_text(state))

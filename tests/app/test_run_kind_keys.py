@@ -38,7 +38,7 @@ async def test_a_script_runs_stop_says_sigterm_and_it_offers_no_resume(tmp_path)
         screen = MonitorScreen(run.path)
         await app.push_screen(screen)
         await until(pilot, lambda: screen.run_state.run_kind == "script", 10, "the run read")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "s Stop" in key_bar(app), 10, "the key bar drawn")  # 0.2 s was not, under load
         bar = key_bar(app)
         assert "s Stop" in bar and "k Kill" in bar and "R Resume" not in bar, bar
         assert await palette(screen) == ["Stop run", "Kill run", "Show stacks", "Leave monitor"]
