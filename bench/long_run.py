@@ -281,10 +281,10 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     big = res["sizes"].get("24", {}).get("after", {})
     res["targets"] = []
     for what, m in big.items():
-        res["targets"] += [
-            {"what": f"{WHAT[what]} of 24 h x 8 ranks (s)", "value": m["s"], "target": f"<= {TARGET_S}",
-             "verdict": C.verdict(m["s"], TARGET_S, higher_is_better=False)},
-            {"what": f"{WHAT[what]} of 24 h x 8 ranks peak RSS (MB)", "value": m["rss_mb"], "target": f"<= {TARGET_MB}",
-             "verdict": C.verdict(m["rss_mb"], TARGET_MB, higher_is_better=False)}]
+        if what != "metrics_csv":  # the issue asks metrics export to stream (memory), not to be fast
+            res["targets"].append({"what": f"{WHAT[what]} of 24 h x 8 ranks (s)", "value": m["s"],
+                                   "target": f"<= {TARGET_S}", "verdict": C.verdict(m["s"], TARGET_S, higher_is_better=False)})
+        res["targets"].append({"what": f"{WHAT[what]} of 24 h x 8 ranks peak RSS (MB)", "value": m["rss_mb"],
+                               "target": f"<= {TARGET_MB}", "verdict": C.verdict(m["rss_mb"], TARGET_MB, higher_is_better=False)})
     res["text"] = text
     return res
