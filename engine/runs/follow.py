@@ -31,9 +31,10 @@ class EventTail:
         self._split = events.Lines()
         self.malformed = 0
 
-    def feed(self, fold, max_bytes: int | None = None) -> int:
+    def feed(self, fold, max_bytes: int | None = None, stop=None) -> int:
         """Hand every complete event written since the last call to `fold`, one at a time, as its
-        chunk is parsed (at most `max_bytes` read); returns how many events were handed on."""
+        chunk is parsed (at most `max_bytes` read; no further chunk once `stop()` is true: a day's
+        file takes minutes, and whoever asked may be gone); returns how many events were handed on."""
         n = 0
         try:
             fh = open(self.path, "rb")
@@ -44,7 +45,7 @@ class EventTail:
                 size = os.fstat(fh.fileno()).st_size  # what is there now: a fast writer cannot keep a poll going
                 left = size - self._pos if max_bytes is None else min(max_bytes, size - self._pos)
                 fh.seek(self._pos)
-                while left > 0:
+                while left > 0 and not (stop is not None and stop()):
                     chunk = fh.read(min(left, self.chunk_bytes))
                     if not chunk:
                         break
@@ -193,8 +194,11 @@ class Follower:
     """Feeds one RunView from a run directory. Call `poll()` as often as you like; it reads the
     log files and asks about the run's processes only every OUTPUT_EVERY_S / STATUS_EVERY_S."""
 
-    def __init__(self, run: RunDir | str | Path, outputs: bool = True, clock=time.time):
+    def __init__(self, run: RunDir | str | Path, outputs: bool = True, clock=time.time, stop=None):
+        """stop: a callable, true once nobody reads this view any more (the Monitor left): a poll
+        of a long file then ends at its next chunk instead of reading on for minutes."""
         self.run = run if isinstance(run, RunDir) else RunDir(Path(run))
+        self.stop = stop
         self.view = RunView()
         self.events = EventTail(self.run.events_path)
         self.output = OutputTail(self.run) if outputs else None
@@ -210,7 +214,9 @@ class Follower:
 
     def poll(self, force: bool = False) -> int:
         """Fold in what is new, event by event as it is read; returns the number of events read."""
-        n = self.events.feed(self.view.feed)
+        n = self.events.feed(self.view.feed, stop=self.stop)
+        if self.stop is not None and self.stop():
+            return n  # maybe part of the file only: no status is judged from it
         mono = time.monotonic()
         if self.output is not None and (force or mono - self._last_output >= OUTPUT_EVERY_S):
             self._last_output = mono
@@ -228,7 +234,7 @@ class Follower:
         alive = final is None and pid_alive(pid)
         late = 0
         if not alive:
-            late = self.events.feed(self.view.feed)  # its last words (run_finished), written before status.json
+            late = self.events.feed(self.view.feed, stop=self.stop)  # its last words (run_finished), written before status.json
         self.view.observe(final, alive, pid is not None, self.run.quiet_s(now), now)
         return late
 

@@ -271,3 +271,26 @@ def test_every_reader_reads_in_chunks_and_drops_a_line_without_end(tmp_path, mon
         tail = EventTail(p, chunk_bytes=n)
         assert tail.poll() == [{"kind": "log", "t": 1}] * 2 and tail.malformed == 2, n
         assert tail._split.partial == b"", n  # the endless last "line" is not kept either
+
+
+def test_a_poll_stops_at_the_next_chunk_once_asked_and_reads_on_from_there(tmp_path):
+    """A day's events take minutes to read: the Monitor left while its reader thread polls (or the
+    app quitting, which waits for that thread) must not wait for the whole file. Stopped, a poll
+    ends after the chunk it is in; a later poll goes on from there and the view is the whole one."""
+    from torchdeck.engine.runs.follow import Follower
+
+    rd, data = _mixed_run(tmp_path)
+    whole = _follow(rd, None)
+    left = [False]
+    f = Follower(rd, outputs=False, stop=lambda: left[0])
+    f.events.chunk_bytes = 100
+    folded = []
+    feed = f.view.feed
+    f.view.feed = lambda ev: (folded.append(ev), left.__setitem__(0, True), feed(ev))[-1]
+    f.poll()
+    assert len(folded) == 1 and f.events._pos <= 300 and not f.view.final, (len(folded), f.events._pos)
+    left[0] = False
+    f.view.feed = feed
+    for _ in f.follow(interval=0.01):
+        pass
+    assert f.events._pos == len(data) and _state(f.view) == _state(whole.view)
