@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from ..monitor.panes import step_ticks
 from ..runs.screen import fitted
+from ..widgets.status import STATUS_STYLE
 from ...engine.runs import compare
 from ...engine.runs.status import LIVE as RUN_LIVE
 
@@ -27,8 +28,6 @@ REFRESH_S = 2.0
 # (plotext colour, the same colour for rich): the legend must match the lines
 COLOURS = (("cyan", "cyan"), ("red", "red"), ("green", "green"), ("yellow", "yellow"), ("magenta", "magenta"),
            ("blue", "blue"), ("orange", "dark_orange"), ("white", "white"))
-STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
-                "stopped": "yellow", "preempted": "yellow", "lost": "red", "skipped": "dim", "waiting": "dim"}
 LIVE = RUN_LIVE | {"waiting"}  # a row still to come: its run lives, or waits its turn
 
 

@@ -1,4 +1,4 @@
-"""Preset dialogs: load (shipped + user, with descriptions; delete user ones), save as, confirm."""
+"""Preset dialogs: load (shipped + user, with descriptions; delete user ones), save as."""
 from __future__ import annotations
 
 from textual.binding import Binding
@@ -8,31 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-
-class ConfirmDialog(ModalScreen[bool]):
-    """Yes/no; y, n and escape work without the mouse."""
-
-    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
-
-    def __init__(self, question: str):
-        super().__init__(classes="dialog-screen")
-        self.question = question
-
-    def compose(self):
-        with Vertical(classes="dialog"):
-            yield Static(self.question, id="question")
-            with Horizontal(classes="dialog-buttons"):
-                yield Button("Yes (y)", variant="warning", id="yes")
-                yield Button("No (n)", id="no")
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
+from ..widgets.dialogs import ConfirmDialog
 
 
 class SavePresetDialog(ModalScreen["tuple[str, str] | None"]):

@@ -139,7 +139,7 @@ class ExportDialog(ModalScreen[None]):
         if not existing:
             self._write()
             return
-        from .dialogs import ConfirmDialog
+        from ..widgets.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:

@@ -227,7 +227,8 @@ class ConfigureScreen(Screen):
         self.revalidate()
 
     def action_load_preset(self) -> None:
-        from .dialogs import ConfirmDialog, LoadPresetDialog  # not needed for the first frame
+        from ..widgets.dialogs import ConfirmDialog  # not needed for the first frame
+        from .dialogs import LoadPresetDialog
 
         def load(info) -> None:
             if self.load_preset(info.path):
@@ -293,7 +294,7 @@ class ConfigureScreen(Screen):
         try:
             path = save_user_preset(cfg, name, overwrite=overwrite)
         except PresetExists:
-            from .dialogs import ConfirmDialog
+            from ..widgets.dialogs import ConfirmDialog
 
             def answer(yes: bool | None) -> None:
                 if yes:

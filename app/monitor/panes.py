@@ -12,12 +12,12 @@ from textual.widgets import RichLog, Static
 
 from ...engine.runs import fmt, metric
 from ...engine.runs import fleet
+from ...engine.runs.kind import kind_of
 from ...engine.runs.view import RunView
+from ..widgets.status import STATUS_STYLE
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 IMBALANCE_POINTS = 20.0  # util/memory spread across the run's GPUs worth shouting about
-STATUS_STYLE = {"running": "bold green", "starting": "bold cyan", "finished": "bold green",
-                "failed": "bold red", "stopped": "bold yellow", "preempted": "bold yellow", "lost": "bold red"}
 HISTORY = 120  # GPU utilization samples kept (one a second)
 _HOST = socket.gethostname()
 
@@ -99,13 +99,6 @@ def command_text(state: RunView) -> str:
     return shlex.join(state.command)
 
 
-def steps_rate(v: float | None) -> str:
-    """Optimizer steps/s: a few a second for a real model, so with decimals below 100."""
-    if v is None or v != v:
-        return "-"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
-
-
 def _script_rate(state: RunView, now: float) -> str:
     """A script run's pace: the slowest rank's optimizer steps/s (they meet in each collective),
     and its samples/s where the script logs them."""
@@ -143,7 +136,7 @@ def _item(text: str, style: str = "") -> Text:
 
 def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Text:
     st = state.status
-    script = state.run_kind == "script"
+    script = kind_of(state).is_script
     first = Text()
     first.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
     first.append(f" {state.run or run_name}", style="bold")
@@ -393,7 +386,7 @@ def script_rank_text(state: RunView, r, now: float, width: int) -> Text:
         t.append(f"{(r.device or '-')[:c['dev'] - 1]:<{c['dev']}}")
     t.append(f"{r.step:<{c['step']},}", style="red" if r.failed_exit else "cyan")
     t.append(f" {fmt.num(r.loss):>8}")
-    t.append(f" {steps_rate(r.steps_per_s):>8}")
+    t.append(f" {fmt.steps_rate(r.steps_per_s):>8}")
     t.append(f" {fmt.rate(r.samples_per_s) if r.samples_per_s else '-':>10}")
     t.append(f" {r.pid or '-':>8}")
     _seen_col(t, state, r, now)
@@ -401,7 +394,7 @@ def script_rank_text(state: RunView, r, now: float, width: int) -> Text:
 
 
 def rank_text(state: RunView, r, now: float, width: int) -> Text:
-    if state.run_kind == "script":
+    if kind_of(state).is_script:
         return script_rank_text(state, r, now, width)
     cols = _rank_cols(width)
     total = r.total_steps or state.total_steps
@@ -499,8 +492,8 @@ def script_spread_text(state: RunView) -> Text:
                     "timing their optimizer steps", style="dim")
     slow, fast = min(ranks, key=lambda r: r.steps_per_s), max(ranks, key=lambda r: r.steps_per_s)
     gap = 100 * (1 - slow.steps_per_s / fast.steps_per_s)
-    t = Text(f"rank balance: slowest rank {slow.rank} {steps_rate(slow.steps_per_s)} steps/s, "
-             f"fastest rank {fast.rank} {steps_rate(fast.steps_per_s)}: ")
+    t = Text(f"rank balance: slowest rank {slow.rank} {fmt.steps_rate(slow.steps_per_s)} steps/s, "
+             f"fastest rank {fast.rank} {fmt.steps_rate(fast.steps_per_s)}: ")
     t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
     return t
 
@@ -540,7 +533,7 @@ class RanksPane(Vertical):
 
     def show(self, state: RunView, now: float) -> None:
         width = self.query_one("#rank-head", TextPane).width(120)
-        head = script_rank_header(width) if state.run_kind == "script" else rank_header(width, state)
+        head = script_rank_header(width) if kind_of(state).is_script else rank_header(width, state)
         self.query_one("#rank-head", TextPane).show(head)
         rows = self.query_one("#rank-rows", Vertical)
         have = {w.rank: w for w in rows.children if isinstance(w, RankRow)}
@@ -552,7 +545,7 @@ class RanksPane(Vertical):
                 rows.mount(row, before=min(after, key=lambda w: w.rank) if after else None)
         for r in ranks:
             have[r.rank].show(rank_text(state, r, now, width))
-        if ranks and state.run_kind == "script":
+        if ranks and kind_of(state).is_script:
             self.query_one("#rank-spread", TextPane).show(script_spread_text(state))
         elif not ranks:
             self.query_one("#rank-spread", TextPane).show(

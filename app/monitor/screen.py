@@ -178,7 +178,7 @@ class MonitorScreen(Screen):
         from ...engine.runs.follow import Follower
 
         worker = get_current_worker()
-        follower = Follower(self.run_dir)
+        follower = Follower(self.run_dir, stop=self._quit_evt.is_set)  # a day-long file: not read on once left
         view = follower.view
         posted, last_post = -1, 0.0
         while not worker.is_cancelled and not self._quit_evt.is_set():
@@ -352,7 +352,7 @@ class MonitorScreen(Screen):
     def action_stop(self) -> None:
         if not self._live("stop"):
             return
-        from ..configure.dialogs import ConfirmDialog
+        from ..widgets.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if not yes:
@@ -375,7 +375,7 @@ class MonitorScreen(Screen):
     def action_kill(self) -> None:
         if not self._live("kill"):
             return
-        from ..configure.dialogs import ConfirmDialog
+        from ..widgets.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:

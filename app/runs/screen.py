@@ -19,10 +19,9 @@ from textual.widgets import DataTable, Footer, Static
 from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable, val_label
 from ...engine.runs.fmt import fit_columns
 from ...engine.runs.layout import runs_root
+from ..widgets.status import STATUS_STYLE
 
 REFRESH_S = 2.0
-STATUS_STYLE = {"running": "bold green", "starting": "cyan", "finished": "green", "failed": "bold red",
-                "stopped": "yellow", "preempted": "yellow", "lost": "red"}
 COLUMNS = (("status", "Status"), ("run", "Run"), ("strategy", "Strategy"), ("world", "World"),
            ("started", "Started"), ("duration", "Duration"), ("progress", "Progress"), ("val", "Val acc"),
            ("set", "--set"))
@@ -314,7 +313,7 @@ class RunsScreen(Screen):
         if why:
             self.notify(f"Not deleted: {why}", severity="error", timeout=8)
             return
-        from ..configure.dialogs import ConfirmDialog
+        from ..widgets.dialogs import ConfirmDialog
 
         def answer(yes: bool | None) -> None:
             if yes:
