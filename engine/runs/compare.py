@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import events
+from .kind import kind_of
 from . import fmt, metric
 from .layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from .view import RunView
@@ -412,6 +413,9 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
         hw = detect_hardware()
     overrides = list(overrides or [])
     base, path = preflight.load_config(preset, overrides, hw=hw)
+    if kind_of(base).is_script:  # the app's F7 says the same (its global batch is None: it crashed here)
+        raise UsageError(kind_of(base).does_not_apply("compare", "the strategies are torchdeck's own training "
+                                                      "loop's, and your script does its own distributed setup"))
     problems = preflight.file_problems(base)
     if problems:
         raise UsageError(*preflight.lines(problems, str(path), overrides))

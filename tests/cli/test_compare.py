@@ -243,3 +243,17 @@ def test_a_row_and_its_curves_come_from_the_run_view_of_the_written_events(tmp_p
     assert c.loss == [(10, pytest.approx(1.2), 2.1), (20, pytest.approx(2.1), 1.6), (30, pytest.approx(3.0), 1.2),
                       (40, pytest.approx(4.0), 1.0)]
     assert c.val_acc == [(30, pytest.approx(3.7), 0.55), (40, pytest.approx(4.5), 0.75)]
+
+
+def test_compare_of_a_script_preset_says_it_does_not_apply(tmp_path):
+    """A script preset crashed compare (TypeError: its global batch is None); now one line, exit 2."""
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    (tmp_path / "mine.yaml").write_text("name: mine\nstrategy: script\naccelerator: cpu\ndevices: 2\n"
+                                        "script: {path: train.py}\n")
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    r = subprocess.run(cmd + ["compare", "mine.yaml", "--strategies", "ddp,cpu"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "compare does not apply to a script run: " in r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
