@@ -102,6 +102,7 @@ def follow(run, display, on_interrupt=None, interval: float = 0.2, output=None):
     seen = 0
     try:
         with _Interrupts() as ints:
+            follower.stop = lambda: ints.count > ints.handled  # a press: answered within a chunk of a long file
             for _ in follower.follow(interval=interval):
                 if output is not None:  # the run over: its last lines, before "run finished" and the summary
                     view = follower.view
