@@ -299,16 +299,19 @@ def header_lines(plan: dict) -> list[str]:
 
 
 # Columns left out first when the table is wider than the terminal (compare.md keeps them all):
-# the global batch is held equal (the header says so), then the columns read least.
-NARROW_DROP = ("batch", "world", "target", "step", "mem", "wait")
+# the global batch is held equal (the header says so), then the diagnostic columns (step time,
+# data wait, memory); the target's column (the user asked for it) and the task's throughput unit
+# go last (at 80 columns the target went third while DATA WAIT stayed).
+NARROW_DROP = ("batch", "world", "step", "wait", "mem", "target")
 
 
 def narrow_drop(rows) -> tuple[str, ...]:
-    """NARROW_DROP, with TOKENS/S (after STEP) where the rows have that column."""
+    """NARROW_DROP; where the rows count tokens (a language model), TOKENS/S is the task's unit:
+    SAMPLES/S goes before the target and TOKENS/S last."""
     if not any(r.tokens_per_s for r in rows):
         return NARROW_DROP
-    i = NARROW_DROP.index("step") + 1
-    return NARROW_DROP[:i] + ("tokens",) + NARROW_DROP[i:]
+    i = NARROW_DROP.index("target")
+    return NARROW_DROP[:i] + ("rate",) + NARROW_DROP[i:] + ("tokens",)
 
 
 def table_lines(rows: list[Row], target=None, width: int | None = None) -> list[str]:

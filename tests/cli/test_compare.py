@@ -257,3 +257,90 @@ def test_compare_of_a_script_preset_says_it_does_not_apply(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "compare does not apply to a script run: " in r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+REG_USER = '''
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+
+def tabular(cfg):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(576, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.05 * torch.randn(576, generator=g)
+    return TensorDataset(x[:512], y[:512]), TensorDataset(x[512:], y[512:])
+
+
+def regressor(info):
+    return torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+def mse_and_mae(out, batch):
+    x, y = batch
+    pred = out.squeeze(-1)
+    return F.mse_loss(pred, y), {"mae": (pred - y).abs().mean()}
+'''
+REG = """\
+name: reg
+strategy: cpu
+model: {name: regmod:regressor}
+data: {dataset: regmod:tabular, num_workers: 0}
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+train: {batch_size: 64, epochs: 2, loss: LOSS, eval_every_epoch: true, log_every_n_steps: 2, threads_per_rank: 1}
+checkpoint: {every_epoch: false}
+"""
+
+
+def _compare_in_a_pty(args: list[str], cwd: Path, columns: int = 80) -> tuple[int, str]:
+    """The real `torchdeck compare` in a terminal `columns` wide (a pty: the table fits only there)."""
+    import pty
+
+    main, sub = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns), LINES="24", TORCHDECK_RUNS=str(cwd / "runs"),
+               TORCHDECK_PRESETS=str(cwd / "presets"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    proc = subprocess.Popen(cmd + ["compare", *args], stdout=sub, stderr=sub, stdin=subprocess.DEVNULL,
+                            cwd=cwd, env=env)
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    return proc.wait(timeout=150), b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+@pytest.mark.slow
+def test_at_80_columns_the_target_column_asked_for_stays_and_diagnostics_go_first(tmp_path):
+    """QA of issue 35 (14): `--target val_loss<=0.05` at 80 columns left out `TO val_loss<=0.05`
+    while DATA WAIT and PEAK MEM stayed; the column the user asked for now outranks them."""
+    (tmp_path / "regmod.py").write_text(REG_USER)
+    (tmp_path / "reg.yaml").write_text(REG.replace("LOSS", "mse"))
+    rc, out = _compare_in_a_pty(["reg.yaml", "--strategies", "cpu,ddp", "--steps", "8",
+                                 "--target", "val_loss<=0.05"], tmp_path)
+    assert rc == 0, out
+    head = next((ln for ln in out.splitlines() if ln.startswith("STRATEGY")), None)
+    assert head is not None, out
+    assert "TO val_loss<=0.05" in head and "SAMPLES/S" in head and "VAL LOSS" in head, head
+    left = out[out.index("(left out at 80 columns:"):]
+    assert "TO val_loss" not in left.split(")")[0], left
+    assert "GLOBAL BATCH" in left and "STEP" in left, left
+
+
+def test_a_language_models_tokens_per_s_outranks_the_diagnostic_columns():
+    """TOKENS/S, a language model's throughput unit, was left out at 80 columns before DATA WAIT."""
+    rows = [compare.Row("cpu", "finished", world=1, global_batch=32, samples_per_s=812.0, tokens_per_s=103936.0,
+                        ratio=1.0, step_s=0.0394, data_wait=0.012, peak_mem_mb=[1201.0], main="val_loss", final_main=0.669),
+            compare.Row("ddp", "finished", world=2, global_batch=32, samples_per_s=1004.0, tokens_per_s=128512.0,
+                        ratio=1.24, step_s=0.0319, data_wait=0.02, peak_mem_mb=[1190.0, 1188.0], main="val_loss", final_main=0.669)]
+    narrow = compare.table_lines(rows, "val_loss<=2.6", width=80)
+    assert "TOKENS/S" in narrow[0] and "TO val_loss<=2.6" in narrow[0], narrow
+    assert all(len(ln) <= 80 for ln in narrow[:3]), narrow
+    left = narrow[-1]
+    assert left.startswith("(left out at 80 columns:") and "STEP" in left and "TOKENS/S" not in left, narrow
