@@ -10,15 +10,17 @@ mixed in. Until then (and on a rank that never passes one) the step is the optim
   optimizer wrapping another, is not counted twice; if that optimizer is garbage collected the
   next one to step is adopted). It sends a step event at the first step, then when a window of
   TORCHDECK_STEP_EVERY_S seconds (default 1.0) has passed and no step event was sent within it,
-  and once more at exit (flush) if steps were done since the last one. steps_per_s is the rate
-  over the last window.
+  and once more at exit (flush) if steps were done since the last one. Steps counted but not sent
+  go out at the end of the window since the last event from the flusher thread below (a rank that
+  stepped, then hung, showed its window's first step). steps_per_s is the rate over the last
+  window (for those, up to the last step: not the hang after it).
 - log() sends a step event at its first call, then at most one every TORCHDECK_LOG_EVERY_S
   seconds (default 0.05; 0: every call) with the newest call's numbers, samples/s and tokens/s
   over the calls since the last one sent. The numbers it holds meanwhile go out within that window
   whatever the script does next (a rank that logs, then hangs in a collective and is stopped,
   showed the step before its last): the next call, the next optimizer step or the exit sends
-  them if the window has passed, else a daemon thread does at the window's end (started at the
-  first held call; it only ever waits on a condition and writes to the non-blocking pipe). No
+  them if the window has passed, else a daemon thread does at the window's end (the one
+  background sender, for both sources; started at the first held call or optimizer step; it only ever waits on a condition and writes to the non-blocking pipe). No
   SIGTERM handler: Python runs one only between the main thread's bytecodes, so a rank stuck in
   a C++ collective would outlive its stop until SIGKILL; held numbers are at most one window old
   when the stop comes. Every event costs the node's
@@ -73,6 +75,8 @@ class _State:
         # RLock so that a signal handler calling log() inside log() cannot deadlock its own thread
         self.held = threading.Condition(threading.RLock())
         self.flusher = None  # the daemon thread sending held numbers at the window's end
+        self.flusher_idle = False  # it waits for no deadline: the hook wakes it at an unsent step
+        self.step_t = None  # monotonic time of the last optimizer step counted
 
 
 _state = _State()
@@ -85,6 +89,8 @@ def _forked() -> None:
     _state.log_t, _state.pending, _state.samples, _state.tokens = None, None, None, None
     _state.held = threading.Condition(threading.RLock())  # the parent's may have been held at the fork
     _state.flusher = None  # threads do not survive a fork
+    _state.flusher_idle = False
+    _state.sent_steps = _state.steps  # the parent's steps are the parent's to send
 
 
 if hasattr(os, "register_at_fork"):
@@ -113,18 +119,26 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
         elif mine is not optimizer:
             return
         s.steps += 1
-        now = time.monotonic()
+        now = s.step_t = time.monotonic()
         if s.pending is not None:
             _send_held(now)
         if s.steps == 1:
             s.win_t, s.win_steps = now, 1
-            _send_step(now, step=_step_now(), steps_per_s=None, epoch=None, loss=None)
+            with s.held:
+                _send_step(now, step=_step_now(), steps_per_s=None, epoch=None, loss=None)
+                _start_flusher()
             return
         if now - s.win_t >= s.every_s:
             s.rate = (s.steps - s.win_steps) / (now - s.win_t)
             s.win_t, s.win_steps = now, s.steps
             if s.sent_t is None or now - s.sent_t >= s.every_s:
-                _send_step(now, step=_step_now(), steps_per_s=s.rate, epoch=None, loss=None)
+                with s.held:
+                    if s.sent_t is None or now - s.sent_t >= s.every_s:
+                        _send_step(now, step=_step_now(), steps_per_s=s.rate, epoch=None, loss=None)
+                return
+        if s.steps == s.sent_steps + 1 and s.flusher_idle:  # the first step not sent: wake the sender
+            with s.held:
+                s.held.notify()
     except Exception:  # noqa: BLE001 - never break the user's optimizer.step()
         pass
 
@@ -138,13 +152,23 @@ def flush() -> None:
                 if s.pending is not None:
                     _send_log(time.monotonic())
         if s.steps and s.steps != s.sent_steps:
-            now = time.monotonic()
-            rate = s.rate  # the last window's, unless the one under way is long enough to say
-            if s.steps > s.win_steps and now > s.win_t and (rate is None or now - s.win_t >= s.every_s / 4):
-                rate = (s.steps - s.win_steps) / (now - s.win_t)
-            _send_step(now, step=_step_now(), steps_per_s=rate, epoch=None, loss=None)
+            with s.held:
+                _send_counted(time.monotonic())
     except Exception:  # noqa: BLE001
         pass
+
+
+def _send_counted(now: float) -> None:
+    """The optimizer steps counted since the last step event, as one (held by s.held). Its rate:
+    the last window's, unless the one under way is long enough to say; measured up to the last
+    step, so a rank that stepped then hung is not said to have slowed down."""
+    s = _state
+    if not s.steps or s.steps == s.sent_steps:
+        return
+    rate, end = s.rate, s.step_t or now
+    if s.steps > s.win_steps and end > s.win_t and (rate is None or end - s.win_t >= s.every_s / 4):
+        rate = (s.steps - s.win_steps) / (end - s.win_t)
+    _send_step(now, step=_step_now(), steps_per_s=rate, epoch=None, loss=None)
 
 
 def _register(module) -> None:
@@ -327,20 +351,38 @@ def _send_held(now: float) -> bool:
         return True
 
 
+def _due(s) -> float | None:
+    """When the flusher must send next: held log() numbers at their window's end, optimizer steps
+    counted but not sent at the end of the hook's window since the last step event; None: nothing."""
+    due = s.log_t + s.log_every_s if s.pending is not None and s.log_t is not None else None
+    if s.steps != s.sent_steps and s.sent_t is not None:
+        hook = s.sent_t + s.every_s
+        due = hook if due is None else min(due, hook)
+    return due
+
+
 def _flush_held() -> None:
-    """The flusher thread: held numbers go out at the end of their window if nothing sent them."""
+    """The flusher thread, the one background sender: held log() numbers and the optimizer steps
+    counted since the last step event go out at the end of their window if nothing sent them (a
+    rank that stepped, then hung, showed the step of its window's start: step 1 after 29 quick
+    steps)."""
     s = _state
     held = s.held
     while True:
         try:
             with held:
-                while s.pending is None:
+                s.flusher_idle = True  # before _due: a step counted after it sees this and notifies
+                due = _due(s)
+                while due is None:
                     held.wait()
-                left = s.log_t + s.log_every_s - time.monotonic()
-                if left > 0:
-                    held.wait(left)  # a call meanwhile may send them itself: checked again below
-                else:
-                    _send_held(time.monotonic())
+                    due = _due(s)
+                s.flusher_idle = False
+                now = time.monotonic()
+                if due > now:
+                    held.wait(due - now)  # a call or a step meanwhile may send them itself: checked again
+                    continue
+                if not _send_held(now):
+                    _send_counted(now)
         except Exception:  # noqa: BLE001 - never end the process's reporting on a bad event
             time.sleep(s.log_every_s or 0.05)
 
