@@ -329,8 +329,8 @@ def cmd_runs(args) -> int:
     cols = [(k, label) for k, label in columns(rows) if any(c[k] for c in cells)]  # no empty columns
     print("\n".join(fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)))
     for r in rows:
-        if r.root_cause and r.status.ended_early:
-            print(f"{r.key}: {r.root_cause}")
+        if r.root_cause and r.status.ended_early:  # wrapped between words: a terminal cut `ru` / `n)`
+            print(fmt.wrap(f"{r.key}: {r.root_cause}", _terminal_width()))
     print(f"({root})")
     return EXIT_OK
 
