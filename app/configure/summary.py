@@ -147,11 +147,13 @@ def script_lines(cfg: RunConfig) -> list[str]:
 
 
 def overrides(current: dict, base: dict) -> list[str]:
-    """`key=value` for every setting that differs from the loaded preset."""
+    """`key=value` for every setting that differs from the loaded preset. An emptied description is
+    left out: it changes nothing a run does (switching to a script empties the loop preset's words)
+    and `--set 'description=""'` only lengthens the command."""
     cur, ref = flatten(current), flatten(base)
     out = []
     for key, value in cur.items():
-        if key == "schema_version":
+        if key == "schema_version" or (key == "description" and not value):
             continue
         if key not in ref or ref[key] != value:
             out.append(f"{key}={override_text(value)}")

@@ -46,6 +46,24 @@ def summary_text(screen) -> str:
     return str(screen.query_one("#summary").render())
 
 
+def command_text(screen) -> str:
+    """The headless command under the form (`$ torchdeck run PRESET --set ...`)."""
+    return str(screen.query_one("#command").render())
+
+
+async def paste_into(pilot, wid: str, text: str) -> None:
+    """Paste into an empty Input, as a user puts a long path in: one edit, where typing it key by key
+    revalidated the form per key (9 s of the module test for one folder)."""
+    from textual import events
+
+    w = pilot.app.screen.query_one("#" + wid)
+    assert w.value == "", w.value
+    w.focus()
+    await pilot.pause()
+    w.post_message(events.Paste(text))
+    await pilot.pause(0.1)
+
+
 async def wait_for(pilot, cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -173,6 +191,9 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         assert screen.form.value_of("name") == "quickstart" and screen.form.value_of("description")
         await choose(pilot, "f-strategy", "scr")
         assert screen.form.value_of("name") == "script" and screen.form.value_of("description") == ""
+        # the emptied description is nothing to pass on (it was --set 'description=""')
+        await wait_for(pilot, lambda: "strategy=script" in command_text(screen), 5, "the command redrawn")
+        assert "description" not in command_text(screen), command_text(screen)
         await type_into(pilot, "f-script-path", "train.py")
         assert screen.form.value_of("name") == "train"  # the file's stem, as torchdeck launch names it
         await type_into(pilot, "f-script-path", "")
@@ -195,9 +216,18 @@ async def test_switching_to_script_takes_the_scripts_name_and_drops_the_loop_pre
         await pilot.pause(0.2)
         assert app.said("comparing strategies does not apply to a script run: "), app.messages
         assert app.screen is screen
-        await pilot.press("f5")
-        run = await wait_finished(pilot, app)
-        assert run.config().name == "mine" and run.config().description == ""
+        # what F5 would launch (a typed train.py is launched by the first test: one launch per path)
+        assert screen.cfg.name == "mine" and screen.cfg.description == "", screen.cfg
+        assert "description" not in command_text(screen), command_text(screen)
+
+
+def test_an_emptied_description_is_no_override():
+    from torchdeck.app.configure.summary import headless_command, overrides
+
+    base = {"name": "quickstart", "description": "CPU quick start", "strategy": "ddp"}
+    assert overrides({**base, "description": "", "strategy": "script"}, base) == ["strategy=script"]
+    assert headless_command("quickstart", {**base, "description": ""}, base) == "torchdeck run quickstart"
+    assert overrides({**base, "description": "mine"}, base) == ["description=mine"]  # a typed one stays
 
 
 # ----------------------------------------------------------------------------- every field of a script run
@@ -222,7 +252,7 @@ async def test_a_module_run_in_its_own_folder_with_an_old_style_local_rank_launc
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)
         await choose(pilot, "f-strategy", "scr")
-        await type_into(pilot, "f-script-cwd", str(other))
+        await paste_into(pilot, "f-script-cwd", str(other))
         await type_into(pilot, "f-script-module", "pkg.train")
         await type_into(pilot, "f-script-args", "--steps 3")
         await type_into(pilot, "f-script-local_rank_arg", "--local-rank")
@@ -306,11 +336,9 @@ async def test_every_strategy_filled_validly_reaches_a_valid_summary_and_the_cpu
         assert screen.form.value_of("strategy") == strategy
         if cuda:
             await pick_gpus(pilot, strategy)
-        if launch:  # small enough to finish in seconds (typing costs seconds: only where it runs)
-            await type_into(pilot, "f-train-epochs", "1")
-            await type_into(pilot, "f-data-train_size", "128")
+        if launch:  # one step and a small validation (typing costs ~1.5 s a field: only where it runs)
+            await type_into(pilot, "f-train-max_steps", "1")
             await type_into(pilot, "f-data-val_size", "64")
-            await type_into(pilot, "f-data-image_size", "16")
         await pilot.pause(0.2)
         assert app.return_code is None
         assert screen.cfg is not None and not screen.problems, (strategy, screen.problems)
