@@ -244,18 +244,20 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
               f"stop it with: torchdeck stop {run.path}")
         return EXIT_OK
 
-    def on_interrupt(n: int):
+    display = Display()
+
+    def on_interrupt(n: int):  # said through the display: above its live block, wrapped at its width
         if n == 1:
             control.request_stop(run)
-            print(f"stopping: SIGTERM to the script's ranks, SIGKILL after {cfg.script.stop_grace_s:g} s; Ctrl-C "
-                  "again to kill" if kind.is_script else
-                  "stopping: finishing the step and checkpointing; Ctrl-C again to kill", flush=True)
+            display.message(f"stopping: SIGTERM to the ranks, SIGKILL after {cfg.script.stop_grace_s:g} s; "
+                            "Ctrl-C again to kill" if kind.is_script else
+                            "stopping: finishing the step and checkpointing; Ctrl-C again to kill")
         else:
             pids = control.kill(run)
-            print(f"killed {len(pids)} process(es) of the run", flush=True)
+            display.message(f"killed {len(pids)} process(es) of the run")
         return True
 
-    view = follow(run, Display(), on_interrupt, output=_rank_output(run, getattr(args, "output_rule", None), True)
+    view = follow(run, display, on_interrupt, output=_rank_output(run, getattr(args, "output_rule", None), True)
                   if kind.shows_rank_output else None)
     return script_exit_code(view) if kind.exits_as_torchrun else _exit_for(view)
 
@@ -302,17 +304,19 @@ def cmd_attach(args) -> int:
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
+    from ..engine.runs import fmt
+
     if status.live:
-        print(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", flush=True)
+        print(fmt.wrap(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", _terminal_width()), flush=True)
     else:  # its history only: nothing goes on after Ctrl-C
-        print(f"{run.path}: the run is over ({status}); its history:", flush=True)
+        print(fmt.wrap(f"{run.path}: the run is over ({status}); its history:", _terminal_width()), flush=True)
 
-    def on_interrupt(n: int):
-        print(f"detached; the run goes on. Re-attach with: torchdeck attach {run.path}", flush=True)
-        return False
-
-    view = follow(run, Display(), on_interrupt, output=_rank_output(run, _launch_rule(run), whole=False))
-    return EXIT_OK if view is None else _exit_for(view)
+    view = follow(run, Display(), lambda n: False, output=_rank_output(run, _launch_rule(run), whole=False))
+    if view is None:  # said below the block, now closed (above it, the frozen block read as still live)
+        print(fmt.wrap(f"detached; the run goes on. Re-attach with: torchdeck attach {run.path}",
+                       _terminal_width()), flush=True)
+        return EXIT_OK
+    return _exit_for(view)
 
 
 def cmd_runs(args) -> int:
@@ -376,17 +380,19 @@ def cmd_compare(args) -> int:
     def watch(i: int, run) -> None:
         print(f"[{todo.index(i) + 1}/{len(todo)}] {entries[i].strategy}: {run.path.name}", flush=True)
 
-        def on_interrupt(n: int):
+        display = Display()
+
+        def on_interrupt(n: int):  # through the display: above its live block, wrapped at its width
             stopping.append(n)
             if n == 1:
                 control.request_stop(run)
-                print("stopping this run and the comparison (the rows so far are kept); Ctrl-C again to kill",
-                      flush=True)
+                display.message("stopping this run and the comparison (the rows so far are kept); "
+                                "Ctrl-C again to kill")
             else:
-                print(f"killed {len(control.kill(run))} process(es) of the run", flush=True)
+                display.message(f"killed {len(control.kill(run))} process(es) of the run")
             return True
 
-        follow(run, Display(), on_interrupt)
+        follow(run, display, on_interrupt)
 
     comparison = compare.execute(path, facts, entries, watch, stopping=lambda: bool(stopping))
     print()

@@ -3,8 +3,13 @@ a word or a path (QA of issue 35, item 14): `runs`' root causes, the Ctrl-C stop
 import json
 import os
 import pty
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from torchdeck.engine import config as cfgmod
@@ -55,3 +60,89 @@ def test_runs_root_cause_lines_wrap_between_words_at_80_columns(tmp_path):
     assert all(ln.startswith("  ") for ln in block[1:]), block  # continuation lines under an indent
     words = " ".join(block).split()
     assert "run)" in words and any(str(script) in w for w in words), block  # whole words, the path whole
+
+
+LOOP = """\
+import os, time
+r = int(os.environ["RANK"])
+i = 0
+while True:
+    print(f"iter {i}: rank {r}", flush=True)
+    i += 1
+    time.sleep(0.3)
+"""
+BLOCK = re.compile(r"^(STARTING|RUNNING|STOPPING|STOPPED|FINISHED|FAILED) \||^rank  \d  ")
+
+
+def _screen_until_exit(argv, cwd: Path, before_ctrl_c, cols: int = 80, rows: int = 60) -> list[str]:
+    """Run `argv` in a real `cols`-wide pty, press Ctrl-C once `before_ctrl_c(shown lines)` holds,
+    and return the screen's non-blank lines once it exited."""
+    from bench.ptyterm import PtyProcess, Screen
+
+    p = PtyProcess(argv, dict(os.environ, TORCHDECK_RUNS=str(cwd / "runs")), cols=cols, rows=rows, cwd=str(cwd))
+    screen = Screen(cols, rows)
+    shown = lambda: [ln.rstrip() for ln in screen.text() if ln.strip()]  # noqa: E731
+
+    def until(cond, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = p.read(0.2)
+            if got is not None:
+                screen.feed(got[1])
+            if cond():
+                return True
+            if got is None and p.proc.poll() is not None:
+                return cond()
+        return False
+
+    try:
+        assert until(lambda: before_ctrl_c(shown()), 60), "\n".join(shown())
+        os.killpg(p.proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process group
+        assert until(lambda: p.proc.poll() is not None, 60), "\n".join(shown())
+        until(lambda: False, 0.3)  # the last bytes
+    finally:
+        p.close()
+    return shown()
+
+
+def _words(lines: list[str]) -> str:
+    return " ".join(" ".join(lines).split())
+
+
+def test_ctrl_c_stop_line_and_attach_detach_line_fit_80_columns():
+    """The stop line was 81 characters (`...; Ctrl-C again to kil` / `l` at 80 columns) and attach's
+    detach line wrapped mid-path above the frozen live block. Both now fit, between words, and
+    the detach line comes below the (closed) block. A short folder: the path fits a line."""
+    cwd = Path(tempfile.mkdtemp(prefix="td", dir="/tmp"))
+    exe = str(TORCHDECK)
+    try:
+        (cwd / "loop.py").write_text(LOOP)
+        lines = _screen_until_exit([exe, "launch", "--nproc-per-node", "2", "loop.py"], cwd,
+                                   lambda shown: any(ln.startswith("rank  1") for ln in shown))
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("stopping:"))
+        end = next(i for i, ln in enumerate(lines) if i > start and not ln.startswith("  "))
+        said = lines[start:end]
+        assert "Ctrl-C again to kill" in _words(said) and all(len(ln) < 80 for ln in said), "\n".join(lines)
+
+        r = subprocess.run([exe, "launch", "--nproc-per-node", "2", "--detach", "loop.py"], cwd=cwd,
+                           env=dict(os.environ, TORCHDECK_RUNS=str(cwd / "runs")), capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        run = max((cwd / "runs").iterdir(), key=lambda p: p.name)
+        try:
+            lines = _screen_until_exit([exe, "attach", str(run)], cwd,
+                                       lambda shown: any(ln.startswith("rank  1") for ln in shown))
+        finally:
+            subprocess.run([exe, "stop", "--kill", str(run)], cwd=cwd, capture_output=True, timeout=60,
+                           env=dict(os.environ, TORCHDECK_RUNS=str(cwd / "runs")))
+        assert "attached to " + str(run) + " (Ctrl-C detaches; the run goes on)" in _words(lines), "\n".join(lines)
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("detached;"))
+        said = lines[start:]
+        assert f"Re-attach with: torchdeck attach {run}" in _words(said), "\n".join(lines)
+        assert all(len(ln) < 80 for ln in said), "\n".join(lines)
+        assert not any(BLOCK.match(ln) for ln in said), "\n".join(lines)  # no block below it
+        for old in (cwd / "runs").iterdir():
+            subprocess.run([exe, "stop", "--kill", str(old)], cwd=cwd, capture_output=True, timeout=60,
+                           env=dict(os.environ, TORCHDECK_RUNS=str(cwd / "runs")))
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
