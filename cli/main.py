@@ -399,6 +399,8 @@ def cmd_compare(args) -> int:
     for line in compare.table_lines(comparison.rows, comparison.target, _terminal_width()):
         print(fmt.wrap(line, _terminal_width()))  # the table fits already; the reasons below it wrap
     print(f"written: {path / compare.TABLE_FILE}, {path / compare.PLAN_FILE}")
+    if comparison.error:  # a target no run reports: said once, exit 2, nothing saved
+        raise UsageError(comparison.error)
     if args.save_best:
         best = compare.fastest(comparison)
         if best is None:

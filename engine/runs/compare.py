@@ -213,6 +213,12 @@ class Comparison:
     def header(self) -> list[str]:
         return header_lines(self.plan)
 
+    @property
+    def error(self) -> str | None:
+        """Why the comparison was stopped for the user to fix (a target no run reports)."""
+        e = self.plan.get("error")
+        return e if isinstance(e, str) and e else None
+
 
 def plan_target(plan: dict) -> metric.Target | None:
     """A plan's target: its `target` text (val_loss<=1.6), or the `target_acc` of older plans."""
@@ -495,6 +501,58 @@ def record_run(path: Path, strategy_index: int, run: RunDir) -> None:
     write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
 
 
+class TargetMetricCheck:
+    """Whether a run reports the metric a target names, judged at its first evaluated epoch_end
+    (or its first epoch_end for a train_ metric): a loss callable's own names are known only once
+    it ran, and a target no run reports ran every strategy to its end to say `not reached`.
+    Reads the events file on from where it stopped, so a poll costs what was written since."""
+
+    def __init__(self, events_path, target: metric.Target):
+        self.path, self.target = Path(events_path), target
+        self.offset, self.lines = 0, events.Lines()
+        self.missing: str | None = None  # the error, once the metric is known to be missing
+        self.done = False
+
+    def poll(self) -> str | None:
+        if self.done:
+            return self.missing
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read(events.CHUNK_BYTES)
+        except OSError:
+            return None
+        self.offset += len(chunk)
+        for raw in self.lines.split(chunk):
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("kind") == "epoch_end" and self._judge(ev):
+                break
+        return self.missing
+
+    def _judge(self, ev: dict) -> bool:
+        from types import SimpleNamespace
+
+        val = ev.get("val_metrics") if isinstance(ev.get("val_metrics"), dict) else {}
+        train = ev.get("train_metrics") if isinstance(ev.get("train_metrics"), dict) else {}
+        point = SimpleNamespace(val_loss=ev.get("val_loss"), val_acc=ev.get("val_acc"), train_loss=ev.get("train_loss"),
+                                train_acc=ev.get("train_acc"), val_metrics=val, train_metrics=train)
+        evaluated = point.val_loss is not None or point.val_acc is not None or bool(val)
+        if not evaluated and not self.target.name.startswith("train_"):
+            return False  # no evaluation this epoch: the next one says
+        self.done = True
+        if metric.point_value(point, self.target.name) is not None:
+            return True
+        names = [n for n in metric.FIELDS if getattr(point, n) is not None]
+        names += [f"val_{k}" for k in val] + [f"train_{k}" for k in train]
+        self.missing = (f"--target {self.target.text}: the run reports no metric {self.target.name!r} (its first "
+                        f"epoch reported {', '.join(names) or 'none'}); the comparison was stopped: "
+                        "pick one of those")
+        return True
+
+
 def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=lambda: False) -> Comparison:
     """Run the plan's strategies one after another (never two at once: they would share the CPU
     and the rates would say nothing), then write the results. watch(index, run) follows a run
@@ -508,9 +566,15 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
     stop_file = path / STOP_FILE
     current: list = []
     done = threading.Event()
+    target = plan_target(read_plan(path))
+    checks: list[TargetMetricCheck] = []  # the first run's: every strategy runs the same task
 
     def guard() -> None:
         while not done.wait(0.3):
+            if current and target is not None and not checks:
+                checks.append(TargetMetricCheck(current[0].events_path, target))
+            if checks and checks[0].poll() and not stop_file.exists():
+                stop_file.touch()  # the plan learns why once the loop is over (one writer of compare.json)
             if current and stop_file.exists() and not current[-1].stop_path.exists():
                 control.request_stop(current[-1])
 
@@ -534,6 +598,10 @@ def execute(path: Path, facts: dict, entries: list[Entry], watch=None, stopping=
             control.wait(run)
     finally:
         done.set()
+    if checks and checks[0].missing:
+        data = read_plan(path)
+        data["error"] = checks[0].missing
+        write_atomic(path / PLAN_FILE, json.dumps(data, indent=2))
     comparison = load(path)
     write_results(comparison)
     return comparison

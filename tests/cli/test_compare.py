@@ -10,7 +10,7 @@ import pytest
 
 from torchdeck.engine import config
 from torchdeck.engine.events import read_all
-from torchdeck.engine.runs import compare
+from torchdeck.engine.runs import compare, metric
 from torchdeck.engine.strategies import global_batch
 from tests.run_events import T0, ev, started, step
 
@@ -344,3 +344,41 @@ def test_a_language_models_tokens_per_s_outranks_the_diagnostic_columns():
     assert all(len(ln) <= 80 for ln in narrow[:3]), narrow
     left = narrow[-1]
     assert left.startswith("(left out at 80 columns:") and "STEP" in left and "TOKENS/S" not in left, narrow
+
+
+@pytest.mark.slow
+def test_a_target_metric_the_runs_never_report_stops_the_comparison_after_the_first_epoch(tmp_path):
+    """QA of issue 35 (7): with a loss callable any name passes the check before the run, so
+    `--target val_maee<=0.1` (the callable reports mae) ran every strategy to its end and said
+    `not reached`, exit 0. The first run's first evaluated epoch now ends the comparison: exit 2,
+    naming the metrics reported; the second strategy never starts."""
+    (tmp_path / "regmod.py").write_text(REG_USER)
+    (tmp_path / "regx.yaml").write_text(REG.replace("LOSS", "regmod:mse_and_mae").replace("epochs: 2", "epochs: 5"))
+    env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"))
+    cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
+    r = subprocess.run(cmd + ["compare", "regx.yaml", "--strategies", "cpu,ddp", "--target", "val_maee<=0.1"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "the run reports no metric 'val_maee'" in r.stderr and "val_mae" in r.stderr, r.stderr
+    (where,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("compare-")]
+    rows = json.loads((where / "compare.json").read_text())["rows"]
+    assert rows[0]["status"] == "stopped" and rows[1]["status"] == "skipped", rows  # ddp never ran
+    # the callable's metric by its name: accepted, reached or not, and the comparison runs on
+    check = compare.TargetMetricCheck(Path(rows[0]["run"]) / "events.jsonl", metric.parse_target("val_mae<=0.1"))
+    assert check.poll() is None and check.done
+
+
+def test_the_target_check_waits_for_an_evaluated_epoch(tmp_path):
+    """An epoch without evaluation says nothing of a val_ metric; a train_ one is judged at once."""
+    path = tmp_path / "events.jsonl"
+    no_eval = ev("epoch_end", 1.0, rank=0, epoch=0, step=8, train_loss=1.0, train_acc=None, val_loss=None,
+                 val_acc=None, train_metrics={"mae": 0.5}, val_metrics={})
+    path.write_text(json.dumps(no_eval) + "\n")
+    check = compare.TargetMetricCheck(path, metric.parse_target("val_mae<=0.1"))
+    assert check.poll() is None and not check.done
+    assert compare.TargetMetricCheck(path, metric.parse_target("train_mae<=0.1")).poll() is None
+    said = compare.TargetMetricCheck(path, metric.parse_target("train_maee<=0.1")).poll()
+    assert said and "train_loss, train_mae" in said, said
+    with path.open("a") as fh:
+        fh.write(json.dumps(dict(no_eval, val_loss=0.9, val_metrics={"mae": 0.4})) + "\n")
+    assert check.poll() is None and check.done
