@@ -545,8 +545,9 @@ class TargetMetricCheck:
         self.done = True
         if metric.point_value(point, self.target.name) is not None:
             return True
-        names = [n for n in metric.FIELDS if getattr(point, n) is not None]
-        names += [f"val_{k}" for k in val] + [f"train_{k}" for k in train]
+        names = [n for n in ("val_loss", "val_acc") if getattr(point, n) is not None] + [f"val_{k}" for k in val]
+        names += [n for n in ("train_loss", "train_acc") if getattr(point, n) is not None]
+        names += [f"train_{k}" for k in train]
         self.missing = (f"--target {self.target.text}: the run reports no metric {self.target.name!r} (its first "
                         f"epoch reported {', '.join(names) or 'none'}); the comparison was stopped: "
                         "pick one of those")
