@@ -353,7 +353,7 @@ def test_a_target_metric_the_runs_never_report_stops_the_comparison_after_the_fi
     `not reached`, exit 0. The first run's first evaluated epoch now ends the comparison: exit 2,
     naming the metrics reported; the second strategy never starts."""
     (tmp_path / "regmod.py").write_text(REG_USER)
-    (tmp_path / "regx.yaml").write_text(REG.replace("LOSS", "regmod:mse_and_mae").replace("epochs: 2", "epochs: 5"))
+    (tmp_path / "regx.yaml").write_text(REG.replace("LOSS", "regmod:mse_and_mae").replace("epochs: 2", "epochs: 100"))
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"), TORCHDECK_PRESETS=str(tmp_path / "presets"))
     cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     r = subprocess.run(cmd + ["compare", "regx.yaml", "--strategies", "cpu,ddp", "--target", "val_maee<=0.1"],
