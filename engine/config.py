@@ -416,10 +416,26 @@ def _build(cls, data, prefix: str, problems: list):
         origin = get_origin(tp)
         if origin is not None and type(None) in get_args(tp):  # Optional[...] is not used; keep simple
             tp = next(a for a in get_args(tp) if a is not type(None))
+        if path == "script.args" and isinstance(value, str):  # a command line, as the form and a shell take it
+            value = _split_command_line(value, path, problems)
+            if value is None:
+                continue
         got = _coerce(value, tp, path, problems)
         if got is not dataclasses.MISSING:
             setattr(obj, key, got)
     return obj
+
+
+def _split_command_line(text: str, path: str, problems: list) -> list | None:
+    """`--epochs 3 --name "a b"` split as a shell splits it (shlex); None (and a problem) when its
+    quotes do not close."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        problems.append((path, f"a command line or a list of arguments; {text!r}: {exc}"))
+        return None
 
 
 def build(data: dict | None, source: str | None = None, hw=None) -> tuple[RunConfig, list[tuple[str, str]]]:
