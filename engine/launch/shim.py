@@ -180,6 +180,9 @@ def main(argv: list[str], path0_is_ours: bool) -> int:
         return run(argv[0], _argv(argv[1:]), module, path0_is_ours)
     finally:
         report.flush()
+        # what follows (atexit handlers, a framework's teardown, the process group's end) is the
+        # exit, not a step: the watchdog must not call it a slow step (engine/runs/view.py)
+        channel.emit("phase", phase="exiting")
         # What the script left in reference cycles (a DDP model holds its process group) is freed
         # now, while the interpreter is whole: freed by finalization's collection instead, a gloo
         # group's run-loop threads are torn down mid-exit and the rank aborts after its last line

@@ -61,6 +61,7 @@ class RankState:
     phase: str = ""  # what it does while starting (PHASES), until its first step
     _step_t: float | None = None  # event time of its newest step (or report)
     _paused: bool = True  # evaluating or checkpointing after that step event (or not stepping yet)
+    _exiting: bool = False  # its script body returned (the shim said so): the watchdog calls nothing slow
     _windows: list = field(default_factory=list)  # seconds between step events, pauses left out
     _rates: int = 0  # step-window rates it reported, and the sum of their inverses: where a window's
     _inv_rate_sum: float = 0.0  # length is not known, each counts as the same samples (harmonic mean)
@@ -199,6 +200,8 @@ KILLED_EXIT = 128 + 2  # a run the user killed: what a shell reports for a comma
 
 
 # A rank's start-up, in order: the phase events it sends before its first step, and what they mean.
+EXITING = "exiting"  # a script's body returned (engine/launch/shim.py): no step follows
+
 PHASES = {"rendezvous": "meeting the other ranks", "script": "the script setting up (after its rendezvous)",
           "data": "building the data set",
           "model": "building the model", "resume": "loading the checkpoint",
@@ -451,6 +454,10 @@ class RunView:
     def _on_phase(self, ev, t) -> None:
         st = self.rank(ev.get("rank"))
         phase = _text(ev.get("phase"))
+        if phase == EXITING:  # not a start-up phase: the script body ended, the process is exiting
+            st._exiting = True
+            st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
+            return
         if phase not in PHASES:
             raise Malformed(f"unknown phase {phase!r}")
         st.phase = phase
@@ -838,14 +845,19 @@ class RunView:
     def slow_ranks(self, now: float) -> list[tuple[RankState, float, float]]:
         """(rank, seconds in this window, median window) of the ranks whose step window in progress
         has taken over SLOW_MULTIPLE times their median (and SLOW_MIN_S): a hang or a straggling
-        step seen long before the rank turns stale, never while it evaluates or saves."""
+        step seen long before the rank turns stale, never while it evaluates or saves, nor once the
+        run is ending (a rank's last step done, its script body returned, a rank ended): a
+        framework's shutdown after its last step was called slow at every run's end."""
         out = []
-        if self.status != Status.RUNNING:
-            return out
-        for st in self.rank_list():
+        ranks = self.rank_list()
+        if self.status != Status.RUNNING or any(r.exited is not None for r in ranks):
+            return out  # a rank ended: the others are ending too (a shutdown is no slow step)
+        for st in ranks:
             med = self.median_window(st)
-            if st.exited is not None or st.from_report or st._paused or med is None:
+            if st.from_report or st._paused or st._exiting or med is None:
                 continue
+            if st.total_steps and st.step >= st.total_steps:
+                continue  # its last step is done: what follows is the end of the loop, not a step
             took = now - st._step_t
             if took > max(SLOW_MIN_S, SLOW_MULTIPLE * med):
                 out.append((st, took, med))
