@@ -168,7 +168,10 @@ def _send_counted(now: float) -> None:
     rate, end = s.rate, s.step_t or now
     if s.steps > s.win_steps and end > s.win_t and (rate is None or end - s.win_t >= s.every_s / 4):
         rate = (s.steps - s.win_steps) / (end - s.win_t)
-    _send_step(now, step=_step_now(), steps_per_s=rate, epoch=None, loss=None)
+    # sent after its last step (up to a window later, or at the exit after a failing collective):
+    # its wall time, so a rank's mean pace is over its stepping time (engine/runs/view.py)
+    step_t = time.time() - (now - s.step_t) if s.step_t is not None else None
+    _send_step(now, step=_step_now(), steps_per_s=rate, epoch=None, loss=None, step_t=step_t)
 
 
 def _register(module) -> None:

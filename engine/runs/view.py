@@ -490,10 +490,15 @@ class RunView:
         # a rank's step is the highest it reported: a script's torchdeck.log(step=i) counted from 0
         # after the step hook's count from 1 must not take it back (nor the order events are read in)
         st.step = max(st.step, reported)
+        # the mean pace is over its stepping time, first step to last: an event sent later (the
+        # hook's count at its window's end or the exit, after the rank sat in a failing collective)
+        # says when its last step was (step_t), and a step said again does not move its time on
+        done_t = _f(ev.get("step_t"))
+        done_t = t if done_t is None or done_t > t else done_t
         if st._pace_from is None:
             st._pace_from = (t, reported)
-        if st._pace_to is None or reported >= st._pace_to[1]:
-            st._pace_to = (t, reported)
+        if st._pace_to is None or reported > st._pace_to[1]:
+            st._pace_to = (max(done_t, st._pace_from[0]), reported)
         st.total_steps = _i(ev.get("total_steps")) or st.total_steps or self.total_steps
         loss = _f(ev.get("loss"))
         script_hook = loss is None and "steps_per_s" in ev  # a script's step hook: loss null between log() calls
