@@ -486,14 +486,17 @@ def rank_spread_text(state: RunView) -> Text:
 
 def script_spread_text(state: RunView) -> Text:
     """A script run's balance: its ranks' optimizer steps/s (the step hook's), slowest and fastest."""
-    ranks = [r for r in state.rank_list() if not state.ended_badly(r) and r.steps_per_s]  # a stop's SIGTERM counts
-    if len(ranks) < 2:
-        return Text(f"rank balance: {len(ranks)} of {state.world_size or len(state.rank_list())} ranks "
-                    "timing their optimizer steps", style="dim")
-    slow, fast = min(ranks, key=lambda r: r.steps_per_s), max(ranks, key=lambda r: r.steps_per_s)
-    gap = 100 * (1 - slow.steps_per_s / fast.steps_per_s)
+    b = state.script_balance()  # the rule (engine/runs/view.py): nothing where nothing was timed
+    if b is None:
+        return Text("")
+    if "slow" not in b:
+        return Text(f"rank balance: {b['timing']} of {b['world']} ranks timing their optimizer steps", style="dim")
+    slow, fast, gap = b["slow"], b["fast"], b["gap"]
     t = Text(f"rank balance: slowest rank {slow.rank} {fmt.steps_rate(slow.steps_per_s)} steps/s, "
              f"fastest rank {fast.rank} {fmt.steps_rate(fast.steps_per_s)}: ")
+    if not b["enough"]:
+        t.append("too few steps to compare", style="dim")
+        return t
     t.append(f"{gap:.0f}% behind", style="bold red" if gap > 20 else "yellow" if gap > 10 else "green")
     return t
 

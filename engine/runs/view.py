@@ -25,6 +25,7 @@ STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its repo
 STALE_INTERVALS = 5
 SLOW_MULTIPLE = 10.0  # a rank is slow when its step window takes this many times its median ...
 SLOW_MIN_S = 2.0  # ... and at least this long (the watchdog's second trigger, besides stale)
+BALANCE_MIN_STEPS = 20  # steps a script's rank has done before its rate can say it is behind
 SLOW_WINDOWS = 5  # windows measured before the rule applies (the first ones include warm-up)
 STEP_HISTORY = 600  # points kept of the per-step curves (older ones are thinned, not dropped)
 LOG_LINES = 500
@@ -905,6 +906,21 @@ class RunView:
         if not rates or (not self.final and now is not None and self.stale_ranks(now)):
             return None
         return min(rates)
+
+    def script_balance(self) -> dict | None:
+        """A script run's rank balance from its ranks' optimizer steps/s (the step hook's): None
+        where no rank timed a step (a hang before its first window, a legacy run: nothing to say);
+        `enough` only once every compared rank has done BALANCE_MIN_STEPS steps, the least that
+        says one is behind (a 6-step run's ranks, stepping together, read 13% apart)."""
+        ranks = [r for r in self.rank_list() if not self.ended_badly(r) and r.steps_per_s]  # a stop's SIGTERM counts
+        if not ranks:
+            return None
+        out = {"timing": len(ranks), "world": self.world_size or len(self.rank_list())}
+        if len(ranks) >= 2:
+            slow, fast = min(ranks, key=lambda r: r.steps_per_s), max(ranks, key=lambda r: r.steps_per_s)
+            out.update(slow=slow, fast=fast, gap=100 * (1 - slow.steps_per_s / fast.steps_per_s),
+                       enough=min(r.step for r in ranks) >= BALANCE_MIN_STEPS)
+        return out
 
     def script_pace_text(self, now: float | None = None, number=fmt.steps_rate) -> str:
         """script_pace in words, for `torchdeck launch`/`attach` and the Monitor's header (number:
