@@ -496,4 +496,4 @@ def test_init_process_group_is_said_as_the_rendezvous_phase(tmp_path):
                  env={"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     assert run.rc == 0, run.stderr
     assert "met 0 init_process_group" in run.stdout
-    assert [e["phase"] for e in run.kinds("phase")] == ["rendezvous", "script"]
+    assert [e["phase"] for e in run.kinds("phase")] == ["rendezvous", "script", "exiting"]  # exiting: the body returned
