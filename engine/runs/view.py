@@ -197,6 +197,7 @@ def epoch_text(p: EpochPoint) -> str:
     return f"train {part(p.train_loss, p.train_acc, p.train_metrics)}, val {part(p.val_loss, p.val_acc, p.val_metrics)}"
 
 
+KILLED = "killed"  # a rank's end when the user killed its run (RankState.exited)
 KILLED_EXIT = 128 + 2  # a run the user killed: what a shell reports for a command Ctrl-C ended (torchrun: 1)
 
 
@@ -771,6 +772,9 @@ class RunView:
             self.failed_local_rank = first
         if final.get("killed") is True:
             self.killed = True
+            for st in self.ranks.values():  # SIGKILLed with their supervisor: no exit of theirs is recorded,
+                if st.exited is None:  # and a rank still "running" kept its seen age counting up
+                    st.exited = KILLED
 
     def _settle(self) -> None:
         """Over: every front end's rank lines show each rank's mean over the run (RankState.settle)."""
@@ -1064,7 +1068,7 @@ class RunView:
         (SIGTERM, then SIGKILL, is how a stop ends a script's ranks): its figures still count."""
         if not st.failed_exit:
             return False
-        return not (self.status == Status.STOPPED and st.exited in ("signal SIGTERM", "signal SIGKILL"))
+        return not (self.status == Status.STOPPED and st.exited in ("signal SIGTERM", "signal SIGKILL", KILLED))
 
     def timed_losses(self) -> list[tuple[int, float, float]]:
         """The loss curve with its times: (step, event time, loss) of the lowest rank's step events
