@@ -135,8 +135,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
                 with s.held:
                     if s.sent_t is None or now - s.sent_t >= s.every_s:
                         _send_step(now, step=_step_now(), steps_per_s=s.rate, epoch=None, loss=None)
-                return
-        if s.steps == s.sent_steps + 1 and s.flusher_idle:  # the first step not sent: wake the sender
+        if s.flusher_idle and s.steps != s.sent_steps:  # steps not sent and the sender waits for none: wake it
             with s.held:
                 s.held.notify()
     except Exception:  # noqa: BLE001 - never break the user's optimizer.step()
