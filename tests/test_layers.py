@@ -267,7 +267,7 @@ def test_bare_torchdeck_opens_the_app_without_building_the_parser():
 KIND_TEST = re.compile(r"""[=!]=\s*(["'])script\1|(["'])script\2\s*(?:[=!]=|(?:not\s+)?in\b)""")
 # where the name may be tested: the run kinds themselves, and the script strategy naming itself
 KIND_OWNERS = {"engine/runs/kind.py", "engine/strategies/script.py"}
-KIND_ASKERS = ("engine", "cli")  # app/ to be added once its screens ask the kind too
+KIND_ASKERS = ("engine", "cli", "app")
 
 
 def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():

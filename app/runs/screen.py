@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable, val_label
 from ...engine.runs.fmt import fit_columns
+from ...engine.runs.kind import kind_of
 from ...engine.runs.layout import runs_root
 from ..widgets.status import STATUS_STYLE
 
@@ -75,6 +76,7 @@ class RunsScreen(Screen):
         Binding("r", "refresh", "Refresh", show=False),  # it refreshes itself every few seconds
         Binding("d", "delete", "Delete"),
         Binding("R", "resume", "Resume"),
+        Binding("R", "not_now('resume')", show=False),  # a script run's row: pressed, it says why
         Binding("space", "mark", "Mark", key_display="spc"),
         Binding("c", "compare", "Compare"),
         Binding("escape", "back", "Back"),
@@ -247,6 +249,21 @@ class RunsScreen(Screen):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._detail()
+        self.refresh_bindings()  # R is in the key bar only where the row's run can be resumed
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "not_now":
+            return not self.check_action(parameters[0], ())
+        if action == "resume":
+            r = self.selected
+            return r is None or kind_of(r.strategy).can_resume  # a script run: torchdeck holds no checkpoint
+        return True
+
+    def action_not_now(self, action: str) -> None:
+        """R on a script run's row: not in the key bar, and refused with the run kind's reason."""
+        r = self.selected
+        if r is not None:
+            self.app.resume_run(r.path)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open()
