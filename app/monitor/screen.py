@@ -422,7 +422,9 @@ class MonitorScreen(Screen):
         """The log pane: every line with its rank, then one rank's log at a time (l cycles)."""
         ranks = [r.rank for r in self.run_state.rank_list() if not r.from_report]
         only = self.query_one(LogPane).cycle(ranks)
-        self.query_one("#mon-log").border_title = "log: all ranks" if only is None else f"log: rank {only}"
+        pane = self.query_one("#mon-log")
+        pane.border_title = "log: all ranks" if only is None else f"log: rank {only}"
+        pane.scroll_visible(animate=False)  # at 80x24 the pane is below the fold: l seemed to do nothing
 
     def action_runs(self) -> None:
         self.app.action_runs()

@@ -118,6 +118,8 @@ async def test_a_script_runs_monitor_shows_steps_per_s_pids_children_and_one_ran
         await pilot.press("l")
         await pilot.pause(0.2)
         assert screen.query_one("#mon-log").border_title == "log: rank 0"
+        # at 80x24 the pane is below the fold: l brings it on screen (it seemed to do nothing)
+        await until(pilot, lambda: "log: rank 0" in screen_text(app), 10, "the log pane on screen")
         assert log_lines(screen) == ["epoch 1 starting on rank zero"]  # its file, as it reads: no prefix
         await pilot.press("l")
         await pilot.pause(0.2)
