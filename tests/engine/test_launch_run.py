@@ -171,9 +171,10 @@ def test_unchanged_ddp_script_finishes_with_both_ranks_watched(tmp_path):
         assert f"rank {r} done after 16 steps" in log
     assert (tmp_path / "model.pt").exists()  # rank 0 saved in script.cwd
     assert [e["exitcode"] for e in kinds(run, "rank_exited")] == [0, 0]
-    # init_process_group's wait is a start-up phase of its own, then the script's set-up
+    # init_process_group's wait is a start-up phase of its own, then the script's set-up; once the
+    # script's body returned, "exiting" (the watchdog calls nothing slow after it)
     assert sorted((e["rank"], e["phase"]) for e in kinds(run, "phase")) == [
-        (0, "rendezvous"), (0, "script"), (1, "rendezvous"), (1, "script")]
+        (0, "exiting"), (0, "rendezvous"), (0, "script"), (1, "exiting"), (1, "rendezvous"), (1, "script")]
 
 
 def test_exported_omp_num_threads_is_the_users(tmp_path):
