@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 BASE = 100_000
 TOTAL = 9_999_999

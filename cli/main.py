@@ -219,7 +219,7 @@ def script_exit_code(view) -> int:
 def _launch(args, cfg, origin: dict, root=None) -> int:
     from .progress import Display
     from ..engine.runs import control
-    from ..engine.runs.kind import kind_of
+    from ..engine.kinds import kind_of
 
     kind = kind_of(cfg)
     if cfg.accelerator == "cuda":
@@ -304,7 +304,7 @@ def cmd_attach(args) -> int:
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
-    from ..engine.runs import fmt
+    from ..engine import fmt
 
     if status.live:
         print(fmt.wrap(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", _terminal_width()), flush=True)
@@ -320,9 +320,9 @@ def cmd_attach(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from ..engine.runs import fmt
+    from ..engine import fmt
     from ..engine.runs.catalog import NARROW_DROP, collect, columns
-    from ..engine.runs.layout import runs_root
+    from ..engine.rundir.layout import runs_root
 
     root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
     rows = collect(root)
@@ -343,7 +343,8 @@ def cmd_compare(args) -> int:
     """`torchdeck compare PRESET --strategies a,b,c`: the same job under each strategy, one after
     another, then one table (engine.runs.compare computes it; the app's Compare screen shows the same)."""
     from .progress import Display
-    from ..engine.runs import compare, control, fmt
+    from ..engine.runs import compare, control
+    from ..engine import fmt
 
     strategies = [s.strip() for s in (args.strategies or "").split(",") if s.strip()]
     if args.save_best:
@@ -413,7 +414,7 @@ def cmd_compare(args) -> int:
             saved = save_user_preset(entry.preset_cfg, args.save_best)
             print(f"saved the fastest, {best.strategy}, as user preset {args.save_best} ({saved}); "
                   f"launch it with: torchdeck run user:{args.save_best}")
-    from ..engine.runs.status import Status
+    from ..engine.rundir.status import Status
 
     ran = [r for r in comparison.rows if r.status != compare.SKIPPED]
     return EXIT_OK if ran and all(Status.of_final(r.status).ended_well for r in ran) else EXIT_FAILED
@@ -469,7 +470,7 @@ def cmd_tune(args) -> int:
 
 def cmd_stop(args) -> int:
     from ..engine.runs import control
-    from ..engine.runs.kind import kind_of_run, stop_grace_of
+    from ..engine.kinds import kind_of_run, stop_grace_of
 
     run = _find_run(args.run, args.runs_dir)
     status = run.status()
@@ -489,7 +490,7 @@ def cmd_stop(args) -> int:
             print(f"still running after {args.wait:g} s")
             return EXIT_FAILED
         print(f"run {final.get('status')}")
-        from ..engine.runs.status import Status
+        from ..engine.rundir.status import Status
 
         return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
     return EXIT_OK
@@ -499,7 +500,7 @@ def cmd_stacks(args) -> int:
     """`torchdeck stacks RUN`: where every rank of this node (and the supervisor) is right now,
     grouped by place; for a run that is over, the last stacks recorded (its watchdog's, or the
     ones asked for)."""
-    from ..engine.runs import stacks
+    from ..engine.rundir import stacks
 
     run = _find_run(args.run, args.runs_dir)
     if run.is_live():
@@ -526,7 +527,7 @@ def cmd_stacks(args) -> int:
 def _item(text: str) -> None:
     """One indented item of a report; in a terminal, wrapped at its edge under its own indent
     (a wrapped line at column 0 reads as the next item)."""
-    from ..engine.runs import fmt
+    from ..engine import fmt
 
     print(fmt.wrap("  " + text, _terminal_width()))
 
@@ -538,7 +539,7 @@ def _terminal_width() -> int | None:
 
 def cmd_presets(args) -> int:
     from ..engine.presets import DEFAULT_PRESET, list_presets, user_presets_dir
-    from ..engine.runs import fmt
+    from ..engine import fmt
 
     infos = list_presets()
     shipped = {i.name for i in infos if i.source == "shipped"}
@@ -557,7 +558,7 @@ def cmd_presets(args) -> int:
 def cmd_validate(args) -> int:
     from ..engine import preflight
     from ..engine.hardware import visible_devices_warning
-    from ..engine.runs.kind import kind_of
+    from ..engine.kinds import kind_of
 
     cfg = _config_or_usage(args)
     kind = kind_of(cfg)
@@ -580,7 +581,7 @@ def cmd_validate(args) -> int:
     if args.explain:
         from ..engine import presets
 
-        from ..engine.runs import fmt
+        from ..engine import fmt
 
         for line in preflight.explain(args.preset, _overrides(args), cfg, presets.resolve(args.preset)):
             print(fmt.wrap(line, _terminal_width()))  # paths whole (fmt.wrap), never cut by the terminal
@@ -613,7 +614,7 @@ def cmd_eval(args) -> int:
         except UsageError:
             raise UsageError(f"{args.checkpoint}: no such checkpoint file or run (give a ckpt-* file or folder, a run "
                              "directory, or 'latest')") from None
-        from ..engine.runs.kind import kind_of_run
+        from ..engine.kinds import kind_of_run
 
         kind = kind_of_run(run)
         if not kind.can_eval:
@@ -627,7 +628,7 @@ def cmd_eval(args) -> int:
     from ..engine.evaluate import evaluate
 
     res = evaluate(str(ckpt), data_root=args.data_root)  # EvalError, DataError, ...: TorchdeckError
-    from ..engine.runs.fmt import epoch_at
+    from ..engine.fmt import epoch_at
 
     where = f" ({epoch_at(res['epoch'], res.get('batches_done', 0))}, step {res['step']})" if "step" in res else ""
     print(f"checkpoint {ckpt}{where}")
@@ -638,7 +639,8 @@ def cmd_eval(args) -> int:
 def eval_metrics(res: dict) -> list[str]:
     """What engine.evaluate found, in words: the loss, the accuracy where the task is
     classification, then the task's own metrics (perplexity, a loss callable's)."""
-    from ..engine.runs import fmt, metric
+    from ..engine import fmt
+    from ..engine.runs import metric
 
     out = [] if fmt.real(res.get("loss")) is None else [f"loss {res['loss']:.4f}"]
     if fmt.real(res.get("accuracy")) is not None:
@@ -673,7 +675,7 @@ def cmd_export(args) -> int:
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
         raise UsageError(f"devices: {cfg.devices}: an exported job cannot know how many GPUs its nodes have; list "
                          "them, e.g. --set 'devices=[0,1,2,3]'")
-    from ..engine.runs.kind import kind_of
+    from ..engine.kinds import kind_of
 
     if kind_of(cfg).is_script:  # the user's own script: the torchrun line they would type
         if args.deepspeed:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ..engine.runs import fmt
+from ..engine import fmt
 from ..engine.runs import progress as _plain
 from ..engine.runs.progress import (COMPACT_ABOVE, LOG_LEVELS, block, compact, header,  # noqa: F401
                                     log_text, rank_line, script_compact, script_header, script_rank_line,

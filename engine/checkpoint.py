@@ -17,7 +17,7 @@ import torch
 
 from .errors import TorchdeckError
 from .procs import pid_alive
-from .runs.layout import CHECKPOINT_META as META_NAME, RunDir, checkpoint_name, checkpoint_step, checkpoints_in
+from .rundir.layout import CHECKPOINT_META as META_NAME, RunDir, checkpoint_name, checkpoint_step, checkpoints_in
 
 FORMAT = 1
 _TMP = re.compile(r"^\.(?P<name>.+?)\.tmp-(?P<host>.+)-(?P<pid>\d+)$")  # save()'s temp file: .<final name>.tmp-<host>-<pid>

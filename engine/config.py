@@ -17,7 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from .errors import TorchdeckError
 from .files import write_atomic
 from .network import host_problem
-from .runs.kind import kind_of
+from .kinds import kind_of
 
 SCHEMA_VERSION = 1
 
@@ -282,7 +282,7 @@ class RunConfig:
 
     @property
     def kind(self):
-        """Torchdeck's loop or the user's script (engine.runs.kind): what applies to such a run."""
+        """Torchdeck's loop or the user's script (engine.kinds): what applies to such a run."""
         return kind_of(self.strategy)
 
     @property

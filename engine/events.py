@@ -75,7 +75,7 @@ Kinds and their fields (beyond v, kind, t):
                    GPUSample's fields; [] without NVML), host_stats: {cpu_percent, per_cpu,
                    ram_used_mb, ram_total_mb, load1} (engine/sources HostSample's, without procs)
     stacks         rank (null), reason (why they were taken: "rank 1 silent for 12 s", "collective
-                   timeout"), summary (one line, see engine/runs/stacks.py summary), groups: one
+                   timeout"), summary (one line, see engine/rundir/stacks.py summary), groups: one
                    entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
                    first}, files (the rank<N>.stacks files read)
     run_finished   status (finished|failed|stopped|preempted), exit_codes (list per local rank),

@@ -157,7 +157,7 @@ def _shards(cfg) -> tuple[int, int, int]:
 def estimate(cfg) -> Estimate:
     """Per rank, in MiB. Raises nothing for a built-in model; a user model that fails to build is
     the caller's to report (the same error a rank would raise)."""
-    from .runs.kind import kind_of
+    from .kinds import kind_of
 
     kind = kind_of(cfg)
     if not kind.can_estimate_memory:  # not the loop's model: quickstart's CNN would be estimated instead

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import config as cfgmod
 from . import strategies
-from .runs.kind import kind_of
+from .kinds import kind_of
 
 Problem = tuple[str, str]  # (field path, what is wrong and what to do)
 
@@ -178,7 +178,7 @@ class Length:
                 "ends_by": self.ends_by, "steps_per_epoch": self.steps_per_epoch}
 
     def said(self) -> str:
-        from .runs.fmt import num
+        from .fmt import num
 
         e, m, spe = self.epochs, self.max_steps, self.steps_per_epoch
         n = lambda v: num(v, ",")  # noqa: E731
@@ -551,7 +551,7 @@ def script_command(cfg) -> list[str]:
 def describe_script(cfg) -> list[str]:
     """What a script run will do: `torchdeck validate` prints it (the loop's fields do not apply)."""
     from .affinity import threads_for
-    from .runs import fmt
+    from . import fmt
 
     s, strat = cfg.script, strategies.get_strategy("script")
     n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
@@ -584,7 +584,7 @@ def describe(cfg) -> list[str]:
     """What the config will do, in a few lines: `torchdeck validate` prints them."""
     if kind_of(cfg).is_script:
         return describe_script(cfg)
-    from .runs import fmt
+    from . import fmt
 
     strat = strategies.get_strategy(cfg.strategy)
     n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)

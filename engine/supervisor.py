@@ -27,10 +27,10 @@ from . import events, network, strategies, usercode
 from .config import resolve_all_gpus
 from .errors import TorchdeckError
 from .losses import said as loss_said
-from .runs import stacks
-from .runs.layout import RunDir
-from .runs.kind import kind_of
-from .runs.status import Status
+from .rundir import stacks
+from .rundir.layout import RunDir
+from .kinds import kind_of
+from .rundir.status import Status
 from .runs.view import RunView
 from .preflight import length, load
 from .metrics import KINDS as METRIC_KINDS

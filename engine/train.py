@@ -381,7 +381,7 @@ class Trainer:
             note = ""
             if state.get("world_size") not in (None, c.world_size):
                 note = f" (saved with world size {state['world_size']}, now {c.world_size}: data order differs)"
-            from .runs.fmt import epoch_at
+            from .fmt import epoch_at
 
             self.emit("log", level="info", message=f"resumed from {path} at "
                                                    f"{epoch_at(self.pos.epoch, self.pos.batches_done)}, "

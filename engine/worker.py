@@ -26,8 +26,8 @@ from .affinity import threads_for
 from .config import from_dict
 from .strategies import nproc_per_node, world_size
 from .errors import TorchdeckError
-from .runs import stacks
-from .runs.layout import RunDir, write_atomic
+from .rundir import stacks
+from .rundir.layout import RunDir, write_atomic
 
 
 def _redirect_output(path: Path) -> None:
@@ -373,7 +373,7 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
         pos = trainer.fit()
         if job.rank == 0:
             how = "stopped on request" if trainer.stopped else "finished"
-            from .runs.fmt import epoch_at
+            from .fmt import epoch_at
 
             emit("log", level="info", message=f"{how} at {epoch_at(pos.epoch, pos.batches_done)}, step {pos.step}")
         clean = True

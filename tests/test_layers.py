@@ -87,8 +87,8 @@ OWN = ("engine", "app", "cli", "presets")  # the repository's folders: torchdeck
 
 
 def _module_name(path: Path) -> str:
-    """A file's module by its place in the repository (engine/runs/layout.py -> engine.runs.layout;
-    at runtime torchdeck.engine.runs.layout: the tests leave the namespace off)."""
+    """A file's module by its place in the repository (engine/rundir/layout.py -> engine.rundir.layout;
+    at runtime torchdeck.engine.rundir.layout: the tests leave the namespace off)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -96,7 +96,7 @@ def _module_name(path: Path) -> str:
 
 
 def _modules(*packages: str) -> dict[str, Path]:
-    """engine.runs.layout -> its file, for every module of the packages (a package by its __init__)."""
+    """engine.rundir.layout -> its file, for every module of the packages (a package by its __init__)."""
     return {_module_name(path): path for pkg in packages for path in sorted((ROOT / pkg).rglob("*.py"))}
 
 
@@ -236,7 +236,9 @@ def test_app_imports_no_engine_module_that_imports_torch_at_module_import():
 
 def test_core_modules_load_without_torch_or_textual():
     code = ("import sys\n"
-            "from torchdeck.engine.runs import layout, status, view, follow, catalog, control, fmt\n"
+            "from torchdeck.engine.runs import view, follow, catalog, control\n"
+            "from torchdeck.engine.rundir import layout, status, stacks\n"
+            "from torchdeck.engine import fmt, kinds\n"
             "from torchdeck.engine import preflight, errors, events, config, presets\n"
             "from torchdeck.cli import main, progress\n"
             "main.build_parser()\n"
@@ -266,13 +268,13 @@ def test_bare_torchdeck_opens_the_app_without_building_the_parser():
 # kind's name on the left too)
 KIND_TEST = re.compile(r"""[=!]=\s*(["'])script\1|(["'])script\2\s*(?:[=!]=|(?:not\s+)?in\b)""")
 # where the name may be tested: the run kinds themselves, and the script strategy naming itself
-KIND_OWNERS = {"engine/runs/kind.py", "engine/strategies/script.py"}
+KIND_OWNERS = {"engine/kinds/__init__.py", "engine/strategies/script.py"}
 KIND_ASKERS = ("engine", "cli", "app")
 
 
 def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
     """What a script run is (its config, its ranks, what stop does, what its views show) lives in
-    engine/runs/kind.py: `kind_of(x).is_script` or one of its properties, never `== "script"` in a
+    engine/kinds/__init__.py: `kind_of(x).is_script` or one of its properties, never `== "script"` in a
     caller (issue 36 item 2: 27 such tests in 9 files, each writing its own answer)."""
     bad = []
     for top in KIND_ASKERS:
@@ -283,4 +285,4 @@ def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if KIND_TEST.search(line):
                     bad.append(f"{rel}:{n}: {line.strip()}")
-    assert not bad, "the run kind tested by name (ask engine.runs.kind.kind_of(...) instead):\n" + "\n".join(bad)
+    assert not bad, "the run kind tested by name (ask engine.kinds.kind_of(...) instead):\n" + "\n".join(bad)

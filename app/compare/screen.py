@@ -22,7 +22,7 @@ from ..monitor.panes import step_ticks
 from ..runs.screen import fitted
 from ..widgets.status import STATUS_STYLE
 from ...engine.runs import compare
-from ...engine.runs.status import LIVE as RUN_LIVE
+from ...engine.rundir.status import LIVE as RUN_LIVE
 
 REFRESH_S = 2.0
 # (plotext colour, the same colour for rich): the legend must match the lines

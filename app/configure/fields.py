@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
 from ...engine import config as C
-from ...engine.runs.kind import kind_of
+from ...engine.kinds import kind_of
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")

@@ -22,7 +22,7 @@ from textual.widgets.selection_list import Selection
 from .fields import (BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path,
                                   parse_text, set_path)
 from ...engine.config import SCHEMA_VERSION, RunConfig
-from ...engine.runs.kind import kind_of
+from ...engine.kinds import kind_of
 
 # Fields of the first section built with the first frame. None: the first frame is the screen's
 # frame (title, section heading, summary, key bar) and the whole first section follows one refresh

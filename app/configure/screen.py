@@ -388,7 +388,7 @@ class ConfigureScreen(Screen):
     def action_estimate_memory(self) -> None:
         """Memory per rank for the form (as `torchdeck validate --memory`), measured in a child
         process: building the model needs torch, which the app never imports."""
-        from ...engine.runs.kind import kind_of
+        from ...engine.kinds import kind_of
 
         kind = kind_of(self.form.value_of("strategy"))
         if not kind.can_estimate_memory:  # a script's model is its own
@@ -462,7 +462,7 @@ class ConfigureScreen(Screen):
 
     def action_compare(self) -> None:
         """The form's job under several strategies, one after another, watched in the Compare screen."""
-        from ...engine.runs.kind import kind_of
+        from ...engine.kinds import kind_of
 
         kind = kind_of(self.form.value_of("strategy"))
         if kind.is_script:  # the strategies are torchdeck's loop's; a script does its own distributed setup

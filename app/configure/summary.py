@@ -6,7 +6,7 @@ import shlex
 
 from .fields import flatten, override_text
 from ...engine.config import RunConfig
-from ...engine.runs.kind import kind_of
+from ...engine.kinds import kind_of
 
 
 def problems_line(problems: dict[str, str], most: int = 4) -> str:
@@ -25,11 +25,11 @@ def problems_line(problems: dict[str, str], most: int = 4) -> str:
 
 
 def count(n: int) -> str:
-    """A count as people read it: 6,336. engine.runs.fmt writes every number; under 1,000 it adds
+    """A count as people read it: 6,336. engine.fmt writes every number; under 1,000 it adds
     nothing, and importing it (with engine.runs, ~5 ms) is kept off the first frame then."""
     if abs(n) < 1000:
         return str(n)
-    from ...engine.runs import fmt
+    from ...engine import fmt
 
     return fmt.num(n, ",")
 
@@ -109,7 +109,7 @@ def script_facts(cfg: RunConfig) -> dict:
     """processes, nodes, world, threads per rank, devices, the folder, the stop grace."""
     from ...engine.affinity import threads_for
     from ...engine.preflight import script_cwd
-    from ...engine.runs import fmt
+    from ...engine import fmt
     from ...engine.strategies import nproc_per_node, world_size
 
     n = nproc_per_node(cfg)

@@ -15,8 +15,8 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 
 from ...engine.runs import fleet as fl
-from ...engine.runs import fmt
-from ...engine.runs.kind import kind_of
+from ...engine import fmt
+from ...engine.kinds import kind_of
 from ...engine.runs.view import RunView
 from .panes import (SEP, RanksPane, TextPane, balance_text, gpu_ranks, gpu_row, rank_header, rank_spread_text, rank_text,
                     script_rank_header, script_spread_text)

@@ -10,9 +10,10 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import RichLog, Static
 
-from ...engine.runs import fmt, metric
+from ...engine import fmt
+from ...engine.runs import metric
 from ...engine.runs import fleet
-from ...engine.runs.kind import kind_of
+from ...engine.kinds import kind_of
 from ...engine.runs.view import RunView
 from ..widgets.status import STATUS_STYLE
 

@@ -101,7 +101,7 @@ class MonitorScreen(Screen):
 
     def __init__(self, run_path: str | Path, now: Callable[[], float] | None = None,
                  sample_every: float = SAMPLE_EVERY_S):
-        from ...engine.runs.layout import RunDir
+        from ...engine.rundir.layout import RunDir
 
         super().__init__()  # no id: the runs list may stack a second Monitor of another run
         self.run_dir = RunDir(Path(run_path))
@@ -124,9 +124,9 @@ class MonitorScreen(Screen):
 
     # ------------------------------------------------------------------ what kind of run
     def kind(self):
-        """torchdeck's loop or the user's script (engine.runs.kind): the one place the Monitor asks,
+        """torchdeck's loop or the user's script (engine.kinds): the one place the Monitor asks,
         so its keys, palette, stop dialog and toast say what applies to this run."""
-        from ...engine.runs.kind import kind_of, kind_of_run
+        from ...engine.kinds import kind_of, kind_of_run
 
         if self.run_state.run_kind:
             return kind_of(self.run_state)
@@ -135,7 +135,7 @@ class MonitorScreen(Screen):
         return self._recorded_kind
 
     def stop_wording(self) -> str:
-        from ...engine.runs.kind import stop_grace_of
+        from ...engine.kinds import stop_grace_of
 
         kind = self.kind()
         return kind.stop_wording(stop_grace_of(self.run_dir) if kind.is_script else None)

@@ -1,9 +1,9 @@
-"""The stacks view: where each rank of the run was, grouped by place (engine/runs/stacks.py).
+"""The stacks view: where each rank of the run was, grouped by place (engine/rundir/stacks.py).
 
 Opened from the Monitor (t). It shows the newest stacks the run recorded (the supervisor's
 watchdog takes them when a rank goes silent); t asks the live ranks of this host again, in a
 thread worker (a dump takes up to a few seconds). For a run that is over it shows what
-`torchdeck stacks` prints: engine.runs.stacks.last_recorded, the newer of the watchdog's event and
+`torchdeck stacks` prints: engine.rundir.stacks.last_recorded, the newer of the watchdog's event and
 the files an earlier asking left (rank<N>.stacks, supervisor.stacks).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from textual.widgets import Static
 
 
 def stacks_text(groups: list, heading: str, live: bool = True) -> Text:
-    from ...engine.runs.stacks import render
+    from ...engine.rundir.stacks import render
 
     t = Text(heading + "\n", style="bold")
     if not groups:
@@ -79,7 +79,7 @@ class StacksScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="stacks")
     def _last_recorded(self) -> None:
-        from ...engine.runs.stacks import last_recorded
+        from ...engine.rundir.stacks import last_recorded
 
         try:
             last = last_recorded(self.run_dir)
@@ -93,7 +93,7 @@ class StacksScreen(ModalScreen):
 
     @work(thread=True, exclusive=True, group="stacks")
     def _take(self) -> None:
-        from ...engine.runs.stacks import take
+        from ...engine.rundir.stacks import take
 
         try:
             groups, taken = take(self.run_dir)

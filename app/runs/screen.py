@@ -17,9 +17,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, deletable, val_label
-from ...engine.runs.fmt import fit_columns
-from ...engine.runs.kind import kind_of
-from ...engine.runs.layout import runs_root
+from ...engine.fmt import fit_columns
+from ...engine.kinds import kind_of
+from ...engine.rundir.layout import runs_root
 from ..widgets.status import STATUS_STYLE
 
 REFRESH_S = 2.0
@@ -43,7 +43,7 @@ def row_cells(r: RunSummary, marked: bool = False) -> dict[str, Text]:
 
 def fitted(cols, cells: list[dict[str, Text]], width: int, drop=()) -> tuple[list, list[int], str]:
     """What a DataTable of `cells` shows in `width` columns: (the columns kept, their widths, a
-    line naming those left out, or ""). The rule is `torchdeck runs`' (engine.runs.fmt.fit_columns:
+    line naming those left out, or ""). The rule is `torchdeck runs`' (engine.fmt.fit_columns:
     the keys in `drop` go in that order until a row fits); a DataTable pads each cell by one on
     both sides. The widths are set, not left to the table to find later: every column as wide as
     its widest cell, whenever the rows are shown."""
@@ -300,7 +300,7 @@ class RunsScreen(Screen):
     def action_compare(self) -> None:
         """The marked runs side by side; with none marked, the comparison the run under the cursor
         was part of (`torchdeck compare`)."""
-        from ...engine.runs.layout import RunDir, comparison_of
+        from ...engine.rundir.layout import RunDir, comparison_of
 
         picked = [r.path for r in self.rows if r.key in self.marked]
         if len(picked) >= 2:

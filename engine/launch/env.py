@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runs.layout import RunDir
+from ..rundir.layout import RunDir
 from .channel import ENV_FD, ENV_ID, ENV_PATH
 
 _INHERITED_CHANNEL = (ENV_ID, ENV_PATH)  # a launch from inside a launched script: not this run's pipe

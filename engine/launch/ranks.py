@@ -27,7 +27,7 @@ import threading
 import time
 
 from .. import events
-from ..runs.layout import RunDir
+from ..rundir.layout import RunDir
 from . import env as rank_env_mod
 from . import shim_argv
 

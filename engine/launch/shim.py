@@ -5,7 +5,7 @@ dump, the step hook and the rank's event channel around it.
 
 Environment (set by the supervisor): RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them;
 TORCHDECK_EVENTS_FD (engine.launch.channel); TORCHDECK_STACKS_FILE (the file faulthandler
-dumps this process's stacks into on engine.runs.stacks.STACK_SIGNAL; no dump without it);
+dumps this process's stacks into on engine.rundir.stacks.STACK_SIGNAL; no dump without it);
 TORCHDECK_STEP_EVERY_S (engine.launch.report); TORCHDECK_LOCAL_RANK_ARG: "1" appends
 `--local-rank=N` (LOCAL_RANK) to the script's arguments as torch.distributed.launch did, any
 other non-empty value is the flag's spelling (`--local_rank` for older scripts).
@@ -33,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..runs import stacks
+from ..rundir import stacks
 from . import channel, report
 
 USAGE = "usage: python -m torchdeck.engine.launch.shim [--module] TARGET [args...]"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..events import parse
-from . import fmt, metric
+from .. import fmt
+from . import metric
 from .follow import EventTail
-from .layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
-from .status import Status
+from ..rundir.layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
+from ..rundir.status import Status
 from .view import RunView
 from ..strategies import world_size
 

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import events
-from .kind import kind_of
-from . import fmt, metric
-from .layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
+from ..kinds import kind_of
+from .. import fmt
+from . import metric
+from ..rundir.layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from .view import RunView
 from ..strategies import global_batch, world_size
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from ..procs import module_argv
-from .layout import RunDir
-from .status import Status
+from ..rundir.layout import RunDir
+from ..rundir.status import Status
 
 
 def start(cfg, root: str | os.PathLike | None = None, origin: dict | None = None) -> RunDir:
@@ -51,7 +51,7 @@ def resume_point(run) -> tuple[int, Path]:
     """(step, checkpoint) a run would resume from: its newest checkpoint; UsageError if it has none
     or is still going."""
     from ..errors import UsageError
-    from .kind import kind_of_run
+    from ..kinds import kind_of_run
 
     run = _as_run(run)
     kind = kind_of_run(run)  # a script's checkpoints are its own: "no checkpoint yet" would mislead
@@ -95,7 +95,7 @@ def nothing_left(cfg, step: int, epoch: int | None, batches_done: int | None = N
     done), or None when it has steps left. `epoch` is the engine's 0-based index (as events and
     checkpoints carry it; at an epoch's end, the epochs done). The one rule `torchdeck resume`,
     `torchdeck run --resume` and the app's Resume all apply before they create anything."""
-    from .fmt import epoch_at
+    from ..fmt import epoch_at
 
     t = cfg.train
     ends, raise_ = [], []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from . import fmt
+from .. import fmt
 
 # RunView and RankState (engine/runs/view.py) are named in annotations only: the reducer imports
 # this module, and this one reads a view passed in.

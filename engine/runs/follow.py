@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import events
 from ..events import iter_events  # noqa: F401  (importers take it from here too)
-from .layout import RunDir, checkpoint_step, pid_alive
+from ..rundir.layout import RunDir, checkpoint_step, pid_alive
 from .view import RunView
 
 STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from . import fmt
+from .. import fmt
 
 ACC, LOSS = "val_acc", "val_loss"
 FIELDS = ("val_acc", "val_loss", "train_acc", "train_loss")  # an epoch's own fields; other names: its val_metrics

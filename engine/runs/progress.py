@@ -17,9 +17,10 @@ import statistics
 import sys
 import time
 
-from . import fleet, fmt, metric
-from .kind import kind_of
-from .status import Status
+from . import fleet, metric
+from .. import fmt
+from ..kinds import kind_of
+from ..rundir.status import Status
 from .view import RankState, RunView
 
 _HOST = socket.gethostname()  # this node's: the rank logs read are this node's ranks'

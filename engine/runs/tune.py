@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import events
-from .layout import RunDir, new_group_dir, write_atomic
+from ..rundir.layout import RunDir, new_group_dir, write_atomic
 
 RESULT_FILE = "tune.json"
 OOM_WORDS = ("OutOfMemoryError", "out of memory", "CUDA_ERROR_OUT_OF_MEMORY")

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 
 from ..events import epoch_number
-from . import fmt, metric
+from .. import fmt
+from . import metric
 from .fleet import Fleet, multi_node, node_of
-from .kind import kind_of
-from .status import FINAL, Status, decide
+from ..kinds import kind_of
+from ..rundir.status import FINAL, Status, decide
 
 STALE_MIN_S = 10.0  # a rank is stale after max(this, STALE_INTERVALS x its reporting interval)
 STALE_INTERVALS = 5

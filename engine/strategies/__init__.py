@@ -44,7 +44,7 @@ def world_size(cfg) -> int:
 
 def global_batch(cfg) -> int:
     """Samples per optimizer step over every rank (a script run's batch is the script's: None)."""
-    from ..runs.kind import kind_of
+    from ..kinds import kind_of
 
     if not kind_of(cfg).loop_config:  # train.batch_size does not apply
         return None

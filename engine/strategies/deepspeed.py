@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config import combination
 from ..errors import TorchdeckError
 from ..files import write_atomic
-from ..runs.layout import CHECKPOINT_META  # torch-free: the one rule for checkpoint names
+from ..rundir.layout import CHECKPOINT_META  # torch-free: the one rule for checkpoint names
 from . import world_size as world_size_of
 from .process_group import ProcessGroupStrategy
 

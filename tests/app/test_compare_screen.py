@@ -23,7 +23,7 @@ from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
 from torchdeck.engine.runs import compare
 from torchdeck.engine.runs.catalog import deletable
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text, until
 
 T0 = 1_761_998_400.0

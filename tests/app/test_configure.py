@@ -444,7 +444,7 @@ async def test_launch_quickstart_runs_to_finished(tmp_path, presets_dir):
         launched = cfgmod.load(app.last_run / "config.yaml")
         assert launched.train.epochs == 1 and launched.data.train_size == 1024
         from torchdeck.app.monitor.screen import MonitorScreen
-        from torchdeck.engine.runs.layout import RunDir
+        from torchdeck.engine.rundir.layout import RunDir
 
         monitor = app.screen
         assert isinstance(monitor, MonitorScreen) and monitor.run_dir.path == app.last_run

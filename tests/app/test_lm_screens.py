@@ -15,7 +15,7 @@ from torchdeck.app.runs.screen import RunsScreen
 from torchdeck.app.sources.nvml import FakeGPUSource
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text, until
 from tests.cli.test_task_views import lm_events
 

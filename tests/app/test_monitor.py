@@ -17,7 +17,7 @@ from torchdeck.app.sources.host import FakeHostSource, HostSample, ProcSample
 from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample
 from torchdeck.engine import events
 from torchdeck.engine.config import from_dict
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text
 from tests.run_events import T0, ev, started, step
 
@@ -408,7 +408,7 @@ def test_a_lost_runs_ranks_are_marked_gone_and_a_stale_rank_stops_the_header():
 def test_each_final_status_says_one_thing_in_the_header_the_exit_code_and_the_runs_list():
     """Issue 28: three lists of statuses disagreed: the Monitor's header left out a preempted run's
     cause (which `torchdeck runs` prints, and `torchdeck stop --wait` exits 0 on). One rule now,
-    engine.runs.status.Status: the cause of a run that ended early is said, red when it went wrong."""
+    engine.rundir.status.Status: the cause of a run that ended early is said, red when it went wrong."""
     from torchdeck.app.monitor.panes import header_text
     from torchdeck.cli.main import _exit_for
     from torchdeck.engine.runs.view import RunView
@@ -437,7 +437,7 @@ def test_curve_ticks_are_whole_steps():
 async def test_stacks_of_a_run_that_is_over_are_what_torchdeck_stacks_prints(tmp_path, capsys):
     """Issue 27: `t` on a run that is over showed only the watchdog's stacks event, while
     `torchdeck stacks` prints the newer of that event and the files an earlier `t` left
-    (engine.runs.stacks.last_recorded). One question, one answer: both read this run directory."""
+    (engine.rundir.stacks.last_recorded). One question, one answer: both read this run directory."""
     from torchdeck.app.monitor.screen import MonitorScreen
     from torchdeck.app.monitor.stacks import StacksScreen
     from torchdeck.cli import main as cli

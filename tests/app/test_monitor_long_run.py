@@ -7,7 +7,7 @@ import threading
 
 from torchdeck.engine import events
 from torchdeck.engine.config import from_dict
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.test_monitor import form_mounted, make_app, until
 from tests.run_events import started, step
 

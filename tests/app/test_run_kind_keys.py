@@ -9,7 +9,7 @@ import os
 from torchdeck.app.monitor.screen import MonitorCommands, MonitorScreen
 from torchdeck.engine import events
 from torchdeck.engine.config import from_dict
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text
 from tests.app.test_configure import RecordingApp
 from tests.app.test_monitor import fake_gpu, fake_host, form_mounted, until

@@ -23,7 +23,7 @@ from torchdeck.app.sources.nvml import FakeGPUSource
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
 from torchdeck.engine.runs.catalog import HEAD_BYTES, TAIL_BYTES, collect, deletable, read_head_tail
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text, until
 
 SIZE = (80, 24)  # the smallest terminal we promise to be usable in

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from torchdeck.engine import config as cfgmod
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text
 from tests.app.test_configure import choose, make_app, ready, two_fake_gpus, type_into
 

@@ -17,7 +17,7 @@ from torchdeck.app.main import TorchdeckApp
 from torchdeck.app.sources.host import HostSource
 from torchdeck.engine import events
 from torchdeck.engine.config import from_dict
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.app.screen_helpers import screen_text
 from tests.app.test_configure import choose, make_app as configure_app, ready, type_into
 from tests.app.test_monitor import fake_gpu, form_mounted, until

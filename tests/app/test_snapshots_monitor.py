@@ -16,7 +16,7 @@ from torchdeck.app.sources.host import FakeHostSource, HostSample, ProcSample
 from torchdeck.app.sources.nvml import FakeGPUSource, GPUSample
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 T0 = 1_750_000_000.0
 NOW = T0 + 95.0  # the frozen clock: 95 s into the run

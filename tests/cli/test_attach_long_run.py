@@ -7,7 +7,7 @@ import signal
 
 from torchdeck.engine import events
 from torchdeck.engine.config import from_dict
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.run_events import started, step
 
 STEPS = 3000

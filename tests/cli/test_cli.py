@@ -225,7 +225,7 @@ def test_runs_and_attach_on_a_recorded_run(tmp_path, capsys):
     """attach replays a finished run from its events alone; runs lists it."""
     from torchdeck.engine import config as c
     from torchdeck.engine import events
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     run = RunDir.create(c.from_dict({"name": "old"}), tmp_path)
     evs = [events.make("run_started", strategy="cpu", world_size=1, total_steps=2, global_batch=64, devices=["cpu"]),
@@ -536,7 +536,7 @@ def test_one_run_reads_the_same_duration_everywhere(tmp_path, capsys):
     from torchdeck.engine import events
     from torchdeck.engine.runs.catalog import collect
     from torchdeck.engine.runs.follow import Follower
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     run = RunDir.create(c.from_dict({"name": "timed"}), tmp_path)
     t0 = 1_700_000_000.0

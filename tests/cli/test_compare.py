@@ -207,7 +207,7 @@ def test_a_row_and_its_curves_come_from_the_run_view_of_the_written_events(tmp_p
     rank 1 never sends peak_mem_mb (a run from before it: its largest device_mem_mb counts), and
     each rank's first window is warm-up."""
     from torchdeck.engine.runs import tune
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     evs = [started(total=40, world=2)]  # global batch 128, started at T0
     evs += [step(1, 10, 1.0, wait=1.0, comp=2.0, loss=2.0), step(0, 10, 1.2, wait=1.0, comp=3.0, loss=2.1),  # warm-up

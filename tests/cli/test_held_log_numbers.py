@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 

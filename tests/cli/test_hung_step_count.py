@@ -6,7 +6,7 @@ the window's end too."""
 import re
 
 from tests.cli.test_held_log_numbers import _wait_for, last_steps, torchdeck
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 # rank 0: 29 quick steps inside the first window; rank 1: 10 steps of 0.3 s; then both hang
 HANG = """\

@@ -4,7 +4,7 @@ no exit of theirs was recorded, so the view kept them running: the Monitor's `se
 `(signal SIGTERM)` (issue 35, QA). The view marks them ended (killed) for both front ends."""
 from tests.cli.test_held_log_numbers import _wait_for, last_steps, torchdeck
 from tests.cli.test_hung_step_count import HANG
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from torchdeck.engine.runs.view import KILLED, RunView
 from tests.run_events import ev, started, step
 

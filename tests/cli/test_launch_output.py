@@ -16,7 +16,7 @@ import pytest
 
 from torchdeck.engine.errors import UsageError
 from torchdeck.engine.launch import args as launch_args
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from torchdeck.engine.runs.progress import RankOutput
 from torchdeck.engine.runs.view import RunView
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 

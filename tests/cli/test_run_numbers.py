@@ -10,8 +10,9 @@ from pathlib import Path
 
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
-from torchdeck.engine.runs import catalog, fmt, metric
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.runs import catalog, metric
+from torchdeck.engine import fmt
+from torchdeck.engine.rundir.layout import RunDir
 from torchdeck.engine.runs.view import RunView
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")

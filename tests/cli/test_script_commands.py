@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"

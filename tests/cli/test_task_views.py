@@ -16,7 +16,7 @@ from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
 from torchdeck.engine.errors import UsageError
 from torchdeck.engine.runs import compare, progress
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from torchdeck.engine.runs.metric import Target, parse_target
 from torchdeck.engine.runs.view import RunView
 from tests.run_events import T0, ev, started, step

@@ -77,7 +77,7 @@ def term(tmp_path):
     yield t
     t.kill()
     from torchdeck.engine.runs.control import kill
-    from torchdeck.engine.runs.layout import list_runs
+    from torchdeck.engine.rundir.layout import list_runs
 
     for run in list_runs(tmp_path / "runs"):
         if run.is_live():

@@ -20,7 +20,7 @@ from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
 from torchdeck.engine.events import read_all
 from torchdeck.engine.runs import control
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 
 ROOT = Path(__file__).resolve().parents[2]

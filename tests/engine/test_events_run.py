@@ -149,7 +149,7 @@ def test_worker_runs_under_torchrun(tmp_path):
     assert evs[0]["kind"] == "run_started" and evs[0]["world_size"] == 2 and evs[0]["launcher"] == "torchrun"
     assert evs[-1]["kind"] == "run_finished" and evs[-1]["status"] == "finished"
     assert cfgmod.load(run / "config.yaml").strategy == "ddp"
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     assert RunDir(run).status() == "finished"
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32}))

@@ -18,7 +18,7 @@ import pytest
 
 from torchdeck.engine import events
 from torchdeck.engine.runs import control
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.engine.helpers import Run, ddp_cfg, port_free, port_holders
 
 FAIL_MODELS = '''

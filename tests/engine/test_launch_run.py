@@ -18,7 +18,7 @@ from torchdeck.engine import config as cfgmod
 from torchdeck.engine.events import read_all
 from torchdeck.engine.launch import env as launch_env
 from torchdeck.engine.runs import control
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 from tests.engine.helpers import ROOT, assert_nothing_left, cli_cmd, wait_for
 

@@ -16,7 +16,7 @@ import pytest
 
 from torchdeck.engine import events
 from torchdeck.engine.launch import channel, shim_argv
-from torchdeck.engine.runs import stacks
+from torchdeck.engine.rundir import stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable

@@ -9,7 +9,7 @@ import pytest
 from torchdeck.cli.main import main as cli_main
 from torchdeck.engine import metrics
 from torchdeck.engine.events import read_all
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.engine.helpers import run_supervised, small_cfg
 
 

@@ -364,7 +364,7 @@ def test_a_torchrun_run_dir_is_running_while_torchrun_lives_and_kill_ends_it(tmp
     launcher.pid, so `torchdeck runs`, the Runs list and the Monitor see the run as running (not
     'starting'), and kill takes down the agent and its workers and records the run as failed."""
     from torchdeck.engine.runs import control
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.epochs": 10_000, "train.max_steps": 0})
     preset = write_preset(tmp_path / "long.yaml", cfg)

@@ -18,7 +18,7 @@ import yaml
 
 from torchdeck.cli import main as cli
 from torchdeck.engine import events
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 from tests.engine.helpers import assert_same_weights, final_model, run_in_process, small_cfg
 
 SRUN = '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 SLURM_PROCID=0 exec "$@"\n'

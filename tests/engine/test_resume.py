@@ -85,7 +85,7 @@ def test_run_dir_and_resume_agree_on_the_newest_complete_checkpoint(tmp_path):
     """`torchdeck resume/eval RUN` (RunDir.newest_checkpoint, torch-free) and the resuming rank
     (checkpoint.latest) read one naming rule: a deepspeed folder without its meta file is not
     complete yet, and a name the engine never writes is no checkpoint."""
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     run = RunDir(tmp_path / "20250101-000000-r")
     d = run.checkpoint_dir

@@ -18,7 +18,7 @@ from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
 from torchdeck.engine.runs.catalog import collect, summarize
 from torchdeck.engine.runs.follow import Follower
-from torchdeck.engine.runs.layout import RunDir
+from torchdeck.engine.rundir.layout import RunDir
 
 T0 = 1_700_000_000.0
 

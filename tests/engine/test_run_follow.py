@@ -6,7 +6,7 @@ import pytest
 
 def test_worker_output_tail_reads_new_lines_only(tmp_path):
     from torchdeck.engine.runs.follow import FIRST_BYTES, OutputTail
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     (tmp_path / "supervisor.log").write_text("supervisor 1: ddp x2\n")
     (tmp_path / "rank0.log").write_text("x" * (FIRST_BYTES + 10) + "\nold line 1\nold line 2\npart")
@@ -27,7 +27,7 @@ def test_a_resumed_runs_curves_continue_the_old_ones(tmp_path):
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
     from torchdeck.engine.runs.follow import Follower
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     def write(rd, evs):
         rd.events_path.write_text("".join(events.dumps(e) + "\n" for e in evs))
@@ -98,7 +98,7 @@ def _mixed_run(tmp_path):
 
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     rd = RunDir.create(cfgmod.RunConfig(name="chunks"), tmp_path)
     evs = [events.make("run_started", run="chunks", strategy="ddp", world_size=2, total_steps=40, epochs=2)]
@@ -173,7 +173,7 @@ def _long_run(tmp_path, steps: int):
     """A finished 2-rank run of `steps` step events a rank, as quickstart's supervisor writes them."""
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     rd = RunDir.create(cfgmod.RunConfig(name="long"), tmp_path)
     with open(rd.events_path, "w") as fh:
@@ -219,7 +219,7 @@ def long_run(tmp_path, monkeypatch):
 
 def _read_all_ways(rd, tmp_path):
     from torchdeck.engine import metrics
-    from torchdeck.engine.runs import stacks
+    from torchdeck.engine.rundir import stacks
 
     return _follow(rd, None), metrics.convert(rd.events_path, tmp_path / "m.csv"), stacks.last_recorded(rd)
 
@@ -240,7 +240,7 @@ def test_metrics_and_stacks_read_a_long_run_a_chunk_at_a_time(long_run, tmp_path
     """`torchdeck metrics --csv/--tensorboard`, `torchdeck stacks` and the Monitor's stacks pane read
     every event of a run that is over: as a list of all of them before (~15 MB for this file)."""
     from torchdeck.engine import metrics
-    from torchdeck.engine.runs import stacks
+    from torchdeck.engine.rundir import stacks
 
     sink, peak = _peak(lambda: metrics.convert(long_run.events_path, tmp_path / "m.csv"))
     assert sink.rows == 6000 and peak < CHUNKS_WORTH, f"metrics of a 2.2 MB file peaked at {peak / 1e6:.1f} MB"

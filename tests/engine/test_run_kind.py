@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from torchdeck.engine import config as cfgmod
-from torchdeck.engine.runs import kind
+from torchdeck.engine import kinds as kind
 
 
 def test_kind_of_config_strategy_and_run_kind_agree():

@@ -320,7 +320,7 @@ def test_a_stopped_runs_step_is_where_it_stopped_not_its_last_step_event(tmp_pat
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
     from torchdeck.engine.runs.catalog import summarize
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
     from torchdeck.engine.worker import RankJob, train_rank
     from tests.engine.helpers import small_cfg
 
@@ -353,7 +353,7 @@ def test_a_resumed_run_shows_its_checkpoints_step_from_the_start(tmp_path):
 
     from torchdeck.engine import events
     from torchdeck.engine.runs.follow import Follower
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
 
     old, new = tmp_path / "old", tmp_path / "new"
     for d in (old, new):
@@ -383,7 +383,7 @@ def test_one_number_rule_for_the_monitor_and_compare():
     """fmt.real is the one parser (RunView, compare, the Monitor's panes): a number written as text
     counts, NaN and booleans do not. A diverged NaN loss shows as missing and is no curve point;
     compare's rate reads the same windows the Monitor does."""
-    from torchdeck.engine.runs import fmt
+    from torchdeck.engine import fmt
 
     assert [fmt.real(v) for v in (None, True, "0.5", "abc", float("nan"), 3, 2.5, [1])] == \
         [None, None, 0.5, None, None, 3.0, 2.5, None]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from torchdeck.engine.runs import stacks
+from torchdeck.engine.rundir import stacks
 from torchdeck.engine.runs.view import RunView
 from tests.engine.helpers import Run, cli_cmd, ddp_cfg
 
@@ -217,7 +217,7 @@ def test_stacks_of_a_run_that_is_over_are_the_last_recorded_files_or_event(tmp_p
 
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
-    from torchdeck.engine.runs.layout import RunDir
+    from torchdeck.engine.rundir.layout import RunDir
     from tests.engine.helpers import env_for, small_cfg
     from tests.run_events import T0, ev, started
 

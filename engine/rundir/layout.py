@@ -11,7 +11,7 @@ one writer of a run's final status.
         launcher.pid       torchrun's agent, for a run written under torchrun (no supervisor)
         supervisor.log     the supervisor's own output
         rank<N>.log        stdout/stderr of global rank N
-        rank<N>.stacks     the rank's Python stacks, written when asked (engine/runs/stacks.py)
+        rank<N>.stacks     the rank's Python stacks, written when asked (engine/rundir/stacks.py)
         supervisor.stacks  the same for the supervisor
         nccl_trace_rank_<N>  NCCL's flight recorder of rank N, dumped when a collective times out (GPU)
         status.json        final status, written last: {"status", "exit_codes", "root_cause", "elapsed_s"}
@@ -200,7 +200,7 @@ class RunDir:
         return self.path / f"rank{rank}.log"
 
     def stacks_path(self, rank: int | None) -> Path:
-        """Where a rank (None: the supervisor) dumps its stacks when asked (engine/runs/stacks.py)."""
+        """Where a rank (None: the supervisor) dumps its stacks when asked (engine/rundir/stacks.py)."""
         return self.path / ("supervisor.stacks" if rank is None else f"rank{rank}.stacks")
 
     # ---------------------------------------------------------------- reading
@@ -258,7 +258,7 @@ class RunDir:
         return None if newest is None else max(0.0, now - newest)
 
     def status(self, stepped: bool = True, now: float | None = None) -> Status:
-        """The status from the directory alone (see engine.runs.status.decide). Without events read,
+        """The status from the directory alone (see engine.rundir.status.decide). Without events read,
         a live run counts as running unless the caller knows no step came yet."""
         final = self.final_status()
         pid = self.owner_pid()
