@@ -286,3 +286,57 @@ def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
                 if KIND_TEST.search(line):
                     bad.append(f"{rel}:{n}: {line.strip()}")
     assert not bad, "the run kind tested by name (ask engine.kinds.kind_of(...) instead):\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- the floors
+
+# Bottom to top; a module may import its own floor and the floors below, never a floor above (issue 36
+# item 5). A module is on the floor of the longest prefix listed (engine.runs.view.steps is on
+# engine.runs.view's). Imports inside functions count: a lazy import up is still an arrow up.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base: leaf rules, no project imports above them", (
+        "engine", "engine.errors", "engine.files", "engine.procs", "engine.events", "engine.network",
+        "engine.fmt", "engine.affinity", "engine.nvml", "engine.usercode", "engine.kinds")),
+    ("schema: the run config and presets", ("engine.config", "engine.presets")),
+    ("run directory: its layout, status and stacks on disk", ("engine.rundir",)),
+    ("parts: what a rank is built from", (
+        "engine.strategies", "engine.hardware", "engine.sources", "engine.cache", "engine.text",
+        "engine.data", "engine.models", "engine.losses", "engine.optim", "engine.checkpoint",
+        "engine.launch", "engine.nodes", "engine.metrics")),
+    ("checks: a config judged before anything starts", ("engine.preflight", "engine.memory", "engine.export")),
+    ("views: a run's events read and reduced", (
+        "engine.runs", "engine.runs.view", "engine.runs.fleet", "engine.runs.metric", "engine.runs.follow",
+        "engine.runs.progress", "engine.runs.catalog")),
+    ("processes: the ranks and their supervisor", ("engine.train", "engine.evaluate", "engine.worker",
+                                                  "engine.supervisor")),
+    ("orchestration: runs started, stopped, compared, tuned", (
+        "engine.runs.control", "engine.runs.compare", "engine.runs.tune")),
+    ("app parts: widgets and sources every screen shares", ("app", "app.widgets", "app.sources", "app.keybar")),
+    ("screens", ("app.configure", "app.monitor", "app.runs", "app.compare")),
+    ("front ends: the app and the CLI", ("app.main", "cli")),
+]
+
+
+def _floor_of(mod: str) -> int | None:
+    best, floor = -1, None
+    for n, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and len(p) > best:
+                best, floor = len(p), n
+    return floor
+
+
+def test_every_import_goes_down_the_floors():
+    """The floors, named: a low room that imports a high one (a lazy import too) is a loop waiting to
+    happen and a reason the low room cannot be read alone."""
+    known = _modules("engine", "app", "cli")
+    graph = _graph(known, top_level_only=False)
+    unplaced = sorted(m for m in graph if _floor_of(m) is None)
+    assert not unplaced, "modules on no floor (add them to FLOORS in tests/test_layers.py):\n" + "\n".join(unplaced)
+    up = []
+    for mod, edges in sorted(graph.items()):
+        for dst, line in edges.items():
+            if dst is not None and _floor_of(dst) > _floor_of(mod):
+                up.append(f"{known[mod].relative_to(ROOT)}:{line}: {mod} ({FLOORS[_floor_of(mod)][0].split(':')[0]})"
+                          f" imports {dst} ({FLOORS[_floor_of(dst)][0].split(':')[0]})")
+    assert not up, "imports up the floors:\n" + "\n".join(up)
