@@ -1,20 +1,24 @@
-"""What a run is, as its front ends need to know it: torchdeck's own loop, or the user's script
-(strategy script, `torchdeck launch`). One object per kind answers what applies to such a run
-(checkpoint, resume, eval, a memory estimate, how a stop ends it) and, where it does not, why,
+"""What a run is, as its front ends need to know it: torchdeck's own loop (loop.py), or the
+user's script (script.py, `torchdeck launch`). One object per kind answers what applies to such a
+run (checkpoint, resume, eval, a memory estimate, how a stop ends it) and, where it does not, why,
 so the CLI, the Monitor and the Runs list say the same thing instead of each testing
-`== "script"` and writing its own words. Torch-free and UI-free (imported by app/ and cli/).
+`== "script"` and writing its own words. A kind is one module of this package defining `KIND`:
+adding one is adding a file. Torch-free and UI-free (imported by app/ and cli/ on the first frame).
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
-
-SCRIPT = "script"  # the strategy (config) and the run_kind (run_start event) of a user's script
 
 
 @dataclass(frozen=True)
 class Kind:
-    name: str  # "loop" or "script"
+    name: str  # "loop", "script": the run_start event's run_kind ("" for the loop, as older runs wrote it)
     title: str  # the words a line uses for it
+    # the strategies whose runs are of this kind; () with default=True: every strategy no other kind claims
+    strategies: tuple = ()
+    default: bool = False
     # why an action does not apply ("" = it does); one clause, no full stop, to follow "a script run: "
     no_checkpoint: str = ""
     no_resume: str = ""
@@ -35,7 +39,9 @@ class Kind:
 
     @property
     def is_script(self) -> bool:
-        return self.name == SCRIPT
+        """Its ranks are the user's own program (the views show what torchdeck.log and the exit
+        codes tell, not the loop's numbers)."""
+        return self.ranks_from_shim
 
     @property
     def can_checkpoint(self) -> bool:
@@ -56,7 +62,7 @@ class Kind:
     def stop_wording(self, grace_s: float | None = None) -> str:
         """How a stop ends such a run, for `torchdeck stop`, Ctrl-C, the Monitor's stop dialog and
         its toast (grace_s: the run's script.stop_grace_s, when known)."""
-        if self.is_script:
+        if self.ranks_from_shim:
             after = f"{grace_s:g} s" if grace_s is not None else "script.stop_grace_s"
             return f"ranks get SIGTERM, then SIGKILL after {after}"
         return "ranks finish this step, rank 0 checkpoints"
@@ -66,18 +72,26 @@ class Kind:
         return f"{command} does not apply to a {self.title}{f' ({name})' if name else ''}: {why}"
 
 
-LOOP = Kind("loop", "torchdeck run")
-SCRIPT_KIND = Kind(
-    SCRIPT, "script run",
-    no_checkpoint="the script saves its own checkpoints, torchdeck does not know their format",
-    no_resume="torchdeck holds no checkpoint of it; resume inside your script and launch it again",
-    no_eval="torchdeck holds neither its model nor a checkpoint of it; evaluate in your script",
-    no_memory_estimate="the model and batch are your script's, torchdeck cannot see them before it runs",
-    loop_config=False, ranks_from_shim=True, shows_rank_output=True, exits_as_torchrun=True,
-    first_phase="python, imports",  # a script's: up to its rendezvous
-)
-# the names the brief and callers use
-loop, script = LOOP, SCRIPT_KIND
+
+
+def kinds() -> list[Kind]:
+    """Every kind, from this package's modules (each defines KIND), the default one last."""
+    global _KINDS
+    if _KINDS is None:
+        found = [importlib.import_module(f"{__name__}.{m.name}").KIND
+                 for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+        _KINDS = sorted(found, key=lambda k: (k.default, k.name))
+    return _KINDS
+
+
+_KINDS: list[Kind] | None = None
+
+
+def _by_name(name: str) -> Kind:
+    for k in kinds():
+        if name and (name == k.name or name in k.strategies):
+            return k
+    return next(k for k in kinds() if k.default)
 
 
 def kind_of(x) -> Kind:
@@ -85,14 +99,12 @@ def kind_of(x) -> Kind:
     with a `run_kind` (a RunView, the Monitor's state) or a `strategy` attribute."""
     if isinstance(x, Kind):
         return x
-    if x is None:
-        return LOOP
-    if not isinstance(x, str):
+    if x is not None and not isinstance(x, str):
         value = getattr(x, "run_kind", None)
         if value is None:
             value = getattr(x, "strategy", None)
-        x = value or ""
-    return SCRIPT_KIND if x == SCRIPT else LOOP
+        x = value
+    return _by_name(x or "")
 
 
 def kind_of_run(run) -> Kind:
@@ -100,7 +112,7 @@ def kind_of_run(run) -> Kind:
     try:
         return kind_of(run.config())
     except Exception:  # a run dir missing or holding a broken config.yaml is someone else's to report
-        return LOOP
+        return _by_name("")
 
 
 def stop_grace_of(run) -> float | None:
