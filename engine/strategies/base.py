@@ -94,6 +94,11 @@ class Strategy:
         """Context for accumulation micro-steps that must not communicate."""
         return contextlib.nullcontext()
 
+    def targets_device(self, ctx: RankContext):
+        """Where the model's output lands when that is not the batch's device (the loss needs the
+        targets there); None: with the batch."""
+        return None
+
     def make_optimizer(self, params_fn, model):
         """Build the optimizer; ZeRO overrides this to shard its state."""
         return params_fn(model.parameters())

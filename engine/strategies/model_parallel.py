@@ -45,6 +45,13 @@ class ModelParallelStrategy(Strategy):
         return Pipeline(model, self.local_devices(ctx.cfg, ctx.local_rank),
                         split=list(mp.split) or None, micro_batches=mp.micro_batches)
 
+    def targets_device(self, ctx):
+        """The logits come out of the last stage."""
+        import torch
+
+        last = torch.device(self.local_devices(ctx.cfg, ctx.local_rank)[-1])
+        return None if last == torch.device(ctx.device) else last
+
     def unwrap(self, model):
         # The original model object: its layers live on several devices but its keys are unchanged.
         return getattr(model, "module", model)
