@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,deepspeed]'
+	$(PY) -m pip install -q -e '.[test,deepspeed,docs]'
 	touch $(STAMP)
 
 run: $(STAMP)
