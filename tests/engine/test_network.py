@@ -175,11 +175,16 @@ def test_the_store_of_several_nodes_listens_on_master_addr_where_it_is_local():
     assert network.store_address(pub or "localhost", num_nodes=1)[:2] == ("127.0.0.1", "127.0.0.1")
 
 
-def test_the_store_listens_where_store_address_says():
+def test_the_store_listens_where_store_address_says(monkeypatch):
     """bind_store binds the socket that serve_store hands TCPStore (master_listen_fd), read back
     from the kernel."""
+    from torchdeck.engine import worker
     from torchdeck.engine.supervisor import PortError, bind_store
     from torchdeck.engine.worker import serve_store
+
+    # serve_store keeps the store in worker._SERVED for the process's life: put it back after, or every
+    # later in-process rank of this pytest process thinks it serves a store and waits 60 s at leave_group
+    monkeypatch.setattr(worker, "_SERVED", None)
 
     me = [os.getpid()]
     with network.listener("127.0.0.1", 0) as probe:

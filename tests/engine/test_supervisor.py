@@ -164,12 +164,15 @@ def test_single_node_busy_port_picks_another():
     assert port > 0 and str(port) in msg
 
 
-def test_rendezvous_port_is_held_from_the_start_and_moves_off_a_taken_port():
+def test_rendezvous_port_is_held_from_the_start_and_moves_off_a_taken_port(monkeypatch):
     """The supervisor binds the store's socket (no torch) the moment it picks the port; one taken in
     the meantime is replaced (single node) or named in the error (multi-node). Local rank 0 serves
     the store on that very socket."""
+    from torchdeck.engine import worker
     from torchdeck.engine.supervisor import PortError, bind_store
     from torchdeck.engine.worker import serve_store
+
+    monkeypatch.setattr(worker, "_SERVED", None)  # put back after: see test_network.py, the store's test
 
     with socket.socket() as s:
         s.bind(("", 0))
