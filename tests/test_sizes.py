@@ -20,8 +20,6 @@ KEPT: dict[tuple[str, str], str] = {
     ("engine/export.py", "sbatch"): "issue 36: to split",
     ("engine/launch/args.py", "parser"): "issue 36: to split",
     ("engine/runs/compare.py", "plan"): "issue 36: to split",
-    ("engine/runs/view.py", "RunView"): "issue 36: to split",
-    ("engine/runs/view.py", "_on_step"): "issue 36: to split",
     ("engine/supervisor.py", "Supervisor"): "issue 36: to split",
     ("engine/train.py", "Trainer"): "issue 36: to split",
     ("engine/train.py", "evaluate_model"): "issue 36: to split",
