@@ -1,8 +1,8 @@
 """The docs pages made from the code, so they cannot drift from it: the run config reference (from
-engine/config.py: every field, its default, its comment, and the rule validate() applies) and the
-strategy table (from the strategy registry, engine/strategies).
+engine/config.py: every field, its default, its comment, and the rule validate() applies), the
+strategy table (from the strategy registry, engine/strategies) and the shipped presets' table.
 
-docs/hooks.py puts them into the site at build time; `python docs/gen_pages.py config|strategies`
+docs/hooks.py puts them into the site at build time; `python docs/gen_pages.py config|strategies|presets`
 prints one (tests/test_docs.py runs it on an edited copy of the schema).
 """
 from __future__ import annotations
@@ -204,7 +204,24 @@ def strategies_page() -> str:
     return "\n".join(out + details) + "\n"
 
 
-PAGES = {"config": lambda: config_page(__import__("torchdeck.engine.config", fromlist=["x"])),
+# ----------------------------------------------------------------------------- presets
+
+def presets_page(folder=None) -> str:
+    """The shipped presets (presets/*.yaml): name, strategy and their own description."""
+    import yaml
+    from pathlib import Path
+
+    folder = Path(folder or Path(__file__).resolve().parent.parent / "presets")
+    out = ["| preset | strategy | what |", "|---|---|---|"]
+    for path in sorted(folder.glob("*.yaml"), key=lambda p: (p.stem != "quickstart", p.stem)):
+        data = yaml.safe_load(path.read_text()) or {}
+        name = f"`{path.stem}`" + (" (default)" if path.stem == "quickstart" else "")
+        out.append(f"| {name} | {data.get('strategy', 'cpu')} | {_cell(str(data.get('description', '')))} |")
+    return "\n".join(out) + "\n"
+
+
+PAGES = {"presets": presets_page,
+         "config": lambda: config_page(__import__("torchdeck.engine.config", fromlist=["x"])),
          "strategies": strategies_page}
 
 if __name__ == "__main__":

@@ -60,3 +60,10 @@ def test_strategy_table_covers_the_registry():
     page = _gen("strategies")
     for name in names():
         assert f"## `{name}`" in page and get_strategy(name).summary in page, name
+
+
+def test_presets_table_lists_every_shipped_preset():
+    """The table the README kept by hand had lost lm-cpu and lm-gpu; made from presets/ it cannot."""
+    page = _gen("presets")
+    for path in (ROOT / "presets").glob("*.yaml"):
+        assert f"| `{path.stem}`" in page, path.stem
