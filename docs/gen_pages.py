@@ -59,7 +59,7 @@ def _said(value) -> str:
 
 # Values that break a field's rule: validate() says the rule. Under which config a rule applies:
 # the gpt sizes with model gpt, the script section with strategy script.
-_PROBES = {int: (-2, -1, 0, 1), float: (-1.0, 0.0, 1.5), str: ("zzz", "")}
+_PROBES = {int: (-2, -1, 0, 1), float: (-1.0, 0.0, 1.5), str: ("zzz", ""), bool: (True,)}
 _BASES = {"model.n_": {"model": {"name": "gpt"}, "data": {"dataset": "text"}},
           "model.block_size": {"model": {"name": "gpt"}, "data": {"dataset": "text"}},
           "script.": {"strategy": "script", "script": {"path": "train.py"}}}
