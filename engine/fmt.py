@@ -2,6 +2,8 @@
 The CLI, the Monitor and the Runs list all use these, so one run reads the same everywhere."""
 from __future__ import annotations
 
+import math
+
 
 def real(v) -> float | None:
     """A number as read from an event, a status file or a sampler; None for what is not one: None,
@@ -191,7 +193,19 @@ def _glue_commands(text: str) -> str:
 
 
 def steps_rate(v: float | None) -> str:
-    """Optimizer steps/s: a few a second for a real model, so with decimals below 100."""
+    """A pace people read: optimizer steps/s (and a node's pace in any unit) with three significant
+    figures, `3.42`, `34.2`, `342`, `3,420`, `0.0523`, as tqdm prints it/s. Three because a rate
+    moves by a few percent from window to window: `3.4` hid a 1.5 % step (3.42 -> 3.37) and a slow
+    model's `0.1` said nothing; a fourth figure is noise. Whole numbers from 100 up read as
+    samples/s do (`fmt.rate`). The one format of steps/s in the CLI (run/launch/attach), the Monitor
+    and the node views: one number reads the same everywhere."""
     if v is None or v != v:
         return "-"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+    if v < 0:
+        return "-" + steps_rate(-v)
+    r = float(f"{v:.3g}")  # rounded to three figures first: 9.996 is `10.0`, not `10.00`
+    if r >= 100:
+        return f"{v:,.0f}"
+    if r < 0.001:  # nothing trains this slowly; no row of zeros either
+        return f"{r:.3g}"
+    return f"{r:.{2 - math.floor(math.log10(r))}f}"

@@ -389,8 +389,9 @@ def _rate_trio(s) -> str:
 
 
 def pace_text(v: float) -> str:
-    """A pace as the views write it: samples/s and tokens/s whole (and grouped), steps/s with a decimal."""
-    return fmt.rate(v) if v >= 100 else f"{v:.1f}"
+    """A pace in its unit (fleet.pace_unit) as every view writes a rate: three figures below 100
+    (steps/s), whole and grouped above (samples/s, tokens/s); fmt.steps_rate says why."""
+    return fmt.steps_rate(v)
 
 
 # ----------------------------------------------------------------------------- one row per node

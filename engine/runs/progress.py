@@ -282,10 +282,6 @@ def summary(view: RunView, now: float) -> list[str]:
 # with loss and samples/s or tokens/s only when the script calls torchdeck.log; no epochs, no total.
 
 
-def _sps(v: float | None) -> str:
-    return "-" if v is None or v != v else f"{v:.1f}"
-
-
 def _logged_rate(r: RankState) -> str:
     """What torchdeck.log said last about a rank's throughput: samples/s, else tokens/s, else ""."""
     if r.samples_per_s > 0:
@@ -304,7 +300,7 @@ def script_rate_text(view: RunView, now: float) -> str:
     tokens = [r.tokens_per_s for r in ranks if r.tokens_per_s]
     if tokens:
         return f"{fmt.rate(sum(tokens))} tokens/s"
-    return view.script_pace_text(now, _sps)
+    return view.script_pace_text(now)
 
 
 def script_header(view: RunView, now: float, width: int, command: bool = True) -> str:
@@ -337,7 +333,7 @@ def script_rank_line(view: RunView, r: RankState, now: float, width: int) -> str
     """rank N  [device]  step S  X.X steps/s  [loss L  R samples/s]: the device, then the logged
     rate, then the loss drop when the terminal is narrow."""
     cells = [("rank", f"rank {r.rank:>2}"), ("device", f"{r.place[:10]:<10}" if r.device else ""),
-             ("steps", f"step {r.step:>5}"), ("pace", f"{_sps(r.steps_per_s):>5} steps/s"),
+             ("steps", f"step {r.step:>5}"), ("pace", f"{fmt.steps_rate(r.steps_per_s):>5} steps/s"),
              ("loss", "" if r.loss is None else f"loss {fmt.num(r.loss)}"), ("rate", _logged_rate(r))]
     tail = _tail(view, r, now)
     line = ""
@@ -361,8 +357,8 @@ def script_compact(view: RunView, now: float, width: int, every_node: bool = Fal
     lines = [first]
     if paces:
         slow = min((r for r in ranks if r.steps_per_s is not None), key=lambda r: (r.steps_per_s, r.step))
-        lines.append(f"steps/s per rank: min {_sps(min(paces))}  median {_sps(statistics.median(paces))}  "
-                     f"max {_sps(max(paces))}  slowest rank {slow.rank}")
+        lo, med, hi = (fmt.steps_rate(v) for v in (min(paces), statistics.median(paces), max(paces)))
+        lines.append(f"steps/s per rank: min {lo}  median {med}  max {hi}  slowest rank {slow.rank}")
     if stale:
         lines.append(f"stale ranks (silent): {_ranks(stale)}")
     if dead:

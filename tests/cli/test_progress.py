@@ -221,23 +221,23 @@ def test_a_script_runs_display_has_steps_and_steps_per_s_no_epochs_or_totals():
         text = "\n".join(lines)
         assert "?" not in text and not re.search(r"\bep |/ ", text) and "[" not in text, text
     lines = block(v, 1001.0, 100)
-    assert lines[0].startswith("RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.4 steps/s | "
-                               "python train.py --lr 0.1 --d"), lines[0]
+    assert lines[0].startswith("RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.40 steps/s | "
+                               "python train.py --lr 0.1 --"), lines[0]
     assert lines[0].endswith("…") and len(lines[0]) == 99  # the command, cut to the width
-    assert lines[1] == "rank  0  step   120    3.4 steps/s"
-    assert lines[2] == "rank  1  step   121    4.4 steps/s"
+    assert lines[1] == "rank  0  step   120   3.40 steps/s"
+    assert lines[2] == "rank  1  step   121   4.40 steps/s"
 
 
 def test_a_script_that_calls_torchdeck_log_shows_loss_and_samples_per_s():
     v = view_of(_script_run(logged=True))
     lines = block(v, 1001.0, 100)
-    assert lines[1] == "rank  0  step   121    3.4 steps/s  loss 0.2500  320 samples/s"
+    assert lines[1] == "rank  0  step   121   3.40 steps/s  loss 0.2500  320 samples/s"
     assert "640 samples/s" in lines[0]
     v.feed(events.make("step", rank=0, step=140, steps_per_s=3.0, loss=None, samples_per_s=None, t=1002.0))
-    assert block(v, 1002.0, 100)[1] == "rank  0  step   140    3.0 steps/s  loss 0.2500  320 samples/s"
+    assert block(v, 1002.0, 100)[1] == "rank  0  step   140   3.00 steps/s  loss 0.2500  320 samples/s"
     v.feed(events.make("step", rank=1, step=130, steps_per_s=2.0, loss=1.5, tokens_per_s=51200.0, t=1002.0))
     v.ranks[1].samples_per_s = 0.0  # a script that logs tokens only
-    assert block(v, 1002.0, 100)[2] == "rank  1  step   130    2.0 steps/s  loss 1.5000  51,200 tokens/s"
+    assert block(v, 1002.0, 100)[2] == "rank  1  step   130   2.00 steps/s  loss 1.5000  51,200 tokens/s"
     v.feed_all([events.make("rank_exited", rank=1, exitcode=7, signal=None, t=1003.0),
                 events.make("rank_exited", rank=0, exitcode=-15, signal="SIGTERM", t=1003.0),
                 events.make("run_finished", status="failed", exit_codes=[-15, 7], t=1003.0)])
@@ -258,7 +258,7 @@ def test_a_script_runs_summary_says_steps_per_rank_elapsed_and_exit_code():
     assert "?" not in "\n".join(out) and not re.search(r"\bep ", "\n".join(out)), out
     assert out[0] == "run started: python train.py --lr 0.1 --data /very/long/path/" + "x" * 80 + ", world size 2, " \
                      "devices cpu, cpu"
-    assert "rank  1  step   121    4.4 steps/s  (exit 7)" in out
+    assert "rank  1  step   121   4.40 steps/s  (exit 7)" in out
     assert out[-3:] == ["run failed after 00:03, exit code 7",
                         "steps done: rank 0 120 (signal SIGTERM), rank 1 121 (exit 7)",
                         "root cause: rank 1 exited with code 7"], out
@@ -267,7 +267,7 @@ def test_a_script_runs_summary_says_steps_per_rank_elapsed_and_exit_code():
 def test_many_script_ranks_compact_to_steps_per_s_spread():
     v = view_of(_script_run(n=12))
     text = "\n".join(block(v, 1001.0, 100))
-    assert "12 ranks  steps 120-131" in text and "steps/s per rank: min 3.4  median 8.9  max 14.4  slowest rank 0" \
+    assert "12 ranks  steps 120-131" in text and "steps/s per rank: min 3.40  median 8.90  max 14.4  slowest rank 0" \
         in text and "?" not in text, text
 
 
@@ -391,7 +391,7 @@ def test_the_piped_status_line_of_a_script_run_is_short():
     d = Display(buf, tty=False, interval=0, clock=lambda: 1001.0)
     d.show(v)
     (status,) = [ln for ln in buf.getvalue().splitlines() if ln.startswith("RUNNING")]
-    assert status == "RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.4 steps/s", status
+    assert status == "RUNNING | script | world 2 | step 120 | 00:01 elapsed | 3.40 steps/s", status
     assert buf.getvalue().count("/very/long/path/") == 1  # in `run started` only
 
 

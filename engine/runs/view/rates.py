@@ -46,11 +46,11 @@ class Rates:
                        enough=min(r.step for r in ranks) >= BALANCE_MIN_STEPS)
         return out
 
-    def script_pace_text(self, now: float | None = None, number=fmt.steps_rate) -> str:
-        """script_pace in words, for `torchdeck launch`/`attach` and the Monitor's header (number:
-        the front end's way of writing it, `3.4` in the CLI's narrow lines)."""
+    def script_pace_text(self, now: float | None = None) -> str:
+        """script_pace in words, for `torchdeck launch`/`attach` and the Monitor's header (the one
+        way steps/s is written: fmt.steps_rate)."""
         pace = self.script_pace(now)
-        return f"{'mean ' if self.final and pace is not None else ''}{number(pace)} steps/s"
+        return f"{'mean ' if self.final and pace is not None else ''}{fmt.steps_rate(pace)} steps/s"
 
     def rate_text(self, now: float | None = None) -> str:
         """The headers' rate: the ranks' latest while it trains, the run's mean once it is over
