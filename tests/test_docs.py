@@ -67,3 +67,12 @@ def test_presets_table_lists_every_shipped_preset():
     page = _gen("presets")
     for path in (ROOT / "presets").glob("*.yaml"):
         assert f"| `{path.stem}`" in page, path.stem
+
+
+def test_readme_is_a_front_page():
+    """Under 150 lines, with the Monitor's picture (made by docs/screenshots.py) and the tour's steps."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 150
+    assert "](docs/images/monitor.svg)" in text and (ROOT / "docs" / "images" / "monitor.svg").stat().st_size > 10_000
+    for step in ("torchdeck run quickstart", "torchdeck launch", "torchdeck compare", "torchdeck env"):
+        assert step in text, step
