@@ -15,7 +15,6 @@ KEPT: dict[tuple[str, str], str] = {
     ("app/configure/form.py", "_follow_strategy"): "issue 36: to split",
     ("app/monitor/panes.py", "header_text"): "issue 36: to split",
     ("app/monitor/screen.py", "MonitorScreen"): "issue 36: to split",
-    ("app/runs/screen.py", "RunsScreen"): "issue 36: to split",
     ("engine/export.py", "sbatch"): "issue 36: to split",
     ("engine/launch/args.py", "parser"): "issue 36: to split",
     ("engine/runs/compare.py", "plan"): "issue 36: to split",
