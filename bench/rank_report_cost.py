@@ -8,7 +8,7 @@
    the report exists only there. Under torchdeck's own supervisor the ranks' events stream to
    node 0 instead (issue 31) and report_every_s is set to 0, so a supervised run would time the
    same loop three times.
-2. The collective itself, in a 2-rank gloo group: the real Trainer._should_stop, once as the
+2. The collective itself, in a 2-rank gloo group: the real Agreement.should_stop, once as the
    plain stop agreement (all-reduce of 2 numbers) and once as a report (all-gather of every
    rank's row, RSS read, event built on rank 0). The extra time per report divided by
    report_every_s is the share of training time the view costs at that setting.
@@ -71,30 +71,28 @@ def _micro_rank(rank: int, port: int, iters: int, q) -> None:
     import torch
     import torch.distributed as dist
 
+    from torchdeck.engine.agreement import Agreement, Memory
     from torchdeck.engine.config import from_dict
     from torchdeck.engine.strategies.base import RankContext
-    from torchdeck.engine.train import Position, Trainer
+    from torchdeck.engine.train import Position
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     cfg = from_dict({"strategy": "ddp", "devices": 2})
-    tr = Trainer.__new__(Trainer)  # only the agreement's state, no model or data
-    tr.cfg, tr.device, tr.stop_requested, tr._proc, tr.comm = cfg, torch.device("cpu"), (lambda: False), None, None
-    tr.ctx = RankContext(rank, rank, 2, 2, 0, tr.device, cfg)
-    tr.pos, sent = Position(), []
-    tr.emit = lambda kind, **f: sent.append(f)
-    tr._check_t, tr._check_step = time.perf_counter(), 0
-    tr._start_reports()
+    dev, pos, sent = torch.device("cpu"), Position(), []
+    agree = Agreement(RankContext(rank, rank, 2, 2, 0, dev, cfg), dev, None, lambda kind, **f: sent.append(f),
+                      lambda: False, 1e-9, Memory(dev))  # only the agreement, no model or data
+    agree.start(0)
     result = {}
     for label, every in (("agreement", 0.0), ("report", 1e-9), ("agreement", 0.0), ("report", 1e-9)):
-        tr.report_every_s = every
+        agree.report_every_s = every
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            tr.pos.step += 1
-            tr._next_report = 0
-            tr._should_stop(0.0, tr.pos.step * 64)
+            pos.step += 1
+            agree._next_report = 0
+            agree.should_stop(pos, 0.0, pos.step * 64)
         result[label] = (time.perf_counter() - t0) / iters  # the second pass (warm) wins
     if rank == 0:
         q.put((result, len(sent)))

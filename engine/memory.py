@@ -79,7 +79,8 @@ def _activation_bytes_per_sample(model, info, precision: str, batch=None, loss_s
 
     from collections.abc import Mapping
 
-    from .losses import Loss, batch_size, forward
+    from .batch import batch_size, forward
+    from .losses import Loss
 
     saved = 0
     # weights saved for the backward (Linear keeps weight.t()) are the parameters, counted apart

@@ -301,14 +301,15 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("run directory: its layout, status and stacks on disk", ("engine.rundir",)),
     ("parts: what a rank is built from", (
         "engine.strategies", "engine.hardware", "engine.sources", "engine.cache", "engine.text",
-        "engine.data", "engine.models", "engine.losses", "engine.optim", "engine.checkpoint",
+        "engine.data", "engine.models", "engine.batch", "engine.losses", "engine.sums", "engine.optim",
+        "engine.checkpoint",
         "engine.launch", "engine.nodes", "engine.metrics")),
     ("checks: a config judged before anything starts", ("engine.preflight", "engine.memory", "engine.export")),
     ("views: a run's events read and reduced", (
         "engine.runs", "engine.runs.view", "engine.runs.fleet", "engine.runs.metric", "engine.runs.follow",
         "engine.runs.progress", "engine.runs.catalog")),
-    ("processes: the ranks and their supervisor", ("engine.train", "engine.evaluate", "engine.worker",
-                                                  "engine.supervisor")),
+    ("processes: the ranks and their supervisor", ("engine.train", "engine.window", "engine.agreement",
+                                                  "engine.evaluate", "engine.worker", "engine.supervisor")),
     ("orchestration: runs started, stopped, compared, tuned", (
         "engine.runs.control", "engine.runs.compare", "engine.runs.tune")),
     ("app parts: widgets and sources every screen shares", ("app", "app.widgets", "app.sources", "app.keybar")),

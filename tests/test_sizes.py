@@ -19,8 +19,6 @@ KEPT: dict[tuple[str, str], str] = {
     ("engine/launch/args.py", "parser"): "issue 36: to split",
     ("engine/runs/compare.py", "plan"): "issue 36: to split",
     ("engine/supervisor.py", "Supervisor"): "issue 36: to split",
-    ("engine/train.py", "Trainer"): "issue 36: to split",
-    ("engine/train.py", "evaluate_model"): "issue 36: to split",
 }
 
 

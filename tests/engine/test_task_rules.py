@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchdeck.engine.losses import Loss, forward, to_device, token_count
+from torchdeck.engine.batch import forward, to_device, token_count
+from torchdeck.engine.losses import Loss, OwnLoss
 from tests.engine.helpers import assert_same_weights, assert_trained, final_model, run_in_process, small_cfg
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -69,7 +70,7 @@ def test_rule_auto_trains_on_the_models_own_loss():
         assert value.item() == 7.0, (
             f"rule 'auto takes the model's own loss': trained on {value.item():.4f} (cross-entropy of the "
             f"logits is {ce:.4f}), not the output's loss 7.0")
-        assert loss.said == "loss: the model's own (output.loss)" and loss.rule == "output"
+        assert loss.said == "loss: the model's own (output.loss)" and isinstance(loss.rule, OwnLoss)
         assert loss.tokens, "rule 'token logits [B, T, V] under the model's own loss report perplexity'"
 
 
@@ -116,7 +117,7 @@ def test_rule_a_tokenizers_batch_encoding_is_a_dict_batch():
     except TypeError as exc:
         pytest.fail(f"rule 'any Mapping batch (a BatchEncoding) is passed as model(**batch)': {exc}")
     value, _ = loss(out, y, enc)
-    assert value.dim() == 0 and loss.rule == "output"
+    assert value.dim() == 0 and isinstance(loss.rule, OwnLoss)
     assert token_count(enc) == 4 * (T - PAD)
     moved = to_device(enc, torch.device("meta"))
     assert isinstance(moved, BatchEncoding) and all(v.is_meta for v in moved.values())
@@ -139,15 +140,14 @@ def test_rule_a_dict_batch_moves_every_key_to_the_device():
 def test_rule_perplexity_is_exp_of_the_mean_loss():
     """Training's epoch end and evaluation say perplexity from the summed loss over the samples:
     exp(sum / count), not exp(sum); extra metrics are their means; no perplexity without tokens."""
-    loss = Loss("auto")
-    loss.tokens, loss.names = True, ["mae"]
-    got = loss.metrics(loss_sum=6.0, extra_sums=[2.0], count=4)
+    from torchdeck.engine.sums import read
+
+    got = read([4.0, 6.0, 2.0], hits=False, extras=["mae"], tokens=True)["metrics"]
     assert got["perplexity"] == pytest.approx(math.exp(1.5)), (
         f"rule 'perplexity is exp of the mean loss': {got['perplexity']} for a mean loss of 1.5 "
         f"(exp 1.5 = {math.exp(1.5):.4f})")
     assert got["mae"] == 0.5
-    loss.tokens = False
-    assert loss.metrics(6.0, [2.0], 4) == {"mae": 0.5}
+    assert read([4.0, 6.0, 2.0], hits=False, extras=["mae"], tokens=False)["metrics"] == {"mae": 0.5}
 
 
 def test_rule_validation_perplexity_is_exp_of_the_mean_loss():
