@@ -18,7 +18,6 @@ KEPT: dict[tuple[str, str], str] = {
     ("engine/export.py", "sbatch"): "issue 36: to split",
     ("engine/launch/args.py", "parser"): "issue 36: to split",
     ("engine/runs/compare.py", "plan"): "issue 36: to split",
-    ("engine/supervisor.py", "Supervisor"): "issue 36: to split",
 }
 
 

@@ -347,16 +347,15 @@ def test_the_watchdogs_stack_request_skips_a_rank_that_has_not_said_ready(tmp_pa
     import signal
     from types import SimpleNamespace
 
-    from torchdeck.engine.supervisor import EventWriter, Supervisor
+    from torchdeck.engine.supervisor import EventWriter, Watchdog
 
     run = control.start(script_cfg(tmp_path, ddp_script(tmp_path), devices=1), root=tmp_path / "runs")
-    sup = Supervisor(run.path)
-    sup.script = True
     writer = EventWriter(run.events_path, queue.Queue())  # not started: its view is what it was fed
+    watchdog = Watchdog(run, writer.write, script=True)
     rank = subprocess.Popen(["sleep", "30"])  # a rank still starting: default action for SIGUSR2
     try:
         proc = SimpleNamespace(pid=rank.pid, is_alive=lambda: rank.poll() is None)
-        assert sup.dump_stacks(SimpleNamespace(processes=[proc]), writer, "test", wait_s=0.5) == []
+        assert watchdog.dump_stacks(SimpleNamespace(processes=[proc]), writer, "test", wait_s=0.5) == []
         time.sleep(0.2)
         assert rank.poll() is None, f"the rank died of {signal.Signals(-rank.returncode).name}"
     finally:
