@@ -17,7 +17,6 @@ KEPT: dict[tuple[str, str], str] = {
     ("app/monitor/screen.py", "MonitorScreen"): "issue 36: to split",
     ("engine/export.py", "sbatch"): "issue 36: to split",
     ("engine/launch/args.py", "parser"): "issue 36: to split",
-    ("engine/runs/compare.py", "plan"): "issue 36: to split",
 }
 
 

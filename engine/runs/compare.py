@@ -407,7 +407,6 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     UsageError otherwise: nothing starts);
     a strategy this host cannot run, or whose config the preflight refuses, is an Entry with the
     reason it is skipped."""
-    from .. import config as cfgmod
     from .. import preflight
     from ..errors import UsageError
 
@@ -434,38 +433,12 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
             metric.check_target_metric(metric.parse_target(target), metric.may_report_own(base))
         except UsageError as exc:
             raise UsageError(f"--target: {exc}") from None
-    limits = []
-    if steps is not None:
-        if steps < 2:
-            raise UsageError("--steps: at least 2 (the first logged steps are warm-up)")
-        log_every = max(1, min(base.train.log_every_n_steps, steps // 8))
-        limits = [f"train.max_steps={steps}", "train.epochs=0", f"train.log_every_n_steps={log_every}"]
-    elif epochs is not None:
-        if epochs < 1:
-            raise UsageError("--epochs: at least 1")
-        limits = [f"train.epochs={epochs}", "train.max_steps=0"]
+    limits = _length_overrides(base, steps, epochs)
     gb = global_batch(base)
     entries = []
     for s in strategies:
         common = overrides + [f"strategy={s}", "backend=auto", f"name={base.name}-{s}"] + _placement(s, base, hw)
-        try:
-            probe, _ = preflight.load_config(preset, common, hw=hw)
-            split = world_size(probe) * probe.train.grad_accum
-            if gb % split:
-                entries.append(Entry(s, skipped=f"the global batch {gb} does not split evenly over {world_size(probe)} "
-                                                f"process(es) x accumulation {probe.train.grad_accum}"))
-                continue
-            common.append(f"train.batch_size={gb // split}")
-            cfg, _ = preflight.load_config(preset, common + limits, hw=hw)
-            keep, _ = preflight.load_config(preset, common, hw=hw)
-        except cfgmod.ConfigError as exc:
-            entries.append(Entry(s, skipped=_first_problem(exc.problems)))
-            continue
-        problems = preflight.check(cfg)
-        if problems:
-            entries.append(Entry(s, skipped=_first_problem(problems)))
-            continue
-        entries.append(Entry(s, cfg, keep))
+        entries.append(_entry(preset, s, common, gb, limits, hw))
     limit = (f"{steps} steps" if steps is not None else f"{epochs} epoch(s)" if epochs is not None
              else (f"{base.train.max_steps} steps" if base.train.max_steps else f"{base.train.epochs} epoch(s)"))
     facts = {
@@ -475,6 +448,45 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
                        "precision": base.train.precision, "length": limit},
     }
     return facts, entries
+
+
+def _length_overrides(base, steps: int | None, epochs: int | None) -> list[str]:
+    """The --set lines that give every strategy's run the comparison's length (none: the preset's)."""
+    from ..errors import UsageError
+
+    if steps is not None:
+        if steps < 2:
+            raise UsageError("--steps: at least 2 (the first logged steps are warm-up)")
+        log_every = max(1, min(base.train.log_every_n_steps, steps // 8))
+        return [f"train.max_steps={steps}", "train.epochs=0", f"train.log_every_n_steps={log_every}"]
+    if epochs is not None:
+        if epochs < 1:
+            raise UsageError("--epochs: at least 1")
+        return [f"train.epochs={epochs}", "train.max_steps=0"]
+    return []
+
+
+def _entry(preset: str, s: str, common: list[str], gb: int, limits: list[str], hw) -> Entry:
+    """One strategy's Entry (`common`: its overrides and placement): its config with the global
+    batch held (per process: gb / (world x accumulation)), or why it is skipped."""
+    from .. import config as cfgmod
+    from .. import preflight
+
+    try:
+        probe, _ = preflight.load_config(preset, common, hw=hw)
+        split = world_size(probe) * probe.train.grad_accum
+        if gb % split:
+            return Entry(s, skipped=f"the global batch {gb} does not split evenly over {world_size(probe)} "
+                                    f"process(es) x accumulation {probe.train.grad_accum}")
+        common = common + [f"train.batch_size={gb // split}"]
+        cfg, _ = preflight.load_config(preset, common + limits, hw=hw)
+        keep, _ = preflight.load_config(preset, common, hw=hw)
+    except cfgmod.ConfigError as exc:
+        return Entry(s, skipped=_first_problem(exc.problems))
+    problems = preflight.check(cfg)
+    if problems:
+        return Entry(s, skipped=_first_problem(problems))
+    return Entry(s, cfg, keep)
 
 
 def new_dir(preset_name: str, root: Path | None = None) -> Path:
