@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import math
 import os
 import re
@@ -153,16 +154,34 @@ def _scene(scene: str, size: tuple[int, int], here: Path):
         return app, monitor_t.show_fleet(monitor_t.fleet_run(here), keys="nnn" if size[1] >= 45 else "")
     if scene == "runs":
         _runs_list(runs)
-        compare_t.make_comparison(runs)
+        _comparison(runs)
 
         async def show_runs(pilot):
             await runs_t.open_runs(pilot)
             await pilot.pause(0.2)
         return TorchdeckApp(runs_root=runs, gpu_source=FakeGPUSource([])), show_runs
     if scene == "compare":
-        compare_t.make_comparison(runs)
+        _comparison(runs)
         return TorchdeckApp(runs_root=runs, gpu_source=FakeGPUSource([])), compare_t.open_comparison
     raise ValueError(scene)
+
+
+def _comparison(root: Path) -> None:
+    """tests/app/test_compare_screen.py's comparison (cpu, ddp, fsdp; dp skipped), but for the cpu
+    run's loss: the same as ddp's there, its curve would hide under ddp's, its legend naming nothing."""
+    import json
+
+    from torchdeck.engine import events
+
+    where = compare_t.make_comparison(root)
+    events_path = next(where.glob("*-tiny-cpu")) / "events.jsonl"
+    lines = []
+    for line in events_path.read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("kind") == "step":
+            ev["loss"] = 2.3 * math.exp(-ev["step"] / 30) + 0.25
+        lines.append(events.dumps(ev))
+    events_path.write_text("\n".join(lines) + "\n")
 
 
 def _runs_list(root: Path) -> None:
@@ -237,19 +256,35 @@ def stale(names: list[str] | None = None) -> list[tuple[str, str]]:
         if not path.exists():
             out.append((name, "missing"))
             continue
-        new, old = normalised(draw(name)).splitlines(), normalised(path.read_text(encoding="utf-8")).splitlines()
-        if new != old:
-            i = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-            out.append((name, f"line {i + 1}: committed {_text(old, i)!r}, drawn now {_text(new, i)!r}"))
+        new, old = draw(name), path.read_text(encoding="utf-8")
+        if normalised(new) != normalised(old):
+            out.append((name, _difference(old, new)))
     return out
 
 
-def _text(lines: list[str], i: int) -> str:
-    """The words on an SVG line (its <text> runs), for a message a person can read."""
-    if i >= len(lines):
-        return "<end>"
-    words = re.findall(r">([^<>]+)</text>", lines[i])
-    return ("".join(words) if words else lines[i]).replace("&#160;", " ")[:160]
+def screen_rows(svg: str) -> list[str]:
+    """The picture's text, row by row, as a person reads it (its <text> runs placed by column)."""
+    rows: dict[int, list] = {}
+    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="[\d.]+" '
+                         r'clip-path="url\(#[^)]*-line-(\d+)\)">(.*?)</text>', svg):
+        rows.setdefault(int(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
+    out = []
+    for line in sorted(rows):
+        text = ""
+        for x, run in sorted(rows[line]):
+            text = text.ljust(int(round(x / 12.2))) + run
+        out.append(text.replace("\xa0", " ").rstrip())
+    return out
+
+
+def _difference(old: str, new: str) -> str:
+    before, now = screen_rows(old), screen_rows(new)
+    for i in range(max(len(before), len(now))):
+        a = before[i] if i < len(before) else "<none>"
+        b = now[i] if i < len(now) else "<none>"
+        if a != b:
+            return f"row {i + 1} was {a.strip()!r}, is now {b.strip()!r}"
+    return "the same text, other colours or styles"
 
 
 def main(argv: list[str]) -> int:
