@@ -136,8 +136,24 @@ def _item(text: str, style: str = "") -> Text:
 
 
 def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Text:
+    """The Monitor's header: what runs, then where it is; why it ended, when it ended early."""
     st = state.status
     script = kind_of(state).is_script
+    top = _header_what(state, run_name, width, script)
+    row = [_item(f"elapsed {fmt.duration(state.elapsed(now))}"), _header_phase(state, now, script)]
+    row += _header_figures(state, now, script)
+    t = flow(top, width)
+    t.append("\n ")
+    t.append_text(flow(row, width, start=1))
+    if state.root_cause and st.ended_early:
+        t.append("\n")
+        t.append(f" root cause: {state.root_cause}", style="red" if st.went_wrong else "yellow")
+    return t
+
+
+def _header_what(state: RunView, run_name: str, width: int, script: bool) -> list[Text]:
+    """Status, name, strategy (the command for a script), world, global batch, a stop asked."""
+    st = state.status
     first = Text()
     first.append(f" {st.upper()} ", style=STATUS_STYLE.get(st, "bold") + " reverse")
     first.append(f" {state.run or run_name}", style="bold")
@@ -156,25 +172,33 @@ def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Te
         top.append(_item(f"global batch {state.global_batch}"))
     if state.stop_requested and not state.final:
         top.append(_item("stop requested", "yellow"))
-    step, total = state.progress()
-    row = [_item(f"elapsed {fmt.duration(state.elapsed(now))}")]
+    return top
+
+
+def _header_phase(state: RunView, now: float, script: bool) -> Text:
+    """Starting, stalled, or how long is left."""
+    st = state.status
     stale = state.stale_ranks(now)
     starting = state.startup(now)
     if starting and script:  # a script sends no phases: its ranks are busy until their first optimizer step
         since = max(0.0, now - state.started_t) if state.started_t is not None else 0.0
-        row.append(_item(f"waiting for the first optimizer step ({since:.0f} s)" if state.started_t is not None
-                         else starting, "cyan"))
-    elif starting:
-        row.append(_item(starting, "cyan"))
-    elif stale:
+        return _item(f"waiting for the first optimizer step ({since:.0f} s)" if state.started_t is not None
+                     else starting, "cyan")
+    if starting:
+        return _item(starting, "cyan")
+    if stale:
         who = fmt.ranks_text([r.rank for r in stale])  # as attach says them: 256 silent ranks are '0-255'
-        row.append(_item(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", "bold red"))
-    elif script:
-        row.append(_item("done" if st == "finished" else "length: the script's own"))  # no total to count down to
-    else:
-        eta = state.eta(now)
-        row.append(_item("ETA " + ("done" if st == "finished" else fmt.duration(eta))))
-    row.append(_item(_script_rate(state, now) if script else state.rate_text(now)))
+        return _item(f"STALLED: rank{'s' if len(stale) > 1 else ''} {who} silent", "bold red")
+    if script:
+        return _item("done" if st == "finished" else "length: the script's own")  # no total to count down to
+    eta = state.eta(now)
+    return _item("ETA " + ("done" if st == "finished" else fmt.duration(eta)))
+
+
+def _header_figures(state: RunView, now: float, script: bool) -> list[Text]:
+    """Rates, step, epoch and the main metric."""
+    step, total = state.progress()
+    row = [_item(_script_rate(state, now) if script else state.rate_text(now))]
     tok = state.tokens_per_s(now)  # batches with token ids (a language model), or a script that logs tokens
     if tok is not None:
         row.append(_item(f"{'mean ' if state.final else ''}{fmt.rate(tok)} tokens/s"))
@@ -195,13 +219,7 @@ def header_text(state: RunView, now: float, run_name: str, width: int = 0) -> Te
         ppl = state.latest("perplexity") if name == metric.LOSS else None
         if ppl is not None:
             row.append(_item(f"perplexity {metric.show('perplexity', ppl)}"))
-    t = flow(top, width)
-    t.append("\n ")
-    t.append_text(flow(row, width, start=1))
-    if state.root_cause and st.ended_early:
-        t.append("\n")
-        t.append(f" root cause: {state.root_cause}", style="red" if st.went_wrong else "yellow")
-    return t
+    return row
 
 
 # ----------------------------------------------------------------------------- GPUs
