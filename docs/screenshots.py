@@ -156,9 +156,10 @@ def _scene(scene: str, size: tuple[int, int], here: Path):
         _runs_list(runs)
         _comparison(runs)
 
-        async def show_runs(pilot):
+        async def show_runs(pilot):  # the cursor on the failed run: its root cause under the table
             await runs_t.open_runs(pilot)
-            await pilot.pause(0.2)
+            await pilot.press("down", "down", "down")
+            await pilot.pause(0.3)
         return TorchdeckApp(runs_root=runs, gpu_source=FakeGPUSource([])), show_runs
     if scene == "compare":
         _comparison(runs)
