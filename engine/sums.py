@@ -43,9 +43,10 @@ class Sums:
         self.values.add_(part.to(self.values.device))
 
     def add_sums(self, other: "Sums") -> None:
-        if other.width > self.width:
+        grow = other.width - self.width
+        if grow > 0:
             self.extras = list(other.extras)
-            self.values = torch.cat([self.values, self.values.new_zeros(other.width - self.width)])
+            self.values = torch.cat([self.values, self.values.new_zeros(grow)])
         self.values[:other.width].add_(other.values)
 
     def zero_(self) -> None:

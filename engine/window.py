@@ -37,8 +37,11 @@ class Window:
         self.comm0 = self.comm.total if self.comm is not None else 0.0
 
     def decided(self) -> None:
-        """The first batch decided the loss: accuracy is counted only for classification."""
+        """The first batch decided the loss: accuracy is counted, and has its slot, only for
+        classification."""
         self.classification = self.loss.classification
+        if self.sums.hits != self.classification:  # laid out before the rule was known: nothing in them yet
+            self.sums, self.epoch_sums = Sums.of(self.loss.rule, self.device), Sums.of(self.loss.rule, self.device)
 
     def add(self, loss, out, y, b: int | None = None, extras=None, tokens: int | None = None) -> None:
         b = y.shape[0] if b is None else b
@@ -67,18 +70,10 @@ class Window:
         if self._extra:
             parts += list((torch.stack(self._extra).double() * weights.to(self._extra[0].device)[:, None]).sum(0)
                           .to(losses.device))
-        if self.sums.hits != bool(self._pred) or len(self.sums.extras) < len(parts) - 2 - bool(self._pred):
-            self._relayout()
+        self.sums.follow(self.loss.rule)  # extras named by the first batch that has them
         self.sums.add(torch.stack(parts))
         for pending in (self._loss, self._pred, self._y, self._b, self._extra):
             pending.clear()
-
-    def _relayout(self) -> None:
-        """The rule was decided (or a callable's extras appeared) after these sums were laid out."""
-        if self.sums.hits != self.loss.classification:
-            self.sums, self.epoch_sums = Sums.of(self.loss.rule, self.device), Sums.of(self.loss.rule, self.device)
-        self.sums.follow(self.loss.rule)
-        self.epoch_sums.follow(self.loss.rule)
 
     def close(self) -> None:
         """The window's sums into the epoch's."""

@@ -74,12 +74,15 @@ def train_figures(name, rank=0, world=1) -> dict:
     loss = Loss("auto")
     window = Window(torch.device("cpu"), None, loss)
     mine = torch.utils.data.Subset(data, list(range(rank, N, world)))
+    first = True
     with torch.no_grad():
         for batch in torch.utils.data.DataLoader(mine, batch_size=B):
             x, y = loss.split(batch)
             out = model(**x) if isinstance(x, dict) else model(x)
             value, extras = loss(out, y, batch)
-            window.decided()
+            if first:
+                window.decided()  # as the loop does once, after the run's first batch
+                first = False
             window.add(value, out, y, len(y), extras)
     window.fold()
     window.close()
