@@ -233,7 +233,7 @@ def _launch(args, cfg, origin: dict, root=None) -> int:
 
         cfg.script.cwd = str(script_cwd(cfg).resolve())
     root = root or args.runs_dir
-    try:
+    try:  # cfg was validated where it was made: the supervisor and its ranks trust it (engine/rundir/config.py)
         run = control.start(cfg, root=root, origin=origin)
     except OSError as exc:
         where = root or os.environ.get("TORCHDECK_RUNS") or "./runs"

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from . import affinity, events, preflight
 from .affinity import threads_for
-from .config import from_dict
+from .config import ConfigError
 from .strategies import nproc_per_node, world_size
 from .errors import TorchdeckError
 from .rundir import stacks
@@ -176,6 +176,24 @@ def check_ifname(ifname: str) -> None:
             f"nodes.ifname: no network interface {', '.join(map(repr, missing))} on host {socket.gethostname()} "
             f"(it has: {', '.join(have)}); set nodes.ifname to the interface that reaches the other nodes, "
             f"or leave it empty to let gloo/NCCL choose")
+
+
+def for_host(cfg, local_rank: int) -> None:
+    """What a rank re-checks of its config, and only that: what may differ on the host it runs on.
+    The config was validated in full where it was made (engine/rundir/config.py); the port and
+    `devices: all`/`free:N` were settled by this host's supervisor; the network interface is
+    checked where gloo is told it (check_ifname). Here: the node's GPUs, which a config made on
+    another host (or with other GPUs visible) may name but this host lacks. ConfigError."""
+    if cfg.accelerator != "cuda" or not isinstance(cfg.devices, list):
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    missing = [i for i in cfg.devices if i >= count]
+    if missing:
+        have = f"GPUs 0-{count - 1}" if count else "no GPU"
+        raise ConfigError([("devices", f"GPU {', '.join(map(str, missing))} does not exist on host "
+                                       f"{socket.gethostname()} (local rank {local_rank}): it has {have}")])
 
 
 REPORTER: PipeReporter | None = None  # this rank's, under the supervisor (tests reach its pipe here)
@@ -346,6 +364,7 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
 
     cfg = job.cfg
     strategy = get_strategy(cfg.strategy)
+    for_host(cfg, job.local_rank)
     place = _take_place(job)
     _socket_interface(job, strategy)
     if strategy.distributed and cfg.resolved_backend == "nccl":
@@ -384,12 +403,12 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
             dist.destroy_process_group()
 
 
-def rank_main(local_rank, cfg_dict, run_dir, events_conn, stop_event, port, addr=None, listener=None) -> None:
+def rank_main(local_rank, cfg, run_dir, events_conn, stop_event, port, addr=None, listener=None) -> None:
     """Started once per local rank by the supervisor (multiprocessing, spawn); `addr` is where the
     rendezvous store listens (loopback on one node), else nodes.master_addr; local rank 0 of node 0
     gets the store's `listener` and serves it; `events_conn` is the write end of this rank's own
-    event pipe (PipeReporter)."""
-    cfg = from_dict(cfg_dict)  # checked in full at launch
+    event pipe (PipeReporter). `cfg` is the supervisor's RunConfig itself, validated where the run
+    was made: not judged again here, but for what differs on this host (train_rank: for_host)."""
     # No rank_report all-gather under the supervisor: each rank's own step events carry its figures
     # and reach node 0 through the node link (engine/nodes), with no collective in the way. (Under
     # torchrun no supervisor streams: there the gather stays, at well under 0.01 % of the step time.)
@@ -483,7 +502,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--resume", metavar="latest|PATH", help="checkpoint.resume for this launch (a requeued SLURM job)")
     args = ap.parse_args(argv)
-    cfg = load(args.config)
+    cfg = load(args.config)  # no supervisor here: each rank is where the config enters, judged in full
     if args.resume:
         cfg.checkpoint.resume = args.resume
     env = os.environ

@@ -12,8 +12,8 @@ from pathlib import Path
 from .. import events, strategies, usercode
 from ..errors import TorchdeckError
 from ..kinds import kind_of
-from ..preflight import load
 from ..rundir import stacks
+from ..rundir.config import load_validated
 from ..rundir.layout import RunDir
 from ..rundir.status import Status
 from .nodes import NodeLink
@@ -112,9 +112,10 @@ class Supervisor:
         return 0 if status.ended_well else 1
 
     def _read_config(self):
-        """The run's config and what this host decides for it; TorchdeckError/OSError if it cannot start."""
+        """The run's config and what this host decides for it; TorchdeckError/OSError if it cannot start.
+        The config was validated where it was made: read back, not judged again (engine/rundir/config.py)."""
         rd = self.rd
-        cfg = load(rd.config_path)
+        cfg = load_validated(rd.config_path)
         usercode.add_folders(*usercode.run_folders(rd.path))  # the user's module:callable: where it
         usercode.extend_path()  # was launched from, and its preset's folder; spawned ranks inherit sys.path
         if kind_of(cfg).ranks_from_shim:

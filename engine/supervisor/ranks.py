@@ -72,7 +72,8 @@ def start_script(cfg, plan, rd, writer, put):
 def spawn(cfg, plan, rd, writer, put):
     """Start the node's ranks of our loop (spawn context: events are text, no torch needed to
     carry them), each with its own event pipe (worker.PipeReporter), read by one thread into the
-    writer's queue, as a script run's ranks are (engine/launch/ranks.py)."""
+    writer's queue, as a script run's ranks are (engine/launch/ranks.py). Each rank is handed
+    the RunConfig itself, as read and settled here: no other form, no second validation."""
     from ..launch.ranks import EventReader
     from ..worker import rank_main
 
@@ -81,11 +82,10 @@ def spawn(cfg, plan, rd, writer, put):
     stop_event = ctx_mp.Event()
     _start_writer(writer, f"supervisor {os.getpid()}: {cfg.strategy} x{nproc} on node {cfg.nodes.node_rank}, "
                           f"port {plan.port}, {plan.threads} thread(s) per rank")
-    cfg_dict = cfg.to_dict()
     store = plan.store
     pipes = [ctx_mp.Pipe(duplex=False) for _ in range(nproc)]  # (read end, write end) per rank
     ranks = Ranks([ctx_mp.Process(target=rank_main, name=f"rank{i}",
-                                  args=(i, cfg_dict, str(rd.path), pipes[i][1], stop_event, plan.port, plan.meet,
+                                  args=(i, cfg, str(rd.path), pipes[i][1], stop_event, plan.port, plan.meet,
                                         (store.sock, store.connect) if store is not None and i == 0 else None))
                    for i in range(nproc)])
     try:
