@@ -4,7 +4,8 @@ A summary comes from small reads: status.json, the pid files, origin.json, the f
 few KiB of events.jsonl, and its epoch_end lines (a run's best epoch is anywhere: one streaming
 pass, resumed where it stopped while the file grows; never the whole file in memory), folded
 through the same reducer and status rule as `torchdeck attach` and the Monitor, so every front
-end says the same of a run.
+end says the same of a run. A long run with a view checkpoint (view.ckpt.json) is summarized from
+it and the events after it instead: no pass over the middle of its file.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from . import metric
 from .follow import EventTail
 from ..rundir.layout import RunDir, comparison_of, list_runs, pid_alive, runs_root
 from ..rundir.status import Status
-from .view import RunView
+from .view import RunView, checkpoint
 from ..strategies import world_size
 
 HEAD_BYTES = 16 * 1024  # run_started is the first event
 TAIL_BYTES = 64 * 1024  # enough for the last step and epoch_end of any run
+CHECKPOINT_FROM_BYTES = 1 << 20  # a longer events file is summarized from its view checkpoint ...
+CHECKPOINT_TAIL_BYTES = 16 << 20  # ... where at most this much was written after it
 
 
 @dataclass
@@ -221,8 +224,31 @@ def _config_facts(rd: RunDir) -> tuple[str, int | None]:
         return "?", None
 
 
+def _from_checkpoint(rd: RunDir) -> RunView | None:
+    """The whole run's view, from its view checkpoint and the events after it, where it has one it
+    can trust and the file is long enough for it to pay (a short file's head and tail are cheaper)."""
+    try:
+        size = rd.events_path.stat().st_size
+    except OSError:
+        return None
+    if size < CHECKPOINT_FROM_BYTES:
+        return None
+    got = checkpoint.load(rd.events_path, None)
+    if got is None or size - got[1] > CHECKPOINT_TAIL_BYTES:
+        return None
+    view, offset, _ = got
+    tail = EventTail(rd.events_path)
+    tail.start_at(offset)
+    tail.feed(view.feed)
+    return view
+
+
 def _fold(rd: RunDir, scan: EpochScan | None = None) -> tuple[RunView, float | None]:
-    """A RunView of the head, every epoch_end and the tail of the events, and the newest event time."""
+    """A RunView of the head, every epoch_end and the tail of the events, and the newest event time
+    (or of every event, from the run's view checkpoint)."""
+    view = _from_checkpoint(rd)
+    if view is not None:
+        return view, view.last_t
     view = RunView()
     for part in read_parts(rd.events_path, scan):
         view.feed_all(part)

@@ -12,10 +12,12 @@ from pathlib import Path
 from .. import events
 from ..events import iter_events  # noqa: F401  (importers take it from here too)
 from ..rundir.layout import RunDir, checkpoint_step, pid_alive
-from .view import RunView
+from .view import RunView, checkpoint
 
 STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives
 OUTPUT_EVERY_S = 0.5  # how often the log files are read
+LEAVE_BYTES = 4 << 20  # a first pass that read this much (from the start, or after the view checkpoint
+# it started from) leaves one for the next reader; a shorter file is read faster than a checkpoint
 
 
 class EventTail:
@@ -57,6 +59,15 @@ class EventTail:
             except OSError:
                 pass
         return n
+
+    def start_at(self, offset: int, malformed: int = 0) -> None:
+        """Read on from `offset` (a line start: a view checkpoint's), as if what is before had been read."""
+        self._pos, self._split, self.malformed = offset, events.Lines(), malformed
+
+    @property
+    def offset(self) -> int | None:
+        """The byte after the last whole line read; None inside a line too long to be one."""
+        return None if self._split.skipping else self._pos - len(self._split.partial)
 
     def poll(self, max_bytes: int | None = None) -> list[dict]:
         """The new events as a list (feed() folds them without one)."""
@@ -194,9 +205,14 @@ class Follower:
     """Feeds one RunView from a run directory. Call `poll()` as often as you like; it reads the
     log files and asks about the run's processes only every OUTPUT_EVERY_S / STATUS_EVERY_S."""
 
-    def __init__(self, run: RunDir | str | Path, outputs: bool = True, clock=time.time, stop=None):
+    def __init__(self, run: RunDir | str | Path, outputs: bool = True, clock=time.time, stop=None,
+                 use_checkpoint: bool = True, history: bool = True):
         """stop: a callable, true once nobody reads this view any more (the Monitor left): a poll
-        of a long file then ends at its next chunk instead of reading on for minutes."""
+        of a long file then ends at its next chunk instead of reading on for minutes.
+        use_checkpoint: start from the run's view checkpoint (view.ckpt.json) where it can be
+        trusted, reading only the events after it; a first poll that read a long way to the file's
+        end leaves one for the next reader. history: a resumed run's earlier parts'
+        curves come first (a view without them leaves no checkpoint of such a run: its readers want them)."""
         self.run = run if isinstance(run, RunDir) else RunDir(Path(run))
         self.stop = stop
         self.view = RunView()
@@ -204,7 +220,16 @@ class Follower:
         self.output = OutputTail(self.run) if outputs else None
         self.clock = clock
         self._last_output = self._last_status = -1e9
-        for old, step in resumed_chain(self.run):
+        chain = resumed_chain(self.run) if history else []
+        self._history = [(old.name, step) for old, step in chain]
+        got = checkpoint.load(self.run.events_path, self._history) if use_checkpoint else None
+        self.from_checkpoint = got is not None  # the view started from view.ckpt.json
+        self._save_checkpoint = use_checkpoint and (history or not resumed_chain(self.run, 1))
+        if got is not None:
+            self.view, offset, malformed = got
+            self.events.start_at(offset, malformed)
+            return
+        for old, step in chain:
             self.view.add_history(iter_events(old.events_path), step, old.name)
 
     @property
@@ -214,7 +239,7 @@ class Follower:
 
     def poll(self, force: bool = False) -> int:
         """Fold in what is new, event by event as it is read; returns the number of events read."""
-        n = self.events.feed(self.view.feed, stop=self.stop)
+        n = self._feed()
         if self.stop is not None and self.stop():
             return n  # maybe part of the file only: no status is judged from it
         mono = time.monotonic()
@@ -227,6 +252,13 @@ class Follower:
             n += self._check_status()
         return n
 
+    def _leave_checkpoint(self) -> None:
+        """view.ckpt.json for the next reader (never fails a read: a read-only directory has none)."""
+        offset = self.events.offset
+        if offset:
+            checkpoint.save(self.run.events_path, checkpoint.state(self.view, offset, self._history,
+                                                                   self.events.malformed))
+
     def _check_status(self) -> int:
         now = self.clock()
         final = self.run.final_status()
@@ -237,6 +269,20 @@ class Follower:
             late = self.events.feed(self.view.feed, stop=self.stop)  # its last words (run_finished), written before status.json
         self.view.observe(final, alive, pid is not None, self.run.quiet_s(now), now)
         return late
+
+    def read(self) -> RunView:
+        """The view of every event written so far (from the view checkpoint on, where there is one)."""
+        self._feed()
+        return self.view
+
+    def _feed(self) -> int:
+        start = self.events.offset
+        n = self.events.feed(self.view.feed, stop=self.stop)
+        if self._save_checkpoint and not (self.stop is not None and self.stop()):
+            self._save_checkpoint = False  # the first pass, before anything but events is in the view
+            if (self.events.offset or 0) - (start or 0) >= LEAVE_BYTES:
+                self._leave_checkpoint()
+        return n
 
     def follow(self, interval: float = 0.2, stop=lambda: False):
         """Poll until the run is over (or `stop()`), yielding after every poll that read something

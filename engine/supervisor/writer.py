@@ -2,6 +2,7 @@
 and the view of the ranks the watchdog asks who is stale or slow."""
 from __future__ import annotations
 
+import os
 import queue as queue_mod
 import threading
 import time
@@ -9,12 +10,14 @@ from pathlib import Path
 
 from .. import events
 from ..metrics import KINDS as METRIC_KINDS
-from ..runs.view import RunView
+from ..rundir.layout import RunDir
+from ..runs.view import RunView, checkpoint
 
 FLUSH_GAP_S = 0.05  # events.jsonl is flushed once per burst of lines, and at most this often
 IDLE_POLL_S = 1.0  # the writer's wait for a line with nothing to flush (stop() wakes it)
 _WAKE = object()  # stop()'s wake-up marker in an in-process queue
 DRAIN_POLL_S = 0.2  # once the ranks are gone: an empty queue for this long is drained
+CHECKPOINT_EVERY_S = 5.0  # view.ckpt.json: a reader of a run of days folds only the events after it
 
 
 class EventWriter(threading.Thread):
@@ -32,8 +35,15 @@ class EventWriter(threading.Thread):
         self.flushes = 0
         self._unflushed = 0  # lines written since the last flush
         self.write_error: OSError | None = None  # disk full / file gone: keep draining, report it
-        self.view = RunView()  # the ranks as a front end sees them: the watchdog asks it who is stale
+        self.view = RunView()  # the run as a front end sees it (every line fed): the watchdog asks it who is
+        # stale, and it is the view checkpoint readers start from
         self.metrics = None  # engine.metrics.MetricsSink: metrics.csv (and TensorBoard) fed as events come
+        self.written = os.fstat(self.fh.fileno()).st_size  # bytes of events.jsonl, ours included: the checkpoint's offset
+        self.malformed = 0  # lines written that a reader cannot use (it counts them too)
+        self.checkpoints = 0
+        self._checkpoint_t = time.monotonic()
+        self._checkpoint_at = -1  # `written` at the last checkpoint
+        self._resumed: bool | None = None
 
     def _guarded(self, fn, *args) -> None:
         with self.lock:
@@ -54,11 +64,20 @@ class EventWriter(threading.Thread):
             self.metrics = None
 
     def write(self, ev: dict) -> None:
-        """Supervisor's own events go straight to the file (under the same lock)."""
-        self._guarded(self._write_flush, events.dumps(ev) + "\n")
+        """Supervisor's own events go straight to the file, and into the view, under the same lock:
+        the view checkpoint's offset must cover exactly what the view holds."""
+        text = events.dumps(ev) + "\n"
+        with self.lock:
+            self.view.feed(ev)
+            if self.write_error is None:
+                try:
+                    self._write_flush(text)
+                except OSError as exc:
+                    self.write_error = exc
 
     def _write_flush(self, text: str) -> None:
         self.fh.write(text)
+        self.written += len(text) if text.isascii() else len(text.encode())
         self.fh.flush()
 
     def take(self, line: str) -> None:
@@ -75,13 +94,16 @@ class EventWriter(threading.Thread):
         kind = ev.get("kind") if ev is not None else None
         with self.lock:
             self.count += 1
-            if kind is not None:
+            if ev is not None:
                 if kind == "error":
                     self.errors.append(ev)
-                self.view.feed(ev)
+                self.view.feed(ev)  # every event, as a reader folds them (an unknown one is counted)
+            elif line.strip():
+                self.malformed += 1
             if self.write_error is None:
                 try:
                     self.fh.write(line + "\n")
+                    self.written += len(line) + 1 if line.isascii() else len(line.encode()) + 1
                     self._unflushed += 1
                 except OSError as exc:
                     self.write_error = exc
@@ -148,6 +170,8 @@ class EventWriter(threading.Thread):
             if (due is not None and now >= due) or (due is None and self._unflushed):  # the latter: take()n lines
                 self.flush_taken()
                 last_flush, due = now, None
+            if now - self._checkpoint_t >= CHECKPOINT_EVERY_S:
+                self.checkpoint()
         self.flush_taken()
         self._guarded(self.fh.flush)
         self.done.set()
@@ -168,7 +192,36 @@ class EventWriter(threading.Thread):
         if self.ident is not None:
             self.join(timeout)
 
+    def checkpoint(self) -> bool:
+        """view.ckpt.json of every event written so far (the view's state is copied under the lock,
+        written out after it). Not for a resumed run (its readers add the earlier parts' curves
+        first: the first one writes it), nor where another process appended to the file."""
+        self._checkpoint_t = time.monotonic()
+        if self._resumed is None:
+            self._resumed = bool(RunDir(self.path.parent).origin().get("resumed_from"))
+        with self.lock:
+            if self._resumed or self.write_error is not None or self.written == self._checkpoint_at:
+                return False
+            try:
+                self.fh.flush()
+                if os.fstat(self.fh.fileno()).st_size != self.written:
+                    return False
+            except OSError:
+                return False
+            self._checkpoint_at = self.written
+            try:
+                state = checkpoint.state(self.view, self.written, malformed=self.malformed)
+            except Exception as exc:  # a cache: whatever it cannot hold never touches the run
+                checkpoint.log.warning("no view checkpoint: %s", exc)
+                return False
+        if not checkpoint.save(self.path, state):
+            return False
+        self.checkpoints += 1
+        return True
+
     def close(self) -> None:
+        if self.write_error is None:
+            self.checkpoint()  # the run's last state: attach and the Monitor of a finished run read nothing after it
         self._guarded(self.fh.flush)
         self._to_metrics("close")
         try:

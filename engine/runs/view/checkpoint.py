@@ -1,0 +1,180 @@
+"""A view checkpoint: a RunView's reduced state beside events.jsonl (view.ckpt.json), with the byte
+offset of the events it covers, so a reader of a run of days folds only the events after it
+instead of the whole file (issue 37). The supervisor writes one every few seconds; a reader that had
+to read a run without one (an older run, a torchrun-written run) writes one after its pass.
+
+JSON, never pickle: a run directory may come from anywhere, and only the classes named in _CLASSES
+are ever built from it. A checkpoint is a cache, never a source of truth: one that is corrupt, of
+another schema, or whose offset is past the file's end, not at a line start, or not over the same
+bytes as when it was written, is ignored with a log line and the file is read from its start.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import threading
+from enum import Enum
+from pathlib import Path
+
+from ...files import write_atomic
+from ...rundir.status import Status
+from ..fleet import GPU, Fleet, HostInfo, Node
+from .records import EpochPoint, LogLine, RankState, Thinned
+
+NAME = "view.ckpt.json"
+SCHEMA = 1
+FINGERPRINT_BYTES = 256  # the bytes before the offset: the checkpoint is of this file, cut at this line
+log = logging.getLogger("torchdeck.view.checkpoint")
+log.addHandler(logging.NullHandler())  # the Monitor's screen is no place for it; tests and --debug read it
+_WRITING = threading.Lock()  # write_atomic's temp file is per process: two readers of one app take turns
+
+
+@functools.lru_cache(maxsize=1)
+def _classes() -> dict:
+    from . import RunView  # the package imports this module's users, not this module
+
+    return {c.__name__: c for c in (RunView, RankState, LogLine, EpochPoint, Thinned, Fleet, Node, GPU,
+                                     HostInfo, Status)}
+
+
+def encode(obj):
+    """A JSON-able copy of a view's state: tuples, non-string keys and objects tagged so that
+    decode() builds back the same values. Anything else raises TypeError (no checkpoint, not a
+    wrong one)."""
+    if obj is None or isinstance(obj, (bool, int, float, str)) and not isinstance(obj, Enum):
+        return obj
+    if isinstance(obj, list):
+        return [encode(x) for x in obj]
+    if isinstance(obj, tuple):
+        return {"~t": [encode(x) for x in obj]}
+    if isinstance(obj, dict):
+        return {"~d": [[encode(k), encode(v)] for k, v in obj.items()]}
+    if isinstance(obj, (set, frozenset)):
+        return {"~s": sorted((encode(x) for x in obj), key=repr)}
+    if isinstance(obj, Enum):
+        return {"~e": type(obj).__name__, "v": obj.value}
+    name = type(obj).__name__
+    if _classes().get(name) is type(obj):
+        return {"~o": name, "v": {k: encode(v) for k, v in vars(obj).items()}}
+    raise TypeError(f"a view checkpoint cannot hold a {name}")
+
+
+def decode(data, classes: dict | None = None):
+    classes = classes or _classes()
+    if isinstance(data, list):
+        return [decode(x, classes) for x in data]
+    if not isinstance(data, dict):
+        return data
+    if "~t" in data:
+        return tuple(decode(x, classes) for x in data["~t"])
+    if "~s" in data:
+        return set(decode(x, classes) for x in data["~s"])
+    if "~d" in data:
+        return {decode(k, classes): decode(v, classes) for k, v in data["~d"]}
+    if "~e" in data:
+        return classes[data["~e"]](data["v"])
+    cls = classes[data["~o"]]
+    obj = object.__new__(cls)
+    obj.__dict__.update({k: decode(v, classes) for k, v in data["v"].items()})
+    return obj
+
+
+def path_of(events_path: str | Path) -> Path:
+    return Path(events_path).with_name(NAME)
+
+
+def _fingerprint(fh, offset: int) -> str:
+    start = max(0, offset - FINGERPRINT_BYTES)
+    fh.seek(start)
+    return hashlib.sha1(fh.read(offset - start)).hexdigest()
+
+
+def state(view, offset: int, history=(), malformed: int = 0) -> dict:
+    """What save() writes, made where the view cannot change under it (the supervisor's lock).
+    malformed: the lines before `offset` that were not events (a reader's count goes on from it)."""
+    return {"schema": SCHEMA, "offset": int(offset), "malformed": int(malformed),
+            "history": [list(h) for h in history], "view": encode(view)}
+
+
+def save(events_path: str | Path, st: dict) -> bool:
+    """Write a checkpoint made by state(), its offset checked to be a line start of the file and
+    fingerprinted; False (and nothing written) where it is not, or the directory is not writable."""
+    events_path = Path(events_path)
+    try:
+        with open(events_path, "rb") as fh:
+            offset = st["offset"]
+            if offset > os.fstat(fh.fileno()).st_size or not _line_start(fh, offset):
+                log.warning("%s: not written: offset %d is not a line start of %s", NAME, offset, events_path)
+                return False
+            st = dict(st, fingerprint=_fingerprint(fh, offset))
+        text = json.dumps(st, separators=(",", ":"), allow_nan=True)
+        with _WRITING:
+            write_atomic(path_of(events_path), text)
+        return True
+    except (OSError, TypeError, ValueError) as exc:
+        log.info("%s: not written (%s)", NAME, exc)
+        return False
+
+
+def _line_start(fh, offset: int) -> bool:
+    if offset == 0:
+        return True
+    fh.seek(offset - 1)
+    return fh.read(1) == b"\n"
+
+
+def load(events_path: str | Path, history=()):
+    """(RunView, offset, malformed lines before it) from the checkpoint beside `events_path`, or None where there is none or it
+    cannot be trusted (said in a log line). `history`: the (run, step) pairs a follower would add
+    to its view first (a resumed run's earlier parts); a checkpoint made with others is not used
+    (None: any will do, for a summary that draws no curves)."""
+    events_path = Path(events_path)
+    p = path_of(events_path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("%s ignored: unreadable (%s)", p, exc)
+        return None
+    try:
+        st = json.loads(text)
+        if not isinstance(st, dict) or st.get("schema") != SCHEMA:
+            log.warning("%s ignored: schema %r, not %d", p, st.get("schema") if isinstance(st, dict) else None, SCHEMA)
+            return None
+        offset = st["offset"]
+        if history is not None and [list(h) for h in history] != st["history"]:
+            log.info("%s ignored: made for another resume history", p)
+            return None
+        reason = _check(events_path, offset, st["fingerprint"])
+        if reason:
+            log.warning("%s ignored: %s", p, reason)
+            return None
+        view, malformed = decode(st["view"]), int(st.get("malformed", 0))
+        if type(view).__name__ != "RunView":
+            raise TypeError("not a view")
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+        log.warning("%s ignored: corrupt (%s: %s)", p, type(exc).__name__, exc)
+        return None
+    return view, offset, malformed
+
+
+def _check(events_path: Path, offset, fingerprint) -> str:
+    """Why the checkpoint does not fit the file ("" when it does)."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return f"offset {offset!r}"
+    try:
+        with open(events_path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if offset > size:
+                return f"offset {offset} past the end of {events_path.name} ({size} bytes)"
+            if not _line_start(fh, offset):
+                return f"offset {offset} is not at a line start"
+            if _fingerprint(fh, offset) != fingerprint:
+                return f"{events_path.name} before offset {offset} is not what it covered"
+    except OSError as exc:
+        return str(exc)
+    return ""
