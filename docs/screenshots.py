@@ -4,7 +4,7 @@
 Each screen is driven as its snapshot tests drive it (tests/app/test_snapshots_*.py, test_runs.py,
 test_compare_screen.py): run directories written with fixed times, a frozen clock, fake GPUs and a
 fake host, TZ=UTC, a relative runs folder. So a picture changes only when a screen does, and needs no
-GPU and no training. Rerun it when a screen changes; tests/test_docs.py fails until you do.
+GPU and no training. Rerun it when a screen changes; tests/test_docs_pictures.py fails until you do.
 """
 from __future__ import annotations
 
