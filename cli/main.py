@@ -731,6 +731,15 @@ def cmd_app(args) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
+def _strategies_help() -> str:
+    """`compare --strategies`' help, as the strategies list themselves (the Compare dialog's ticks first)."""
+    from ..engine.strategies import get_strategy, loop_names
+
+    ticked = [n for n in loop_names() if get_strategy(n).compared_by_default]
+    rest = [n for n in loop_names() if n not in ticked]
+    return f"comma-separated, e.g. {','.join(ticked)}" + (f" (also {', '.join(rest)})" if rest else "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
@@ -784,8 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("compare", parents=[common, runs_dir, overrides],
                        help="run one job under several strategies, one after another, and compare them")
     s.add_argument("preset", help="preset name or YAML file: the job every strategy runs")
-    s.add_argument("--strategies", required=True, metavar="LIST",
-                   help="comma-separated, e.g. cpu,ddp,fsdp,zero (also gpu, dp, deepspeed, model-parallel)")
+    s.add_argument("--strategies", required=True, metavar="LIST", help=_strategies_help())
     g = s.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N", help="optimizer steps per strategy")
     g.add_argument("--epochs", type=int, metavar="N", help="epochs per strategy")

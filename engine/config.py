@@ -21,8 +21,7 @@ from .kinds import kind_of
 
 SCHEMA_VERSION = 1
 
-LOOP_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "model-parallel", "fsdp", "zero", "deepspeed")  # torchdeck's own loop
-STRATEGIES = LOOP_STRATEGIES + ("script",)  # script: the user's own script (torchdeck launch)
+# strategy: one of engine.strategies.names() (the strategies list themselves; engine.preflight checks it)
 LOCAL_RANK_ARGS = ("", "--local-rank", "--local_rank")  # script.local_rank_arg
 ACCELERATORS = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
@@ -545,14 +544,19 @@ def resolve_all_gpus(cfg: RunConfig, hw) -> None:
         cfg.devices = list(range(hw.gpu_count))
 
 
+def not_one_of(path: str, value, allowed) -> tuple[str, str]:
+    """The problem of a value that is none of `allowed`, with the nearest one as a hint."""
+    guess = difflib.get_close_matches(str(value), list(allowed), n=1)
+    hint = f"; did you mean '{guess[0]}'?" if guess else ""
+    return path, f"must be one of {', '.join(allowed)}; got {value!r}{hint}"
+
+
 class _Problems(list):
     """(field, reason) pairs, with the two rules most fields share."""
 
     def choice(self, path, value, allowed) -> None:
         if value not in allowed:
-            guess = difflib.get_close_matches(str(value), allowed, n=1)
-            hint = f"; did you mean '{guess[0]}'?" if guess else ""
-            self.append((path, f"must be one of {', '.join(allowed)}; got {value!r}{hint}"))
+            self.append(not_one_of(path, value, allowed))
 
     def at_least(self, path, value, low) -> None:
         if value < low:
@@ -598,7 +602,6 @@ def _script_rules(cfg: RunConfig, p: _Problems) -> None:
 
 def _names(cfg: RunConfig, p: _Problems) -> None:
     """Names that must be one of a list (or a module:callable)."""
-    p.choice("strategy", cfg.strategy, STRATEGIES)
     p.choice("accelerator", cfg.accelerator, ACCELERATORS)
     p.choice("backend", cfg.backend, BACKENDS)
     p.choice("train.precision", cfg.train.precision, PRECISIONS)
@@ -723,8 +726,7 @@ def _device_rules(cfg: RunConfig, hw, p: _Problems) -> None:
     if cfg.accelerator == "cuda" and isinstance(cfg.devices, list):
         if not cfg.devices:
             p.append(("devices", "pick at least one GPU"))
-        if len(set(cfg.devices)) != len(cfg.devices) and cfg.strategy != "model-parallel":
-            p.append(("devices", f"each GPU may be listed once, got {cfg.devices}"))
+        # a GPU listed twice is the strategy's to refuse (model-parallel may put two stages on one)
         if any(i < 0 for i in cfg.devices):
             p.append(("devices", f"GPU indices are 0 or more, got {cfg.devices}"))
         if hw is not None and hw.gpu_count is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .strategies import nproc_per_node, world_size
+from .strategies import get_strategy, nproc_per_node
 
 MiB = 2 ** 20
 PROBE_BATCH = 4  # activations are measured at this batch, then scaled
@@ -141,20 +141,6 @@ def _data_mb(cfg) -> tuple[float, float]:
     return p.nbytes / MiB, p.node_bytes / MiB
 
 
-def _shards(cfg) -> tuple[int, int, int]:
-    """How many ways parameters, gradients and optimizer state are split across the ranks."""
-    w = world_size(cfg)
-    s = cfg.strategy
-    if s == "zero":
-        return 1, 1, w
-    if s == "fsdp":
-        return w, w, w
-    if s == "deepspeed":
-        stage = cfg.deepspeed.stage
-        return (w if stage >= 3 else 1), (w if stage >= 2 else 1), (w if stage >= 1 else 1)
-    return 1, 1, 1
-
-
 def estimate(cfg) -> Estimate:
     """Per rank, in MiB. Raises nothing for a built-in model; a user model that fails to build is
     the caller's to report (the same error a rank would raise)."""
@@ -178,26 +164,16 @@ def estimate(cfg) -> Estimate:
     model = build_model(cfg, info)
     n = sum(p.numel() for p in model.parameters())
     per_sample = _activation_bytes_per_sample(model, info, cfg.train.precision, batch, cfg.train.loss)
-    p_split, g_split, o_split = _shards(cfg)
+    strategy = get_strategy(cfg.strategy)  # how it splits the parts, what it adds or offloads
+    p_split, g_split, o_split = strategy.shards(cfg)
     opt_per_param = {"sgd": 1 if cfg.optimizer.momentum else 0, "adam": 2, "adamw": 2}[cfg.optimizer.name]
-    mixed = cfg.train.precision != "32-true"
     device = {
-        "parameters": 4 * n / p_split + (2 * n / p_split if mixed and cfg.strategy == "deepspeed" else 0),
+        "parameters": 4 * n / p_split,
         "gradients": 4 * n / g_split,
         "optimizer state": 4 * n * opt_per_param / o_split,
         "activations": per_sample * cfg.train.batch_size,
     }
-    if cfg.strategy == "ddp" and not cfg.ddp.gradient_as_bucket_view:
-        device["ddp buckets"] = 4 * n  # DDP's flat all-reduce buffers, a copy of the gradients
-    if cfg.strategy == "model-parallel":
-        k = max(1, len(set(cfg.devices)) if isinstance(cfg.devices, list) else nproc_per_node(cfg))
-        for part in ("parameters", "gradients", "optimizer state"):
-            device[part] /= k  # layers balanced by parameters over the devices
-    host = {}
-    if cfg.strategy == "deepspeed" and cfg.deepspeed.offload_optimizer == "cpu":
-        host["optimizer state"] = device.pop("optimizer state")
-    if cfg.strategy == "deepspeed" and cfg.deepspeed.offload_param == "cpu":
-        host["parameters"] = device.pop("parameters")
+    host = strategy.memory_parts(cfg, n, device)
     fixed = {"data set": rank_data, "runtime": rss} if rss else {"data set": rank_data}
     return Estimate(n, {k: v / MiB for k, v in device.items()}, {k: v / MiB for k, v in host.items()},
                     fixed_mb=fixed, runtime_own_mb=own, node_data_mb=node_data)

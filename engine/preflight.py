@@ -28,15 +28,17 @@ def validate(cfg, hw=None) -> list[Problem]:
     """Every rule that needs no torch (hw: an engine.hardware.Hardware, or None: no host). The
     schema's rules and those that need the processes per node first, then the strategy's own
     (only for a config whose fields are each fine: its rules may assume them). Empty: valid."""
-    p = cfgmod.validate(cfg, hw) + _per_node_rules(cfg, hw)
-    if not p and cfg.strategy in cfgmod.STRATEGIES:
+    known = strategies.known(cfg.strategy)
+    p = [] if known else [cfgmod.not_one_of("strategy", cfg.strategy, strategies.names())]
+    p += cfgmod.validate(cfg, hw) + _per_node_rules(cfg, hw)
+    if not p and known:
         p.extend(strategies.get_strategy(cfg.strategy).check(cfg, hw))
     return p
 
 
 def _per_node_rules(cfg, hw) -> list[Problem]:
     t = cfg.train
-    if t.cpu_affinity != "exclusive" or hw is None or cfg.strategy not in cfgmod.STRATEGIES:
+    if t.cpu_affinity != "exclusive" or hw is None or not strategies.known(cfg.strategy):
         return []
     local = strategies.nproc_per_node(cfg)
     need = local * (t.threads_per_rank or 1)
@@ -553,7 +555,7 @@ def describe_script(cfg) -> list[str]:
     from .affinity import threads_for
     from . import fmt
 
-    s, strat = cfg.script, strategies.get_strategy("script")
+    s, strat = cfg.script, strategies.get_strategy(cfg.strategy)
     n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
     what = f"python -m {s.module}" if s.module else (s.path if s.no_python else f"python {s.path}")
     lines = [f"strategy script: your own script ({what}), started as torchrun starts it, on {cfg.accelerator}",

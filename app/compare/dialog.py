@@ -11,8 +11,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 from ...engine.errors import UsageError
 from ...engine.runs.compare import ALL_STRATEGIES
 from ...engine.runs.metric import parse_target
-
-DEFAULT = ("cpu", "ddp", "fsdp", "zero")
+from ...engine.strategies import get_strategy
 
 
 class Tick(Checkbox):
@@ -51,7 +50,7 @@ class CompareDialog(ModalScreen["dict | None"]):
             yield Label(f"Run {self.job_name} under each strategy, one after another:")
             with Grid(id="cmp-pick"):
                 for s in ALL_STRATEGIES:
-                    yield Tick(s, s in DEFAULT, id=f"cmp-{s}")
+                    yield Tick(s, get_strategy(s).compared_by_default, id=f"cmp-{s}")
             with Horizontal(classes="cmp-line"):
                 yield Label("steps each")
                 yield Input("50", id="cmp-steps", type="integer")

@@ -51,6 +51,7 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
     next to the scripts (as `--set ... --write-config FILE` does)."""
     from .summary import overrides
     from ...engine import export
+    from ...engine.strategies import get_strategy
 
     folder = (folder or Path.cwd()).resolve()
     name = _safe(cfg.name)
@@ -67,7 +68,7 @@ def build(cfg, data: dict, base: dict, preset_path: Path | None, preset_name: st
     return Export(torchrun=export.torchrun(cfg, str(config_path)), sbatch=export.sbatch(cfg),
                   config_path=config_path, write_config=write_config, cli=" ".join(cli), folder=folder,
                   name=name, deepspeed=export.deepspeed(cfg, str(config_path))
-                  if cfg.strategy == "deepspeed" else "")
+                  if get_strategy(cfg.strategy).own_launcher else "")
 
 
 def write(exp: Export, cfg) -> list[Path]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
 from ...engine import config as C
+from ...engine import strategies
 from ...engine.kinds import kind_of
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
-DISTRIBUTED = ("ddp", "fsdp", "zero", "deepspeed")
 
 GROUPS = ("Essentials", "Run", "Distributed", "Model & data", "Optimization", "Precision & speed",
           "Checkpoints", "Strategy options")
@@ -36,12 +36,11 @@ _GROUP_OF = [
     ("model.", "Model & data"), ("data.", "Model & data"),
     ("optimizer.", "Optimization"), ("scheduler.", "Optimization"), ("train.", "Optimization"),
     ("checkpoint.", "Checkpoints"),
-    ("ddp.", "Strategy options"), ("model_parallel.", "Strategy options"), ("fsdp.", "Strategy options"),
-    ("deepspeed.", "Strategy options"),
-]
+] + [(f"{s}.", "Strategy options") for s in dict.fromkeys(  # each strategy's own section
+    strategies.get_strategy(n).section for n in strategies.loop_names()) if s]
 
 CHOICES: dict[str, tuple] = {
-    "strategy": C.STRATEGIES, "accelerator": C.ACCELERATORS, "backend": C.BACKENDS,
+    "strategy": tuple(strategies.names()), "accelerator": C.ACCELERATORS, "backend": C.BACKENDS,
     "train.precision": C.PRECISIONS, "optimizer.name": C.OPTIMIZERS, "scheduler.name": C.SCHEDULERS,
     "model.name": C.BUILTIN_MODELS + (CUSTOM,), "data.dataset": C.BUILTIN_DATASETS + (CUSTOM,),
     "fsdp.state_dict": ("full", "sharded"),
@@ -105,15 +104,31 @@ def _script(v) -> bool:
     return kind_of(v("strategy")).is_script
 
 
+def _strategy(v):
+    """The strategy the form names, or None while it names none."""
+    return strategies.get_strategy(v("strategy")) if strategies.known(v("strategy")) else None
+
+
+def _distributed(v) -> bool:
+    """Torchdeck's loop over a process group: backend and init_method apply."""
+    s = _strategy(v)
+    return s is not None and s.distributed and not _script(v)
+
+
+def _section_of_strategy(section: str) -> Callable:
+    """Shown while the strategy is one whose own section this is (ddp.: ddp's and zero's)."""
+    return lambda v: (_strategy(v) or strategies.Strategy).section == section
+
+
 def _spans_nodes(v) -> bool:
     """Ranks on several nodes: a distributed strategy's, or a script's (torchrun's node flags)."""
-    return v("strategy") in DISTRIBUTED or _script(v)
+    return _distributed(v) or _script(v)
 
 
 # path -> predicate over a value getter; a field with an error shows whatever this says
 _SHOWN_WHEN: dict[str, Callable] = {
-    "backend": lambda v: v("strategy") in DISTRIBUTED,
-    "init_method": lambda v: v("strategy") in DISTRIBUTED,
+    "backend": _distributed,
+    "init_method": _distributed,
     "model.small_stem": lambda v: v("model.name") == "resnet18",
     "model.hidden": lambda v: v("model.name") == "mlp",
     "model.n_layer": lambda v: v("model.name") == "gpt",
@@ -138,15 +153,13 @@ _SHOWN_WHEN: dict[str, Callable] = {
     # one node is always node 0; a count still being typed (not a number) shows it
     "nodes.node_rank": lambda v: _spans_nodes(v) and v("nodes.num_nodes") != 1,
     # parameters offload only under stage 3; a stage still being typed shows it
-    "deepspeed.offload_param": lambda v: v("strategy") == "deepspeed" and v("deepspeed.stage") not in (0, 1, 2),
+    "deepspeed.offload_param": lambda v: _section_of_strategy("deepspeed")(v)
+    and v("deepspeed.stage") not in (0, 1, 2),
 }
 _PREFIX_SHOWN_WHEN = {
     "nodes.": lambda v: _spans_nodes(v),
-    "ddp.": lambda v: v("strategy") in ("ddp", "zero"),
-    "model_parallel.": lambda v: v("strategy") == "model-parallel",
-    "fsdp.": lambda v: v("strategy") == "fsdp",
-    "deepspeed.": lambda v: v("strategy") == "deepspeed",
-    "script.": lambda v: _script(v),  # the user's own script (torchdeck launch)
+    **{f"{s}.": _section_of_strategy(s) for s in  # a strategy's own section (script.: the user's script)
+       dict.fromkeys(strategies.get_strategy(n).section for n in strategies.names()) if s},
 }
 # What torchdeck's own loop reads, and a script run (strategy script) does not: hidden there, so the
 # form of a script run is its script, processes, nodes and environment. threads/rank stays: it is

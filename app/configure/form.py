@@ -327,7 +327,7 @@ class ConfigForm(VerticalScroll):
             return "procs"
         if not self.gpus:
             return "text"
-        return "one" if self.value_of("strategy") == "gpu" else "many"
+        return "one" if _one_device(self.value_of("strategy")) else "many"
 
     def _cuda_value(self, mode: str):
         if not self._cuda_ready:
@@ -456,7 +456,7 @@ class ConfigForm(VerticalScroll):
 
     def set_gpus(self, samples: list, ok: bool, reason: str) -> None:
         """The GPU list arrived (from a thread); keep whatever devices the form already holds."""
-        was = "text" if not self.gpus else ("one" if self.value_of("strategy") == "gpu" else "many")
+        was = "text" if not self.gpus else ("one" if _one_device(self.value_of("strategy")) else "many")
         current = self._cuda_value(was)  # hidden widgets keep their state under accelerator cpu
         self.gpus = list(samples)
         self.gpus_known = True
@@ -538,7 +538,7 @@ class ConfigForm(VerticalScroll):
                 continue
             hint = f.hint
             if f.path == "train.batch_size":
-                hint = "batch size is the total across GPUs (dp splits each batch)" if strategy == "dp" else "per process"
+                hint = _batch_hint(strategy)
             note = self.refused.get(f.path)  # a key just refused: said until the next edit
             if why is not None or warn is not None or hint or note:
                 msg = self._message_widget(f)
@@ -637,8 +637,8 @@ class ConfigForm(VerticalScroll):
         new_acc = old_acc
         if strat.needs_cuda and old_acc != "cuda":
             new_acc, why = "cuda", f"{strategy} runs on GPUs"
-        elif strategy == "cpu" and old_acc != "cpu":
-            new_acc, why = "cpu", "cpu trains on the CPU"
+        elif strat.cpu_only and old_acc != "cpu":
+            new_acc, why = "cpu", f"{strategy} trains on the CPU"
         elif old_acc == "cuda" and not strat.needs_cuda and self.gpus_known and not self.gpus:
             new_acc, why = "cpu", "this host has no GPU"
         if new_acc != old_acc:
@@ -678,7 +678,21 @@ class ConfigForm(VerticalScroll):
             return "procs"
         if not self.gpus:
             return "text"
-        return "one" if strategy == "gpu" else "many"
+        return "one" if _one_device(strategy) else "many"
+
+
+def _one_device(strategy) -> bool:
+    """The strategy trains on exactly one GPU: the form offers a one-GPU picker."""
+    from ...engine.strategies import get_strategy, known
+
+    return known(strategy) and get_strategy(strategy).one_device
+
+
+def _batch_hint(strategy) -> str:
+    """What train.batch_size means for the strategy, under the field."""
+    from ...engine.strategies import Strategy, get_strategy, known
+
+    return (get_strategy(strategy) if known(strategy) else Strategy).batch_hint
 
 
 def script_name(path, module) -> str:

@@ -468,7 +468,11 @@ def _seen(s: float | None, whole: bool = False) -> str:
     return fmt.duration(s)
 
 
-COMM_MEASURED = ("ddp", "zero")  # their model is DDP, whose all-reduce the ranks time on the CPU (engine.train)
+def _comm_measured(strategy) -> bool:
+    """The strategy's ranks time their all-reduce on the CPU (its own answer: DDP's comm hook)."""
+    from ...engine.strategies import get_strategy, known
+
+    return known(strategy) and get_strategy(strategy).comm_measured
 
 
 def no_spread_text(state: RunView) -> str:
@@ -483,9 +487,12 @@ def no_spread_text(state: RunView) -> str:
     if state.final:
         return "rank balance: no two ranks trained at a measured rate"
     measured = any(r.comm_wait is not None for r in listed) or (
-        state.strategy in COMM_MEASURED and state.devices and all(d == "cpu" for d in state.devices))
+        _comm_measured(state.strategy) and state.devices and all(d == "cpu" for d in state.devices))
+    from ...engine.strategies import names
+
+    timed = "/".join(n for n in names() if _comm_measured(n))
     return "rank balance: from the first steps " + (  # the a-red column: measured, or why it is '-'
-        "(who waits for whom in the all-reduce)" if measured else "(a-red is measured for ddp/zero on CPU)")
+        "(who waits for whom in the all-reduce)" if measured else f"(a-red is measured for {timed} on CPU)")
 
 
 def rank_spread_text(state: RunView) -> Text:

@@ -28,10 +28,10 @@ from .. import fmt
 from . import metric
 from ..rundir.layout import COMPARISON_FILE, RunDir, new_group_dir, pid_alive, write_atomic
 from .view import RunView
-from ..strategies import global_batch, world_size
+from ..strategies import get_strategy, global_batch, loop_names, world_size
 
 PLAN_FILE, TABLE_FILE = COMPARISON_FILE, "compare.md"
-ALL_STRATEGIES = ("cpu", "gpu", "dp", "ddp", "fsdp", "zero", "deepspeed", "model-parallel")
+ALL_STRATEGIES = tuple(loop_names())  # the strategies say which they are (engine.strategies)
 SKIPPED = "skipped"
 JOB_FILE, LOG_FILE, STOP_FILE = "job.yaml", "compare.log", "stop"  # beside compare.json
 
@@ -375,25 +375,6 @@ class Entry:
     skipped: str | None = None
 
 
-def _placement(strategy: str, base, hw) -> list[str]:
-    """Where a strategy runs, given where the preset runs: the preset's GPUs (or all of them) for
-    GPU strategies; the preset's CPU process count (at least 2) for the multi-process ones."""
-    cuda = base.accelerator == "cuda"
-    gpus = list(base.devices) if cuda and isinstance(base.devices, list) else []
-    procs = base.devices if not cuda and isinstance(base.devices, int) and base.devices >= 2 else 2
-    several = f"[{','.join(map(str, gpus))}]" if len(gpus) >= 2 else "all"
-    on_cpu = ["accelerator=cpu", "data.pin_memory=false", "data.on_device=false"]
-    if strategy == "cpu":
-        return on_cpu + ["devices=1"]
-    if strategy == "gpu":
-        return ["accelerator=cuda", f"devices=[{gpus[0] if gpus else 0}]"]
-    if strategy == "dp":
-        return ["accelerator=cuda", f"devices={several}"]
-    if cuda:
-        return ["accelerator=cuda", f"devices={several}"]
-    return on_cpu + [f"devices={procs}"]
-
-
 def _first_problem(problems) -> str:
     problems = sorted(problems, key=lambda p: p[0] != "accelerator")  # "no GPU here" says it best
     f, why = problems[0]
@@ -437,7 +418,7 @@ def plan(preset: str, strategies: list[str], overrides: list[str] | None = None,
     gb = global_batch(base)
     entries = []
     for s in strategies:
-        common = overrides + [f"strategy={s}", "backend=auto", f"name={base.name}-{s}"] + _placement(s, base, hw)
+        common = overrides + [f"strategy={s}", "backend=auto", f"name={base.name}-{s}"] + get_strategy(s).placement(base)
         entries.append(_entry(preset, s, common, gb, limits, hw))
     limit = (f"{steps} steps" if steps is not None else f"{epochs} epoch(s)" if epochs is not None
              else (f"{base.train.max_steps} steps" if base.train.max_steps else f"{base.train.epochs} epoch(s)"))

@@ -1,36 +1,55 @@
 """One module per parallel strategy, all with the `Strategy` interface of `base.py`.
 
-The registry maps config names to modules lazily so `engine.config` stays importable without
-torch; strategy modules import torch only inside their runtime methods.
+This package is the only list of strategies: every public module here that defines STRATEGY is
+one, in the order its `order` says, so adding a strategy is adding its module. Everything else
+(the form, compare, the memory estimate, validate, the Monitor) asks the strategy, never tests
+its name. Strategy modules import torch only inside their runtime methods, so finding them keeps
+`engine.config`'s users (the app's first frame) torch-free.
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from .base import Strategy
 
-_MODULES = {
-    "cpu": "torchdeck.engine.strategies.cpu",
-    "gpu": "torchdeck.engine.strategies.gpu",
-    "dp": "torchdeck.engine.strategies.dp",
-    "ddp": "torchdeck.engine.strategies.ddp",
-    "model-parallel": "torchdeck.engine.strategies.model_parallel",
-    "fsdp": "torchdeck.engine.strategies.fsdp",
-    "zero": "torchdeck.engine.strategies.zero",
-    "deepspeed": "torchdeck.engine.strategies.deepspeed",
-    "script": "torchdeck.engine.strategies.script",  # the user's own script (torchdeck launch)
-}
-_cache: dict[str, Strategy] = {}
+_found: dict[str, Strategy] | None = None
+
+
+def _registry() -> dict[str, Strategy]:
+    """name -> strategy, in their order; found once (private modules, `_name`, are helpers)."""
+    global _found
+    if _found is None:
+        found = []
+        for info in pkgutil.iter_modules(__path__):
+            if info.name.startswith("_"):
+                continue
+            strategy = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STRATEGY", None)
+            if isinstance(strategy, Strategy):
+                found.append(strategy)
+        _found = {s.name: s for s in sorted(found, key=lambda s: (s.order, s.name))}
+    return _found
 
 
 def get_strategy(name: str) -> Strategy:
-    if name not in _cache:
-        _cache[name] = importlib.import_module(_MODULES[name]).STRATEGY
-    return _cache[name]
+    return _registry()[name]
 
 
 def names() -> list[str]:
-    return list(_MODULES)
+    """Every strategy's config name, in order (the user's script last)."""
+    return list(_registry())
+
+
+def loop_names() -> list[str]:
+    """The strategies torchdeck's own loop trains with (what `torchdeck compare` can run); which
+    kind of run a strategy's is, is the run kinds' to say (engine.kinds)."""
+    from ..kinds import kind_of
+
+    return [n for n in _registry() if kind_of(n).loop_config]
+
+
+def known(name) -> bool:
+    return isinstance(name, str) and name in _registry()
 
 
 def nproc_per_node(cfg) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config import combination
 
+CPU_PLACEMENT = ["accelerator=cpu", "data.pin_memory=false", "data.on_device=false"]
 
 @dataclass
 class RankContext:
@@ -27,10 +28,23 @@ class RankContext:
 
 
 class Strategy:
+    """Everything the house asks of a strategy, answered here rather than in a list of names kept
+    by each asker (the form, compare, the memory estimate, validate, the Monitor). A module of this
+    package that defines STRATEGY is a strategy: engine.strategies finds it (torch-free at import)."""
+
     name = "base"
     summary = ""
-    distributed = False  # True: one process group across nprocs x num_nodes ranks
+    order = 100  # where it stands in every list of strategies (the form, validate, compare)
+    section = ""  # its own RunConfig section (cfg.ddp ...), shown in the form only for it; "": none
+    distributed = False  # True: one process group across nprocs x num_nodes ranks (backend, init_method)
     needs_cuda = False
+    cpu_only = False  # True: it trains on the CPU; picking it in the form switches the accelerator to cpu
+    one_device = False  # True: exactly one GPU (the form offers a one-GPU picker, not a list)
+    repeats_devices = False  # True: a GPU may be listed twice (model-parallel: two stages on one GPU)
+    batch_hint = "per process"  # what train.batch_size means, under the form's field
+    comm_measured = False  # True: its ranks time their gradient all-reduce on the CPU (the Monitor's a-red)
+    compared_by_default = False  # ticked in the app's Compare dialog
+    own_launcher = False  # True: exported for its own launcher too (deepspeed's hostfile and commands)
     checkpoint_dirs = False  # True: its checkpoints are directories (every rank writes a part)
     channels_last_weights = True  # False: it flattens or byte-views the weights, which need plain layout
 
@@ -41,6 +55,10 @@ class Strategy:
     def check(self, cfg, hw) -> list[tuple[str, str]]:
         """Problems with `cfg` for this strategy, as (field, reason)."""
         problems = []
+        d = cfg.devices
+        if (not self.repeats_devices and cfg.accelerator == "cuda" and isinstance(d, list)
+                and len(set(d)) != len(d)):
+            problems.append(("devices", f"each GPU may be listed once, got {d}"))
         if self.needs_cuda and cfg.accelerator != "cuda":
             problems.append(combination(cfg, "accelerator", f"strategy {self.name} needs accelerator cuda (GPUs)",
                                         "strategy", "accelerator"))
@@ -56,6 +74,26 @@ class Strategy:
     def local_devices(self, cfg, local_rank: int) -> list[str]:
         """Devices a local rank uses (for the summary line and the GPU pane)."""
         return [cfg.device_for(local_rank)]
+
+    def placement(self, base) -> list[str]:
+        """`--set` items that place it where the preset `base` runs, for `torchdeck compare`: the
+        preset's GPUs (all of them when it names fewer than two), else its CPU process count (at
+        least 2)."""
+        gpus = list(base.devices) if base.accelerator == "cuda" and isinstance(base.devices, list) else []
+        if base.accelerator == "cuda":
+            return ["accelerator=cuda", "devices=" + (f"[{','.join(map(str, gpus))}]" if len(gpus) >= 2 else "all")]
+        procs = base.devices if isinstance(base.devices, int) and base.devices >= 2 else 2
+        return CPU_PLACEMENT + [f"devices={procs}"]
+
+    def shards(self, cfg) -> tuple[int, int, int]:
+        """How many ways parameters, gradients and optimizer state are split (the memory estimate
+        divides each by its count)."""
+        return 1, 1, 1
+
+    def memory_parts(self, cfg, n: int, device: dict) -> dict:
+        """What it adds to or moves off a rank's device memory (bytes, `device` changed in place)
+        for a model of n parameters; returns the parts it holds in host RAM instead."""
+        return {}
 
     def preflight(self, cfg) -> list[tuple[str, str]]:
         """Problems only the file system shows (a file the config names), as (field, reason)."""

@@ -5,6 +5,15 @@ from .process_group import ProcessGroupStrategy
 class DDPStrategy(ProcessGroupStrategy):
     name = "ddp"
     summary = "DistributedDataParallel, one process per device"
+    order = 40
+    section = "ddp"
+    comm_measured = True  # engine.train times DDP's all-reduce with a comm hook on CPU ranks
+    compared_by_default = True
+
+    def memory_parts(self, cfg, n, device):
+        if not cfg.ddp.gradient_as_bucket_view:
+            device["ddp buckets"] = 4 * n  # DDP's flat all-reduce buffers, a copy of the gradients
+        return {}
 
     def wrap(self, model, ctx):
         import torch

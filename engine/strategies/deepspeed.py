@@ -372,9 +372,28 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     name = "deepspeed"
     summary = "DeepSpeed ZeRO (stages 0-3, CPU offload)"
+    order = 80
+    section = "deepspeed"
+    own_launcher = True  # `torchdeck export --deepspeed`: a hostfile and one deepspeed command per node
     checkpoint_dirs = True  # DeepSpeed's own checkpoint: a directory, every rank writes its part
     min_world = 1  # ZeRO-Offload on one GPU is a use of its own
     channels_last_weights = False  # it broadcasts each weight as a byte view (last stride 1 needed)
+
+    def shards(self, cfg):
+        """ZeRO stage 1 shards the optimizer state, 2 the gradients too, 3 the parameters too."""
+        w, stage = world_size_of(cfg), cfg.deepspeed.stage
+        return (w if stage >= 3 else 1), (w if stage >= 2 else 1), (w if stage >= 1 else 1)
+
+    def memory_parts(self, cfg, n, device):
+        p_split = self.shards(cfg)[0]
+        if cfg.train.precision != "32-true":  # the half-precision copy beside the fp32 master weights
+            device["parameters"] += 2 * n / p_split
+        host = {}
+        if cfg.deepspeed.offload_optimizer == "cpu":
+            host["optimizer state"] = device.pop("optimizer state")
+        if cfg.deepspeed.offload_param == "cpu":
+            host["parameters"] = device.pop("parameters")
+        return host
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)

@@ -6,7 +6,9 @@ from .base import Strategy
 class DPStrategy(Strategy):
     name = "dp"
     summary = "nn.DataParallel, one process, batch split over GPUs"
+    order = 30
     needs_cuda = True
+    batch_hint = "batch size is the total across GPUs (dp splits each batch)"
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
@@ -17,6 +19,10 @@ class DPStrategy(Strategy):
             elif cfg.train.batch_size < len(cfg.devices):
                 p.append(("train.batch_size", f"dp's batch size is the total across devices: at least {len(cfg.devices)} for {len(cfg.devices)} GPUs"))
         return p
+
+    def placement(self, base):
+        gpus = base.devices if base.accelerator == "cuda" and isinstance(base.devices, list) else []
+        return ["accelerator=cuda", "devices=" + (f"[{','.join(map(str, gpus))}]" if len(gpus) >= 2 else "all")]
 
     def local_devices(self, cfg, local_rank):
         return [f"cuda:{i}" for i in cfg.devices] if isinstance(cfg.devices, list) else ["cuda"]

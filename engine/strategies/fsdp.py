@@ -2,6 +2,7 @@
 import contextlib
 
 from ..config import combination
+from . import world_size
 from .process_group import ProcessGroupStrategy
 
 
@@ -12,6 +13,9 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     name = "fsdp"
     summary = "FSDP2 fully_shard per block and at the root"
+    order = 60
+    section = "fsdp"
+    compared_by_default = True
     channels_last_weights = False  # fully_shard refuses non-contiguous parameters
 
     def check(self, cfg, hw):
@@ -25,6 +29,10 @@ class FSDPStrategy(ProcessGroupStrategy):
                                  "gathering the sharded weights of CUDA ranks (pytorch/pytorch#132471); use backend "
                                  "nccl or auto", "strategy", "accelerator", "backend"))
         return p
+
+    def shards(self, cfg):
+        w = world_size(cfg)
+        return w, w, w
 
     def wrap(self, model, ctx):
         from torch.distributed.device_mesh import init_device_mesh

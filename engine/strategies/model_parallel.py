@@ -6,6 +6,9 @@ from .base import Strategy
 class ModelParallelStrategy(Strategy):
     name = "model-parallel"
     summary = "one process, layers split across devices, optional micro-batch pipelining"
+    order = 50
+    section = "model_parallel"
+    repeats_devices = True  # two stages may share a GPU
 
     def check(self, cfg, hw):
         p = super().check(cfg, hw)
@@ -31,6 +34,11 @@ class ModelParallelStrategy(Strategy):
         if cfg.accelerator == "cpu":
             return cfg.devices if isinstance(cfg.devices, int) else 1
         return len(cfg.devices) if isinstance(cfg.devices, list) else 1
+
+    def shards(self, cfg):
+        """Layers balanced by parameters over the distinct devices (on the CPU: one memory)."""
+        k = max(1, len(set(cfg.devices)) if isinstance(cfg.devices, list) else self.nprocs(cfg))
+        return k, k, k
 
     def local_devices(self, cfg, local_rank):
         if cfg.accelerator == "cpu":

@@ -10,6 +10,8 @@ from .base import Strategy
 class ScriptStrategy(Strategy):
     name = "script"
     summary = "your own script, one process per device, as torchrun starts it"
+    order = 90
+    section = "script"
     distributed = True  # the ranks meet through MASTER_ADDR/MASTER_PORT, if the script uses them
 
     def nprocs(self, cfg) -> int:
@@ -27,7 +29,9 @@ class ScriptStrategy(Strategy):
 
     def check(self, cfg, hw):
         p = []  # several nodes are fine; cuda on a GPU-less host is the schema's device rule
-        s = cfg.script
+        s, d = cfg.script, cfg.devices
+        if cfg.accelerator == "cuda" and isinstance(d, list) and len(set(d)) != len(d):
+            p.append(("devices", f"each GPU may be listed once, got {d}"))
         if not s.path and not s.module:
             p.append(combination(cfg, "script.path", "a script run needs script.path (a script or, with no_python, "
                                  "an executable) or script.module (python -m MODULE)", "script.path", "script.module"))

@@ -1,4 +1,5 @@
 """DDP with ZeroRedundancyOptimizer: the optimizer state is sharded across ranks."""
+from . import world_size
 from .ddp import DDPStrategy
 
 
@@ -12,6 +13,10 @@ class ZeroStrategy(DDPStrategy):
 
     name = "zero"
     summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded)"
+    order = 70
+
+    def shards(self, cfg):
+        return 1, 1, world_size(cfg)
 
     def make_optimizer(self, params_fn, model):
         from torch.distributed.optim import ZeroRedundancyOptimizer

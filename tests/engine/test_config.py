@@ -351,3 +351,14 @@ def test_a_combination_error_names_each_value_with_where_it_came_from(tmp_path):
     err = run("validate", str(preset), "--set", "strategy=fsdp", "--set", "backend=nccl")
     assert "backend: nccl needs CUDA GPUs; use gloo for CPU processes (backend nccl from --set, accelerator cpu " \
            "from the default)" in err, err
+
+
+def test_a_gpu_listed_twice_is_each_strategys_to_refuse():
+    """The schema no longer names model-parallel (issue 36): a strategy says whether two of its
+    devices may be one GPU (two pipeline stages may share one; two DDP ranks may not)."""
+    hw = Hardware(gpu_count=2)
+    for strategy, refused in (("ddp", True), ("model-parallel", False), ("script", True)):
+        cfg, _ = c.build({"strategy": strategy, "accelerator": "cuda", "devices": [0, 0],
+                          "script": {"path": "train.py"} if strategy == "script" else {}}, None, hw)
+        said = dict(preflight.validate(cfg, hw)).get("devices", "")
+        assert ("each GPU may be listed once, got [0, 0]" in said) == refused, (strategy, said)

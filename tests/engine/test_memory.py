@@ -39,6 +39,7 @@ def test_estimate_counts_what_each_strategy_keeps_and_measures_activations(capsy
         2 * est.device_mb["activations"])
     zero = memory.estimate(cfg(strategy="zero")).device_mb
     assert zero["optimizer state"] == pytest.approx(8 * n / MiB / 2) and zero["parameters"] == pytest.approx(4 * n / MiB)
+    assert zero["ddp buckets"] == pytest.approx(4 * n / MiB)  # zero's model is DDP's: its buckets too
     fsdp = memory.estimate(cfg(strategy="fsdp")).device_mb
     assert fsdp["parameters"] == pytest.approx(4 * n / MiB / 2) and fsdp["gradients"] == pytest.approx(4 * n / MiB / 2)
     off = memory.estimate(cfg(strategy="deepspeed", **{"deepspeed.offload_optimizer": "cpu"}))
