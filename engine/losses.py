@@ -323,6 +323,7 @@ class Loss:
         self.setting = setting
         self.rule: Rule | None = None
         self.fn = None
+        self._targets_apart = setting in ("cross_entropy", "mse", "bce")  # a dict batch's labels not passed in
         if setting not in BUILTIN:
             from .usercode import load_callable
 
@@ -357,7 +358,7 @@ class Loss:
             return batch[0], (rest[0] if len(rest) == 1 else tuple(rest) if rest else None)
         if isinstance(batch, Mapping):
             key = targets_key(batch)
-            if self.setting in ("cross_entropy", "mse", "bce") and key is not None:
+            if self._targets_apart and key is not None:
                 return {k: v for k, v in batch.items() if k != key}, batch[key]
             return batch, (batch[key] if key is not None else None)
         return batch, None
