@@ -5,7 +5,7 @@ One row per step event (every rank's) and one per epoch end (train and validatio
 reduced over the ranks: every rank sends the same, rank 0's is the row, so
 `df[df.kind == "epoch_end"]` is one row per epoch), with
 fixed flat columns so the file can be written as the run goes and read while it grows. A task's
-own metrics (a loss callable's extras, perplexity: engine/losses.py) have names only the run
+own metrics (a loss callable's extras, perplexity: engine/sums.py) have names only the run
 knows, and may first appear mid-run: they go in JSON columns (`metrics` for a step,
 `train_metrics` and `val_metrics` for an epoch end, {name: value}; empty when none), so the header
 never changes and every row keeps the same columns. The
