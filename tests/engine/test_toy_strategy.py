@@ -138,9 +138,8 @@ def test_validate_says_the_toy_its_refusal_and_its_memory(tree):
     code, toy = _run(tree, "validate", "job.yaml", "--memory")
     assert code == 0, toy
     assert "strategy toy-ddp (a toy DDP, optimizer state in quarters) on cpu, backend gloo" in toy, toy
-    code, ddp = _run(tree, "validate", "job.yaml", "--memory", "--set", "strategy=ddp")
-    assert code == 0, ddp
-    assert _optimizer_mb(ddp) > 1 and abs(_optimizer_mb(toy) - _optimizer_mb(ddp) / 4) <= 0.1, (toy, ddp)
+    n = int(re.search(r"estimated; ([\d,]+) parameters", toy).group(1).replace(",", ""))
+    assert n > 200_000 and _optimizer_mb(toy) == round(8 * n / 4 / 2 ** 20, 1), toy  # adam's two moments, in quarters
     code, out = _run(tree, "validate", "job.yaml", "--set", "train.batch_size=7")
     assert code == 2 and "toy-ddp halves each batch: give an even size, got 7" in out, out
     code, out = _run(tree, "validate", "job.yaml", "--set", "strategy=toy-dp")
