@@ -1,5 +1,6 @@
 """The docs' pictures, drawn by the app itself: `python docs/screenshots.py` rewrites docs/images/*.svg,
-`python docs/screenshots.py --check` says which no longer match what the app draws (exit 1).
+`python docs/screenshots.py --check` says which no longer match what the app draws (exit 1); either
+takes picture names (monitor-80x24) to do only those.
 
 Each screen is driven as its snapshot tests drive it (tests/app/test_snapshots_*.py, test_runs.py,
 test_compare_screen.py): run directories written with fixed times, a frozen clock, fake GPUs and a
@@ -289,21 +290,27 @@ def _difference(old: str, new: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Every picture, or those named (`python docs/screenshots.py monitor-80x24 runs-140x45`)."""
+    names = [a for a in argv if not a.startswith("-")] or picture_names()
+    unknown = sorted(set(names) - set(picture_names()))
+    if unknown:
+        print(f"no picture {', '.join(unknown)}; the pictures: {', '.join(picture_names())}", file=sys.stderr)
+        return 2
     if "--check" in argv:
-        bad = stale()
+        bad = stale(names)
         for name, why in bad:
             print(f"docs/images/{name}.svg is stale: {why}")
-        print(f"{len(picture_names()) - len(bad)} of {len(picture_names())} pictures match the app"
+        print(f"{len(names) - len(bad)} of {len(names)} pictures match the app"
               + ("; run python docs/screenshots.py" if bad else ""))
         return 1 if bad else 0
     IMAGES.mkdir(parents=True, exist_ok=True)
-    for name in picture_names():
+    for name in names:
+        started = time.monotonic()
         svg = draw(name)
         path = IMAGES / f"{name}.svg"
         path.write_text(svg, encoding="utf-8")
-        print(f"{path.relative_to(ROOT)}: {len(svg):,} bytes")
+        print(f"{path.relative_to(ROOT)}: {len(svg):,} bytes, {time.monotonic() - started:.1f} s")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
