@@ -111,7 +111,9 @@ def columns(target=None, rows=None) -> tuple[tuple[str, str], ...]:
 def _view(rd: RunDir) -> RunView:
     """The run as the one reducer sees it: its events replayed, then what its directory says of
     its processes (a live run, a lost one)."""
-    view = RunView.replay(events.iter_events(rd.events_path))
+    from .follow import Follower  # its view checkpoint and the events after it, not every event
+
+    view = Follower(rd, outputs=False, history=False).read()
     final = rd.final_status()
     pid = rd.owner_pid()
     view.observe(final, final is None and pid_alive(pid), pid is not None, rd.quiet_s(), time.time())
