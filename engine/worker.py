@@ -28,6 +28,7 @@ from .strategies import nproc_per_node, world_size
 from .errors import TorchdeckError
 from .rundir import stacks
 from .rundir.layout import RunDir, write_atomic
+from .rundir.status import Status
 
 
 def _redirect_output(path: Path) -> None:
@@ -477,11 +478,11 @@ def _open_torchrun_run(cfg, rd, emit, world: int, local_world: int, node_rank: i
          **preflight.length(cfg, shards=world if strategy.distributed else 1).fields())
 
 
-def _close_torchrun_run(rd, emit, status: str, started: float) -> None:
+def _close_torchrun_run(rd, emit, status: Status, started: float) -> None:
     """Local rank 0 records how the node's share ended; the root cause is the earliest error
     any rank of this node reported (later ones are usually peers losing their connection)."""
     cause = None
-    if status == "failed":
+    if status is Status.FAILED:
         errors = sorted((e for e in events.iter_events(rd.events_path) if e.get("kind") == "error"),
                         key=lambda e: e.get("t", 0))
         if errors:
@@ -538,10 +539,10 @@ def main(argv=None) -> int:
     except BaseException as exc:
         error_event(emit, rank, exc)
         if local_rank == 0:
-            _close_torchrun_run(rd, emit, "failed", started)
+            _close_torchrun_run(rd, emit, Status.FAILED, started)
         raise
     if local_rank == 0:
-        status = ("preempted" if rd.preempt_path.exists() else "stopped") if stopped else "finished"
+        status = (Status.PREEMPTED if rd.preempt_path.exists() else Status.STOPPED) if stopped else Status.FINISHED
         _close_torchrun_run(rd, emit, status, started)
     return 0
 
