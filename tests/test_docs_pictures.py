@@ -23,7 +23,10 @@ def test_pictures_are_what_the_app_draws():
     a screen that changed leaves its picture stale until `python docs/screenshots.py` is run."""
     shots = _screenshots()
     names = shots.picture_names()
-    assert len(names) == 10 and {p.stem for p in (ROOT / "docs" / "images").glob("*.svg")} == set(names)
+    committed = {p.stem for p in (ROOT / "docs" / "images").glob("*.svg")}
+    assert len(names) == 10 and committed == set(names), (
+        f"docs/images holds {sorted(committed - set(names))} that docs/screenshots.py does not make, "
+        f"lacks {sorted(set(names) - committed)}")
     stale = shots.stale(names)
     assert not stale, "pictures no longer match the app (run python docs/screenshots.py):\n" + "\n".join(
         f"  docs/images/{name}.svg: {why}" for name, why in stale)
