@@ -558,7 +558,7 @@ def describe_script(cfg) -> list[str]:
     s, strat = cfg.script, strategies.get_strategy(cfg.strategy)
     n, world = strategies.nproc_per_node(cfg), strategies.world_size(cfg)
     what = f"python -m {s.module}" if s.module else (s.path if s.no_python else f"python {s.path}")
-    lines = [f"strategy script: your own script ({what}), started as torchrun starts it, on {cfg.accelerator}",
+    lines = [f"strategy {strat.name}: your own script ({what}), started as torchrun starts it, on {cfg.accelerator}",
              f"each rank runs, in {script_cwd(cfg)}: {shlex.join(script_command(cfg))}"
              + (" (--local-rank=N added: " + s.local_rank_arg + ")" if s.local_rank_arg else ""),
              f"processes: {n} per node x {cfg.nodes.num_nodes} node(s) = world size {world}"]

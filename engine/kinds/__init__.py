@@ -36,6 +36,8 @@ class Kind:
     exits_as_torchrun: bool = False
     # the start-up breakdown's name for the time before the first phase a rank reports
     first_phase: str = "torch import"
+    # what a starting run's header says before any rank reports a phase
+    starting: str = "ranks importing torch"
 
     @property
     def is_script(self) -> bool:

@@ -72,7 +72,7 @@ class Ranks:
         ranks = [r for r in self.rank_list() if not r.from_report]
         moving = [r for r in ranks if r.phase]
         if not moving:
-            return f"ranks importing torch ({now - self.started_t:.0f} s)"
+            return f"{kind_of(self).starting} ({now - self.started_t:.0f} s)"
         order = list(PHASES)
         behind = min(moving, key=lambda r: order.index(r.phase)).phase
         n = sum(r.phase == behind for r in moving)
