@@ -179,6 +179,13 @@ def estimate(cfg) -> Estimate:
                     fixed_mb=fixed, runtime_own_mb=own, node_data_mb=node_data)
 
 
+def _sharding() -> list[str]:
+    """The strategies that can split the model's state over the ranks (the advice when it will not fit)."""
+    from .strategies import loop_names
+
+    return [n for n in loop_names() if get_strategy(n).can_shard]
+
+
 def lines(cfg, hw=None) -> list[str]:
     """The estimate as `torchdeck validate --memory` prints it, with a warning when it will not fit
     the free memory of a chosen GPU (or this host's available RAM on the CPU)."""
@@ -212,7 +219,7 @@ def lines(cfg, hw=None) -> list[str]:
             g = by_index.get(i)
             if g is not None and g.memory_total_mb and need > g.memory_total_mb - g.memory_used_mb:
                 out.append(f"  warning: GPU {i} has {g.memory_total_mb - g.memory_used_mb:,} MiB free, a rank needs "
-                           f"about {need:,.0f} MiB: lower train.batch_size, or shard (fsdp, zero, deepspeed)")
+                           f"about {need:,.0f} MiB: lower train.batch_size, or shard ({', '.join(_sharding())})")
     else:
         import psutil
 

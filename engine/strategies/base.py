@@ -43,6 +43,7 @@ class Strategy:
     repeats_devices = False  # True: a GPU may be listed twice (model-parallel: two stages on one GPU)
     batch_hint = "per process"  # what train.batch_size means, under the form's field
     comm_measured = False  # True: its ranks time their gradient all-reduce on the CPU (the Monitor's a-red)
+    can_shard = False  # True: some setting of it splits parameters, gradients or optimizer state (shards)
     compared_by_default = False  # ticked in the app's Compare dialog
     own_launcher = False  # True: exported for its own launcher too (deepspeed's hostfile and commands)
     checkpoint_dirs = False  # True: its checkpoints are directories (every rank writes a part)

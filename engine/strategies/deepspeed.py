@@ -374,6 +374,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     summary = "DeepSpeed ZeRO (stages 0-3, CPU offload)"
     order = 80
     section = "deepspeed"
+    can_shard = True
     own_launcher = True  # `torchdeck export --deepspeed`: a hostfile and one deepspeed command per node
     checkpoint_dirs = True  # DeepSpeed's own checkpoint: a directory, every rank writes its part
     min_world = 1  # ZeRO-Offload on one GPU is a use of its own

@@ -15,6 +15,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     summary = "FSDP2 fully_shard per block and at the root"
     order = 60
     section = "fsdp"
+    can_shard = True
     compared_by_default = True
     channels_last_weights = False  # fully_shard refuses non-contiguous parameters
 

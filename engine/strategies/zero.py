@@ -14,6 +14,7 @@ class ZeroStrategy(DDPStrategy):
     name = "zero"
     summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded)"
     order = 70
+    can_shard = True
 
     def shards(self, cfg):
         return 1, 1, world_size(cfg)

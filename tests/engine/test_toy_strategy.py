@@ -168,3 +168,36 @@ def test_the_form_lists_it_and_the_monitor_asks_it(tree):
     assert got["shown"] == {"backend": True, "ddp.bucket_cap_mb": True, "fsdp.state_dict": False}, got
     assert got["listed"], got
     assert got["monitor"] == "rank balance: from the first steps (who waits for whom in the all-reduce)", got
+
+
+# where a strategy's name may still be written outside engine/strategies: (file, name) -> why
+NOT_THE_STRATEGY = {("engine/worker.py", "deepspeed"): "the name of DeepSpeed's launcher that started the rank"}
+
+
+def test_no_list_or_test_of_strategy_names_outside_the_strategies():
+    """The names are written once, in their modules: a comparison with a name (`== "ddp"`, `in
+    ("ddp", "zero")`) or a literal list of two or more names anywhere in engine/, app/ or cli/ is a
+    list the next strategy would miss. cpu and gpu are accelerator words too, and script is the run
+    kind's (tests/test_layers.py guards it): they count only inside a list of names."""
+    import ast
+
+    from torchdeck.engine.strategies import names
+
+    known, ambiguous = set(names()), {"cpu", "gpu", "script"}
+    bad = []
+    for top in ("engine", "app", "cli"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel.startswith(("engine/strategies/", "engine/kinds/")):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare):
+                    said = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
+                            and n.value in known - ambiguous]
+                elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                    said = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in known]
+                    said = said if len(said) >= 2 else []
+                else:
+                    continue
+                bad += [f"{rel}:{node.lineno}: {s!r}" for s in said if (rel, s) not in NOT_THE_STRATEGY]
+    assert not bad, "strategy names tested or listed (ask engine.strategies instead):\n" + "\n".join(bad)
