@@ -6,6 +6,7 @@ all-reduce timed). Every front end runs in a subprocess with the copy first on t
 strategy names kept anywhere else leaves the toy out and fails here."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -160,8 +161,6 @@ def test_compare_accepts_the_toy_and_skips_it_by_its_own_rule(tree):
 def test_the_form_lists_it_and_the_monitor_asks_it(tree):
     code, out = _run(tree, code=APP)
     assert code == 0 and "OUT " in out, out
-    import json
-
     got = json.loads(out.split("OUT ", 1)[1])
     assert got["choices"][:5] == ["cpu", "gpu", "dp", "ddp", "toy-ddp"], got
     assert got["strategy"] == "toy-ddp" and got["batch_hint"] == "toy-ddp: per process, an even number", got
