@@ -25,7 +25,7 @@ class EventWriter(threading.Thread):
 
     def __init__(self, path: Path, q):
         super().__init__(name="event-writer", daemon=True)
-        self.path, self.q = path, q
+        self.path, self.q = Path(path), q
         self.fh = open(path, "a", buffering=1 << 20)
         self.lock = threading.Lock()
         self.errors: list[dict] = []
