@@ -20,8 +20,12 @@ class Health:
         return max(STALE_MIN_S, STALE_INTERVALS * (st.interval or 0.0))
 
     def is_stale(self, st: RankState, now: float) -> bool:
-        """No news of a rank for longer than it normally takes, while the run should be busy."""
-        if self.status != Status.RUNNING or st.exited is not None or st.last_seen is None:
+        """No news of a rank for longer than it normally takes, while the run should be busy. A
+        rank that said its script body ended (the shim's `exiting` phase) is not silent: what
+        follows is its exit (atexit, a framework's teardown; 8 s at load 7, over STALE_MIN_S
+        under more), and it ignores stack requests by then (engine/launch/shim.py), so the
+        watchdog's dump would show nothing; its end is the supervisor's to see."""
+        if self.status != Status.RUNNING or st.exited is not None or st._exiting or st.last_seen is None:
             return False
         seen = st.last_seen
         if st._step_t is None and self.first_step_t is not None:  # not stepping yet: its start-up
