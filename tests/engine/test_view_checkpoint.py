@@ -250,9 +250,21 @@ def test_runs_says_the_same_of_a_run_from_its_checkpoint(recorded, tmp_path, mon
         assert catalog.summarize(rd, now=time.time()).cells() == before, kind
 
 
-def test_attach_of_a_finished_run_reads_nothing_after_the_supervisors_checkpoint(recorded, tmp_path):
-    """`torchdeck attach` starts from the checkpoint: its summary is the run's, its events unread."""
+def test_attach_of_a_finished_run_starts_from_the_supervisors_checkpoint(recorded, tmp_path):
+    """`torchdeck attach` takes the run from its checkpoint: with run_started blanked out of the file
+    (the line kept, as spaces), the header still says the strategy and world; without the
+    checkpoint it cannot."""
     rd = _copy(recorded["loop"], tmp_path)
-    out = subprocess.run([sys.executable, "-m", "torchdeck.cli.main", "attach", str(rd.path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="100"))
-    assert out.returncode == 0 and "finished" in out.stdout, out.stdout + out.stderr
+    data = rd.events_path.read_bytes()
+    with open(rd.events_path, "r+b") as fh:
+        fh.write(b" " * data.index(b"\n"))
+
+    def attach() -> str:
+        out = subprocess.run([sys.executable, "-m", "torchdeck.cli.main", "attach", str(rd.path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert "FINISHED | ddp | world 2" in attach()
+    ck.path_of(rd.events_path).unlink()
+    assert "FINISHED | ? | world ?" in attach()
