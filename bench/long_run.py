@@ -2,11 +2,14 @@
 for 8 ranks, made of synthetic step events at today's rate (10 step events a second a rank:
 quickstart's pace, a step event every 10 steps), written as the supervisor writes them
 (events.dumps of the same fields and full-precision floats as a real quickstart run's events).
+The run's view checkpoint (view.ckpt.json) is the supervisor's writer's own (make_run writes through
+engine.supervisor.writer.EventWriter), and what it cost is reported.
 For each: `torchdeck attach DIR` of the finished run, its time to exit and its peak RSS
 (/usr/bin/time, or psutil polling where it is missing), and the file's bytes per step event and
 per hour per rank, with what smaller step events would save (issue 37 item 4).
 
     python -m bench --only long_run                 # 1, 4 and 24 hours
+    LONG_RUN_HOURS=1,4 LONG_RUN_PARTS=attach,monitor python -m bench --only long_run   # some sizes and parts
     LONG_RUN_BEFORE=/tmp/old python -m bench --only long_run --reps 1
         # also the code in /tmp/old (`git archive <commit> | tar -x -C /tmp/old`), alternating
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
@@ -34,6 +38,7 @@ EPOCH_S = 600  # an epoch every 10 minutes: epoch_end from every rank and a chec
 T0 = 1_795_800_000.0
 TARGET_S, TARGET_MB = 2.0, 300  # the issue's goal for 24 hours x 8 ranks (needs its view checkpoint)
 WHAT = {"attach": "attach to exit", "monitor": "Monitor to FINISHED", "metrics_csv": "metrics --csv"}
+CHECKPOINT_COST: list = []  # make_run's writer.checkpoint(): what one view checkpoint costs the supervisor
 PARTS = [p for p in os.environ.get("LONG_RUN_PARTS", ",".join(WHAT)).split(",") if p in WHAT]
 
 
@@ -58,6 +63,8 @@ def _step(rank: int, k: int, rng: random.Random, total: int) -> dict:
 def make_run(root: Path, hours: float, ranks: int = RANKS, seed: int = 0):
     """A finished run of `hours` at RATE step events a second a rank; returns (RunDir, step events)."""
     from torchdeck.engine import events
+    from torchdeck.engine.runs.view import checkpoint as view_checkpoint
+    from torchdeck.engine.supervisor.writer import EventWriter
     from bench.fake_run import create
 
     rd = create(root, ranks)
@@ -65,10 +72,11 @@ def make_run(root: Path, hours: float, ranks: int = RANKS, seed: int = 0):
     ticks = int(hours * 3600 * RATE)
     total = ticks * STEPS_PER_EVENT
     n = 0
-    with open(rd.events_path, "w", buffering=1 << 20) as fh:
+    writer = EventWriter(rd.events_path, queue.Queue())  # the supervisor's writer: its view checkpoint too
+    try:
         def put(ev, t):
             ev["t"] = t
-            fh.write(events.dumps(ev) + "\n")
+            writer.write(ev)
 
         put(events.make("run_started", run=rd.name, strategy="ddp", world_size=ranks, nproc_per_node=ranks,
                         node_rank=0, num_nodes=1, global_batch=64 * ranks, devices=["cpu"] * ranks,
@@ -83,8 +91,10 @@ def make_run(root: Path, hours: float, ranks: int = RANKS, seed: int = 0):
         per_epoch = EPOCH_S * RATE
         for k in range(ticks):
             for r in range(ranks):
-                fh.write(events.dumps(_step(r, k, rng, total)) + "\n")
+                writer.take(events.dumps(_step(r, k, rng, total)))
             n += ranks
+            if k % 256 == 0:
+                writer.flush_taken()
             if (k + 1) % per_epoch == 0:
                 t, epoch = T0 + 30.0 + k / RATE + 0.01, (k + 1) // per_epoch
                 for r in range(ranks):
@@ -98,6 +108,13 @@ def make_run(root: Path, hours: float, ranks: int = RANKS, seed: int = 0):
         for r in range(ranks):
             put(events.make("rank_exited", rank=r, exitcode=0, signal=None), end + r * 1e-4)
         rd.write_final("finished", None, [0] * ranks, round(end - T0, 2), emit=lambda ev: put(ev, end + 0.01))
+        writer.flush_taken()
+        t0 = time.perf_counter()
+        with_checkpoint = writer.checkpoint()
+        CHECKPOINT_COST.append({"s": time.perf_counter() - t0, "ok": with_checkpoint,
+                                "bytes": view_checkpoint.path_of(rd.events_path).stat().st_size if with_checkpoint else 0})
+    finally:
+        writer.close()
     return rd, n
 
 
@@ -235,7 +252,7 @@ def step_bytes(path: Path, sample: int = 20_000) -> dict:
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    hours = [1 / 60] if quick else [1.0, 4.0, 24.0]
+    hours = [1 / 60] if quick else [float(h) for h in os.environ.get("LONG_RUN_HOURS", "1,4,24").split(",")]
     before = os.environ.get("LONG_RUN_BEFORE")
     trees = [("after", C.ROOT)] + ([("before", Path(before))] if before else [])
     load = [os.getloadavg()]
@@ -247,7 +264,10 @@ def run(quick: bool = False, reps: int = 3) -> dict:
             rd, n = make_run(root, h)
             made_s = time.perf_counter() - t0
             size = rd.events_path.stat().st_size
-            entry = {"hours": h, "ranks": RANKS, "step_events": n, "bytes": size, "make_s": made_s}
+            entry = {"hours": h, "ranks": RANKS, "step_events": n, "bytes": size, "make_s": made_s,
+                     "checkpoint": CHECKPOINT_COST[-1]}
+            print(f"  long_run {h:g} h: view checkpoint {CHECKPOINT_COST[-1]['bytes'] / 1e3:.0f} kB written by the "
+                  f"supervisor's writer in {CHECKPOINT_COST[-1]['s'] * 1e3:.0f} ms", flush=True)
             # the code before this change holds ~3.7 KB a step event: 24 hours x 8 ranks would need ~25 GB
             use = [(k, p) for k, p in trees if k == "after" or n < 3_000_000]
             n_reps = reps if h <= 1 else min(reps, 2) if h <= 4 else 1  # a day's run: one read each
@@ -277,6 +297,9 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                     [[f"{b['raw']:.0f}", f"{b['no_nulls']:.0f}", f"{b['rounded']:.0f}", f"{b['no_nulls_rounded']:.0f}",
                       f"{b['short_keys']:.0f}", f"{b['all_three']:.0f}", f"{b['gzip']:.0f}",
                       f"{b['per_hour_per_rank_mb']:.1f}"]])
+    text += "\nview checkpoint (view.ckpt.json) per size: " + "; ".join(
+        f"{h} h {e['checkpoint']['bytes'] / 1e3:.0f} kB in {e['checkpoint']['s'] * 1e3:.0f} ms"
+        for h, e in res["sizes"].items())
     text += "\nload average before/after each size: " + "; ".join(", ".join(f"{x:.1f}" for x in l) for l in load)
     big = res["sizes"].get("24", {}).get("after", {})
     res["targets"] = []
