@@ -30,6 +30,8 @@ def _overrides(args) -> list[str]:
     overrides = list(args.set or [])
     if getattr(args, "node_rank", None) is not None:
         overrides.append(f"nodes.node_rank={args.node_rank}")
+    if getattr(args, "max_restarts", None) is not None:  # torchrun's flag, on `torchdeck run` too
+        overrides.append(f"train.max_restarts={args.max_restarts}")
     return overrides
 
 
@@ -765,6 +767,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("preset", help="preset name (`torchdeck presets`) or YAML file")
     s.add_argument("--detach", action="store_true", help="start it and return; watch later with attach")
     s.add_argument("--node-rank", type=int, help="this node's rank in a multi-node run (nodes.node_rank)")
+    s.add_argument("--max-restarts", type=int, metavar="N", help="after a failure, restart from the newest "
+                                                                  "checkpoint up to N times (train.max_restarts)")
     s.set_defaults(func=cmd_run)
 
     s.add_argument("--resume", metavar="RUN", help="continue from RUN's newest checkpoint ('latest': the "

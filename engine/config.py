@@ -188,6 +188,10 @@ class TrainConfig:
     # auto | cross_entropy | mse | bce | package.module:callable (engine/losses.py); auto: the model's
     # own loss (output.loss), a scalar output, a (loss, logits, ...) tuple, else cross-entropy on integer targets
     loss: str = "auto"
+    # after a failure the supervisor restarts the node's ranks up to this many times (torchrun's
+    # --max-restarts): our loop from its newest checkpoint, a script from its start. One field for
+    # every kind (a script run's too): restarting is the supervisor's, not the training loop's
+    max_restarts: int = 0
 
 
 @dataclass
@@ -571,10 +575,11 @@ def validate(cfg: RunConfig, hw=None) -> list[tuple[str, str]]:
     if kind_of(cfg).is_script:  # the loop's fields (model, data, train...) do not apply
         p.choice("accelerator", cfg.accelerator, ACCELERATORS)
         _nodes_rules(cfg, p)
+        _restart_rules(cfg, p)
         _script_rules(cfg, p)
         _device_rules(cfg, hw, p)
         return list(p)
-    for rules in (_names, _train_rules, _optimizer_rules, _data_rules, _node_rules):
+    for rules in (_names, _train_rules, _restart_rules, _optimizer_rules, _data_rules, _node_rules):
         rules(cfg, p)
     _device_rules(cfg, hw, p)
     _combination_rules(cfg, hw, p)
@@ -645,6 +650,17 @@ def _train_rules(cfg: RunConfig, p: _Problems) -> None:
     p.choice("train.cpu_affinity", t.cpu_affinity, CPU_AFFINITY)
     if t.report_every_s < 0:
         p.append(("train.report_every_s", f"must be 0 (off) or a number of seconds, got {t.report_every_s}"))
+
+
+def _restart_rules(cfg: RunConfig, p: _Problems) -> None:
+    """train.max_restarts (every kind). One node only: a restart of several nodes needs every node
+    to stop and meet again together, which torchdeck's static rendezvous does not do."""
+    p.at_least("train.max_restarts", cfg.train.max_restarts, 0)
+    if cfg.train.max_restarts > 0 and cfg.nodes.num_nodes > 1:
+        p.append(combination(cfg, "train.max_restarts", "restarts are for one node: several nodes would all have "
+                             "to restart together, which torchdeck does not do yet; use one node, or no restarts "
+                             "(resume a failed run with torchdeck resume)",
+                             "train.max_restarts", "nodes.num_nodes"))
 
 
 def _optimizer_rules(cfg: RunConfig, p: _Problems) -> None:

@@ -56,6 +56,12 @@ Kinds and their fields (beyond v, kind, t):
     log            rank (null: supervisor), level (info|warning|error), message
     error          rank, host, pid, exception, message, traceback
     rank_exited    rank, exitcode, signal (name or null)
+    restart        rank (null), attempt (1, 2... the restarts so far), max_restarts (train.max_restarts),
+                   cause (the failed attempt's root cause), lost_s (seconds of work redone: since the
+                   checkpoint it resumes from, or the attempt's whole time for a script), resume_step
+                   (the checkpoint's step our loop resumes at; 0 from the start, null for a script),
+                   checkpoint (its path, or null). Written by the supervisor after the failed
+                   attempt's rank_exited events, before it starts the ranks again: one run, N+1 parts
     rank_report    rank (always 0: the rank that gathered it), reports: one entry per global rank,
                    in rank order, all taken at the same optimizer step through one all-gather,
                    about every train.report_every_s seconds (and at the last step):
@@ -116,6 +122,7 @@ KINDS = (
     "log",
     "error",
     "rank_exited",
+    "restart",
     "rank_report",
     "node_sample",
     "stacks",

@@ -7,7 +7,7 @@ Replacing the word `torchrun` in a command line works:
     torchrun --nproc-per-node 2 train.py --epochs 3
     torchdeck launch --nproc-per-node 2 train.py --epochs 3
 
-torchrun's flags that torchdeck does not support (elastic rendezvous, restarts) are refused by name
+torchrun's flags that torchdeck does not support (elastic rendezvous) are refused by name
 with what to do instead. Its output flags (--tee, --redirects, --local-ranks-filter, --log-dir) are
 taken with their meanings mapped onto a run directory: `output_rule`. Stdlib only.
 """
@@ -29,8 +29,6 @@ UNSUPPORTED = {
     ("--rdzv-endpoint", "--rdzv_endpoint"): "give node 0's address as --master-addr HOST --master-port PORT",
     ("--rdzv-id", "--rdzv_id"): "leave it out (the run's name, --name, is TORCHELASTIC_RUN_ID)",
     ("--rdzv-conf", "--rdzv_conf"): "leave it out (a static rendezvous has no options)",
-    ("--max-restarts", "--max_restarts"): "torchdeck restarts nothing: a failed run is resumed with your "
-                                          "script's own checkpoints; leave it out",
     ("--monitor-interval", "--monitor_interval"): "leave it out (torchdeck's supervisor watches the ranks)",
     ("--start-method", "--start_method"): "leave it out (each rank is its own process, started by exec)",
     ("--role",): "leave it out (every rank's role is 'default')",
@@ -49,7 +47,7 @@ FLAG_OF = {
     "devices": "--nproc-per-node/--devices", "accelerator": "--nproc-per-node/--devices",
     "nodes.num_nodes": "--nnodes", "nodes.node_rank": "--node-rank", "nodes.master_addr": "--master-addr",
     "nodes.master_port": "--master-port", "script.local_rank_arg": "--local-rank-arg", "script.env": "--env",
-    "name": "--name",
+    "name": "--name", "train.max_restarts": "--max-restarts",
 }
 
 
@@ -98,6 +96,9 @@ def parser(parents=(), prog: str = "torchdeck launch") -> argparse.ArgumentParse
     t.add_argument("--master-port", "--master_port", dest="master_port", type=int, metavar="PORT",
                    help="node 0's port (default: a free port on one node, 29500 on several)")
     t.add_argument("--standalone", action="store_true", help="one node, a free port on this host")
+    t.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0, metavar="N",
+                   help="after a failure, start the script again up to N times (TORCHELASTIC_RESTART_COUNT "
+                        "says which attempt); one node only")
     t.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                    help="run SCRIPT as an executable, not with python (no step counts, error capture or stacks)")
     t.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module: python -m SCRIPT")
@@ -305,6 +306,7 @@ def to_config(args: argparse.Namespace, cwd: str | Path, gpu_count=None) -> dict
         "strategy": "script",
         "accelerator": accelerator,
         "devices": devices,
+        "train": {"max_restarts": args.max_restarts},
         "nodes": {"num_nodes": nnodes, "node_rank": args.node_rank,
                   "master_addr": "127.0.0.1" if args.standalone else args.master_addr, "master_port": port},
         "script": {"path": "" if args.module else target, "module": target if args.module else "",

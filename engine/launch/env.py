@@ -4,7 +4,7 @@ unchanged torchrun script runs, plus what the shim reads (engine/launch/shim.py'
 torchrun's variables: RANK = node_rank * nproc_per_node + local_rank, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK (the node's rank), ROLE_RANK (= RANK), ROLE_WORLD_SIZE (= WORLD_SIZE),
 ROLE_NAME ("default"), MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the run's name),
-TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (0: torchdeck restarts nothing),
+TORCHELASTIC_RESTART_COUNT (0, then 1, 2... on each restart) and TORCHELASTIC_MAX_RESTARTS (train.max_restarts),
 OMP_NUM_THREADS (threads per rank as torchdeck plans them, engine.affinity.threads_for, unless
 it is exported already: torchrun keeps the user's value, and so does torchdeck).
 
@@ -45,6 +45,8 @@ class NodePlan:
     local_rank_arg: str = ""  # script.local_rank_arg
     user_env: tuple = ()  # script.env as (key, value) pairs
     extra: tuple = ()  # the supervisor's own (GLOO_SOCKET_IFNAME ...), as (key, value) pairs
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: the restarts before this attempt
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS (train.max_restarts)
 
     @property
     def world_size(self) -> int:
@@ -81,7 +83,8 @@ def threads_of(user_env, environ, planned: int):
     return planned
 
 
-def plan_for(cfg, run_dir, nproc: int, port: int, threads: int, extra: dict | None = None) -> NodePlan:
+def plan_for(cfg, run_dir, nproc: int, port: int, threads: int, extra: dict | None = None,
+             restart_count: int = 0) -> NodePlan:
     """The node's plan from a script run's config (RunConfig with strategy script)."""
     s = cfg.script
     n = cfg.nodes
@@ -89,7 +92,8 @@ def plan_for(cfg, run_dir, nproc: int, port: int, threads: int, extra: dict | No
                     node_rank=n.node_rank, master_addr=n.master_addr, master_port=port, threads=threads,
                     visible_devices=visible_devices(cfg), local_rank_arg=s.local_rank_arg or "",
                     user_env=tuple((str(k), str(v)) for k, v in (s.env or {}).items()),
-                    extra=tuple((extra or {}).items()))
+                    extra=tuple((extra or {}).items()), restart_count=restart_count,
+                    max_restarts=int(cfg.train.max_restarts))
 
 
 def rank_env(plan: NodePlan, local_rank: int, events_fd: int | None, base: dict | None = None) -> dict:
@@ -111,8 +115,8 @@ def rank_env(plan: NodePlan, local_rank: int, events_fd: int | None, base: dict 
         "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": str(plan.master_port),
         "TORCHELASTIC_RUN_ID": plan.run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(plan.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
     })
     if not str(env.get("OMP_NUM_THREADS", "")).strip():  # an exported value is the user's: kept
         env["OMP_NUM_THREADS"] = str(plan.threads)

@@ -55,6 +55,8 @@ class Supervisor:
         self.link = NodeLink(self.rd)
         self.watchdog = Watchdog(self.rd, self.link.write)
         self.outcome = Outcome(self.rd, False, None, self.watchdog.where)
+        self.restarts = 0  # attempts restarted after a failure (train.max_restarts)
+        self.attempt_t = self.started  # when this attempt's ranks started
 
     # ---------------------------------------------------------------- stop requests
     def request_stop(self, *_):
@@ -149,39 +151,64 @@ class Supervisor:
             return self._finish(None, Status.FAILED, [],
                                 f"{cannot_write(rd.events_path, writer.write_error)}; nothing was started")
         self.link.open(cfg, plan.port, writer)
-        try:
-            start = start_script if self.script else spawn
-            ranks, stop_event = start(cfg, plan, rd, writer, self.link.put)
-        except OSError as exc:  # no_python: the executable cannot be run
-            self.link.close()
-            self.link.bye()
-            if writer.is_alive():
-                writer.stop()
-            writer.close()
-            return self._finish(None, Status.FAILED, [], f"cannot start the ranks: {exc}")
-        self.watchdog.base = self.outcome.base = cfg.nodes.node_rank * strategies.nproc_per_node(cfg)
-        self.link.start()  # the writer's queue exists now
-        return self._collect(ranks, stop_event, writer)
+        while True:
+            try:
+                ranks, stop_event = self._start(cfg, plan, writer)
+            except OSError as exc:  # no_python: the executable cannot be run
+                self.link.close()
+                self.link.bye()
+                if writer.is_alive():
+                    writer.stop()
+                writer.close()
+                return self._finish(None, Status.FAILED, [], f"cannot start the ranks: {exc}")
+            ended = self._collect(ranks, stop_event)
+            status, cause = self._decide(ended, writer)
+            if not self._restart_due(cfg, status):
+                return self._conclude(ranks, ended, status, cause, writer)
+            self._restart(cfg, ended, cause, writer)
+            plan = make_plan(cfg, rd, self.script)  # a port (and store) of its own: the last went with its ranks
 
-    def _collect(self, ranks, stop_event, writer: EventWriter) -> int:
-        """Wait for the ranks, then record how each ended and the run's outcome."""
+    def _start(self, cfg, plan, writer):
+        """Start the node's ranks (again, on a restart: our loop from the newest checkpoint)."""
+        start = start_script if self.script else spawn
+        ranks, stop_event = start(cfg, plan, self.rd, writer, self.link.put, attempt=self.restarts)
+        self.attempt_t = time.time()
+        if self.restarts == 0:
+            self.watchdog.base = self.outcome.base = cfg.nodes.node_rank * strategies.nproc_per_node(cfg)
+            self.link.start()  # the writer's queue exists now
+        return ranks, stop_event
+
+    def _collect(self, ranks, stop_event):
+        """Wait for the ranks; (exit codes, the ranks that died first, a reported stop cause)."""
         try:
-            died_first, reported = self._join(ranks, stop_event, writer)
+            died_first, reported = self._join(ranks, stop_event, self.writer)
         finally:  # even when the supervisor itself fails, no rank outlives it
             for p in ranks.processes:
                 if p.is_alive():
                     p.kill()
                     p.join(5)
             ranks.finish()
-        codes = [p.exitcode for p in ranks.processes]
+        return [p.exitcode for p in ranks.processes], died_first, reported
+
+    def _stopping(self) -> bool:
+        return self.first_stop_t is not None or self.rd.stop_path.exists()  # a stop asked on another node too
+
+    def _decide(self, ended, writer):
+        codes, died_first, reported = ended
+        return self.outcome.decide(codes, died_first, reported, self._stopping(), self.write_failure, writer.errors)
+
+    def _exited(self, codes) -> None:
+        for i, code in enumerate(codes):
+            self.link.write(events.make("rank_exited", rank=self.outcome.base + i, exitcode=code,
+                                        signal=signal_text(code)))
+
+    def _conclude(self, ranks, ended, status, cause, writer: EventWriter) -> int:
+        """Record how each rank ended and the run's outcome."""
+        codes = ended[0]
         self.link.close()  # the other nodes' last events, into the queue before it is drained
         writer.stop()  # every rank is gone: what they sent is in the pipe; drain it first
-        base = self.outcome.base
-        for i, code in enumerate(codes):
-            self.link.write(events.make("rank_exited", rank=base + i, exitcode=code, signal=signal_text(code)))
+        self._exited(codes)
         self.link.bye()
-        stopping = self.first_stop_t is not None or self.rd.stop_path.exists()  # a stop asked on another node too
-        status, cause = self.outcome.decide(codes, died_first, reported, stopping, self.write_failure, writer.errors)
         quote = self.outcome.quote_event(ranks.processes) if status is Status.FAILED else None
         if quote is not None:
             self.link.write(quote)
@@ -192,6 +219,34 @@ class Supervisor:
             return self._finish(writer, status, codes, cause)
         finally:
             writer.close()
+
+    # ---------------------------------------------------------------- restarts (train.max_restarts)
+    def _restart_due(self, cfg, status: Status) -> bool:
+        """A failure, not a stop (the user's, a full disk's, a preemption's): restarted while
+        restarts are left. A kill by the user takes this process with it: nothing to restart."""
+        return (status is Status.FAILED and self.restarts < cfg.train.max_restarts and not self._stopping()
+                and self.write_failure is None)
+
+    def _restart(self, cfg, ended, cause, writer) -> None:
+        """One more attempt of the same run: the failed one's ends and a `restart` event, then our
+        loop resumes from the newest checkpoint (a script starts over, as torchrun's)."""
+        self._exited(ended[0])
+        self.restarts += 1
+        now, found = time.time(), None if self.script else self.rd.newest_checkpoint()
+        lost_from = self.attempt_t
+        if found is not None:
+            cfg.checkpoint.resume = str(found[1])
+            try:
+                lost_from = max(lost_from, found[1].stat().st_mtime)
+            except OSError:
+                pass
+        writer.write(events.make(
+            "restart", rank=None, attempt=self.restarts, max_restarts=cfg.train.max_restarts, cause=cause,
+            lost_s=round(max(0.0, now - lost_from), 3), resume_step=None if self.script else (found or (0,))[0],
+            checkpoint=None if found is None else str(found[1])))
+        writer.errors.clear()  # the next attempt's root cause is its own
+        self.outcome.failed_local_rank = None
+        self.watchdog.where.clear()  # stacks of the ranks that are gone
 
     # ---------------------------------------------------------------- while the ranks run
     def _join(self, pctx, stop_event, writer):

@@ -47,15 +47,18 @@ def _environ(values: dict):
 
 
 def _start_writer(writer, message: str) -> None:
-    """The writer's queue and thread (the other nodes' events and the sampler's come through it)."""
-    writer.q = queue_mod.Queue()
-    writer.start()
+    """The writer's queue and thread (the other nodes' events and the sampler's come through it);
+    a restart's ranks find them running."""
+    if not writer.is_alive():
+        writer.q = queue_mod.Queue()
+        writer.start()
     writer.write(events.make("log", rank=None, level="info", message=message))
 
 
-def start_script(cfg, plan, rd, writer, put):
+def start_script(cfg, plan, rd, writer, put, attempt: int = 0):
     """Start the node's ranks of a user's script: each a process of its own with its own event
-    pipe, read by a thread into the writer's queue. Returns (ranks, their stop event)."""
+    pipe, read by a thread into the writer's queue. Returns (ranks, their stop event).
+    attempt: the restarts before this start (TORCHELASTIC_RESTART_COUNT)."""
     from ..launch import env as launch_env
     from ..launch import ranks as launch_ranks
 
@@ -64,16 +67,17 @@ def start_script(cfg, plan, rd, writer, put):
     _start_writer(writer, f"supervisor {os.getpid()}: {' '.join(launch_ranks.command(cfg.script))} x{nproc} on node "
                           f"{cfg.nodes.node_rank}, {cfg.nodes.master_addr}:{plan.port}, {plan.threads} thread(s) "
                           "per rank" + (" (your OMP_NUM_THREADS)" if yours else ""))
-    node = launch_env.plan_for(cfg, rd.path, nproc, plan.port, plan.threads, plan.child_env)
+    node = launch_env.plan_for(cfg, rd.path, nproc, plan.port, plan.threads, plan.child_env, restart_count=attempt)
     ranks = launch_ranks.start(cfg.script, node, put, flush=writer.flush_taken)
     return ranks, ranks.stop_event
 
 
-def spawn(cfg, plan, rd, writer, put):
+def spawn(cfg, plan, rd, writer, put, attempt: int = 0):
     """Start the node's ranks of our loop (spawn context: events are text, no torch needed to
     carry them), each with its own event pipe (worker.PipeReporter), read by one thread into the
     writer's queue, as a script run's ranks are (engine/launch/ranks.py). Each rank is handed
-    the RunConfig itself, as read and settled here: no other form, no second validation."""
+    the RunConfig itself, as read and settled here: no other form, no second validation.
+    A restart (attempt > 0) sets cfg.checkpoint.resume to the newest checkpoint first (loop.py)."""
     from ..launch.ranks import EventReader
     from ..worker import rank_main
 

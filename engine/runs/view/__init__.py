@@ -85,6 +85,7 @@ class RunView(Steps, Ranks, Epochs, Logs, Lifecycle, Health, Rates):
     start_step: int = 0  # where a resumed run starts: its checkpoint's step, shown before its first step event
     exit_codes: list | None = None  # per local rank, as the run ended (run_finished, else status.json)
     failed_local_rank: int | None = None  # the index in exit_codes of the rank the root cause names
+    restarts: tuple = ()  # one (attempt, max_restarts, cause, lost_s, resume_step, t) per `restart` event
     _traceback_lines: dict = field(default_factory=dict)  # rank -> lines of its error tracebacks
     _curve_rank: int | None = None
     _finished_event: bool = False

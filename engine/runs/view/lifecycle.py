@@ -59,6 +59,30 @@ class Lifecycle:
         text = f"run {self.status}" + (f": {self.root_cause}" if self.root_cause else "")
         self._log(t, "error" if self.status == Status.FAILED else "info", None, text)
 
+    def _on_restart(self, ev, t) -> None:
+        """The supervisor started the ranks again after a failure (train.max_restarts): one more
+        part of the same run. The ranks start over (from the checkpoint's step, or a script's 0)."""
+        attempt, most = whole(ev.get("attempt")), whole(ev.get("max_restarts"))
+        cause = as_text(ev.get("cause"), "?")
+        lost = real(ev.get("lost_s"))
+        step = ev.get("resume_step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+        self.restarts = (*self.restarts, (attempt, most, cause, lost, step, t))
+        self.start_step = step or 0
+        for st in self.ranks.values():
+            st.exited, st.step, st.phase, st._paused = None, self.start_step, "", True
+        self.exit_codes, self.failed_local_rank = None, None
+        where = (f"from the checkpoint of step {step}" if step else "from the start") + (
+            f", {fmt.duration(lost)} of work lost" if lost is not None else "")
+        self._log(t, "warning", None, f"restart {attempt}/{most} after a failure: {cause}; {where}")
+
+    def restart_text(self) -> str | None:
+        """'restart 2/3' once the run restarted (the header's count), None before."""
+        if not self.restarts:
+            return None
+        attempt, most = self.restarts[-1][:2]
+        return f"restart {attempt}/{most}"
+
     def observe(self, final: dict | None, alive: bool, has_pid: bool, quiet_s: float | None, now: float) -> None:
         """What the run directory says about the run's processes (status.json, pid files), for a
         run whose events have not said how it ended. A run_finished event has the last word: the
