@@ -10,6 +10,9 @@ people read "epoch 3 of 3", not "epoch 2".
 
 The reducers live in rooms per event family (steps, ranks, epochs, logs, lifecycle) and the rules
 read from them in two more (health, rates); RunView holds the fields and composes them.
+Replaying from the start is what a view means, not what a reader must pay: checkpoint.py saves a
+view's state with the byte offset of the events it covers (view.ckpt.json), and a reader folds
+only the events after it into the view read back.
 """
 from __future__ import annotations
 
