@@ -170,6 +170,8 @@ def _header_what(state: RunView, run_name: str, width: int, script: bool) -> lis
             top.append(_item(cmd if cell_len(cmd) <= room else cmd[:room - 1] + "…", "bold cyan"))
     if state.global_batch:
         top.append(_item(f"global batch {state.global_batch}"))
+    if state.restarts:  # the attempts of one run (train.max_restarts)
+        top.append(_item(state.restart_text(), "yellow"))
     if state.stop_requested and not state.final:
         top.append(_item("stop requested", "yellow"))
     return top

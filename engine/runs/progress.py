@@ -47,6 +47,8 @@ def _head(view: RunView, now: float, step_text: str) -> list[tuple[int, str]]:
     elapsed, then what it is doing while starting or which ranks are silent, if either."""
     parts = [(0, str(view.status).upper()), (6, view.strategy), (7, f"world {view.world_size or '?'}"),
              (1, step_text), (5, f"{fmt.duration(view.elapsed(now))} elapsed")]
+    if view.restarts:  # one more part of the same run each (train.max_restarts)
+        parts.append((3, view.restart_text()))
     starting = view.startup(now)
     stale = view.stale_ranks(now)
     if starting:
@@ -265,6 +267,9 @@ def summary(view: RunView, now: float) -> list[str]:
         elif main is not None:  # a task without accuracy: its loss (and perplexity)
             acc = f"; {view.main_text()}"
         lines = [f"run {view.status} after {fmt.duration(view.elapsed(now))}{acc}"]
+    if view.restarts:
+        lines.append(f"restarted {len(view.restarts)} time{'s' if len(view.restarts) > 1 else ''} after a failure "
+                     f"(max {view.restarts[-1][1]})")
     if view.status in (Status.FAILED, Status.LOST):
         lines.append(f"root cause: {view.root_cause or 'unknown (see the rank logs)'}")
         if view.errors:

@@ -90,7 +90,15 @@ def test_a_script_that_raises_every_time_fails_after_3_attempts_each_said_in_att
     for attempt in (1, 2):
         line = next(ln for ln in out.splitlines() if f"restart {attempt}/2 after a failure" in ln)
         assert f"boom on attempt {attempt - 1}" in line and "from the start" in line, line
-    assert "boom on attempt 2" in out, out
+    assert "boom on attempt 2" in out and "restarted 2 times after a failure (max 2)" in out, out
+    from torchdeck.app.monitor.panes import header_text
+    from torchdeck.engine.runs import progress
+    from torchdeck.engine.runs.view import RunView
+
+    view = RunView.replay(read_all(run.events_path))
+    assert [(a, m) for a, m, *_ in view.restarts] == [(1, 2), (2, 2)]
+    assert "restart 2/2" in header_text(view, view.last_t, run.name, 120).plain  # the Monitor's header
+    assert "restart 2/2" in progress.header(view, view.last_t, 120)  # attach's and run's
 
 
 SLEEPS = """
