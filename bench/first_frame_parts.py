@@ -19,7 +19,7 @@ from bench import first_frame as F
 
 _RUN = "\nfrom torchdeck.app.main import TorchdeckApp\nTorchdeckApp().run()\n"
 VARIANTS = {"as shipped": "",
-            "3 fields in the first frame": "import torchdeck.app.configure.form as Fm\nFm.FIRST_FRAME_FIELDS = 3\n"}
+            "3 fields in the first frame": "import torchdeck.app.configure.build as Fb\nFb.FIRST_FRAME_FIELDS = 3\n"}
 MARKS = {"first frame": "Launch", "first field": "strategyddp", "Essentials complete": "precision32-true"}
 
 

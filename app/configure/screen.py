@@ -183,7 +183,7 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         data = self.form.to_dict()
         self.cfg, problems = find_problems(data, self.hw, self.baseline)
         if "devices" in problems and data.get("accelerator") == "cuda" and data.get("devices") == []:
-            from .form import no_gpu_picked
+            from .follow import no_gpu_picked
 
             problems["devices"] = no_gpu_picked(data.get("strategy"))  # dp: two GPUs, not "at least one"
         if self.cfg is not None:

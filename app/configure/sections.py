@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from .fields import BY_PATH, GROUPS
-from .form import group_id
+from .controls import group_id
 
 
 class SectionNavigation:
