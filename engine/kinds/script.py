@@ -11,5 +11,5 @@ KIND = Kind(
     no_memory_estimate="the model and batch are your script's, torchdeck cannot see them before it runs",
     loop_config=False, ranks_from_shim=True, shows_rank_output=True, exits_as_torchrun=True,
     first_phase="python, imports",  # a script's: up to its rendezvous
-    starting="ranks starting Python and the script's imports",
+    starting="ranks starting python",
 )
