@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from torchdeck.engine.runs import control
 from tests.engine.helpers import Run
 
 
@@ -13,3 +14,13 @@ def runs():
     yield started
     for r in started:
         r.kill()
+
+
+@pytest.fixture
+def cleanup():
+    """Whatever run a failed test leaves is killed."""
+    started = []
+    yield started
+    for run in started:
+        if control.run_processes(run):
+            control.kill(run)

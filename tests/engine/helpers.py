@@ -348,3 +348,31 @@ def ddp_cfg(**over):
             "train.log_every_n_steps": 1}
     base.update(over)
     return small_cfg(**base)
+
+
+# ----------------------------------------------------------------------------- a copy of the package tree
+
+def copy_of_the_tree(base: Path, added: dict[str, str]) -> Path:
+    """The package (engine, app, cli, presets, torchdeck) copied under base/tree with `added`'s files
+    (path under the tree -> text) written in and nothing else changed: a strategy or a run kind that
+    is one module is proven so (test_toy_strategy, test_toy_run_kind). Returns base."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    for part in ("engine", "app", "cli", "presets", "torchdeck"):
+        shutil.copytree(root / part, base / "tree" / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, text in added.items():
+        (base / "tree" / rel).write_text(text)
+    return base
+
+
+def run_in_copy(base: Path, *args, code: str | None = None) -> tuple[int, str]:
+    """`torchdeck ARGS` (or `python -c CODE ARGS`) in base with the copied tree first on the path and
+    base's runs/ and presets/; (exit code, stdout + stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(base / "tree"), TORCHDECK_RUNS=str(base / "runs"),
+               TORCHDECK_PRESETS=str(base / "presets"), COLUMNS="200")
+    env.pop("TORCHDECK_RUN_DIR", None)
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "torchdeck.cli", *args]
+    r = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    return r.returncode, r.stdout + r.stderr

@@ -36,16 +36,6 @@ def kinds(run, kind):
     return [e for e in read_all(run.events_path) if e.get("kind") == kind]
 
 
-@pytest.fixture
-def cleanup():
-    """Whatever run a failed test leaves is killed."""
-    started = []
-    yield started
-    for run in started:
-        if control.run_processes(run):
-            control.kill(run)
-
-
 # ----------------------------------------------------------------------------- bug 3: no exception, a reason
 
 

@@ -109,15 +109,6 @@ while True:
 """
 
 
-@pytest.fixture
-def cleanup():
-    started = []
-    yield started
-    for run in started:
-        if control.run_processes(run):
-            control.kill(run)
-
-
 def test_a_stop_by_the_user_is_not_restarted(tmp_path, cleanup):
     (tmp_path / "train.py").write_text(SLEEPS)
     proc, log = start_cli(tmp_path, "launch", "--max-restarts", "2", "--nproc-per-node", "1", "train.py")

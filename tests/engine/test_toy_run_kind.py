@@ -7,15 +7,10 @@ leaves the toy out (it would be taken for torchdeck's loop) and fails here."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.helpers import copy_of_the_tree, run_in_copy
 
 KIND = '''\
 """notebook: a program exported from a notebook, run as a user's script is, with its own reasons."""
@@ -89,48 +84,35 @@ asyncio.run(main())
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A copy of the package with two files added: engine/kinds/notebook.py and its strategy."""
-    base = tmp_path_factory.mktemp("toykind")
-    for part in ("engine", "app", "cli", "presets", "torchdeck"):
-        shutil.copytree(ROOT / part, base / "tree" / part, ignore=shutil.ignore_patterns("__pycache__"))
-    (base / "tree" / "engine" / "kinds" / "notebook.py").write_text(KIND)
-    (base / "tree" / "engine" / "strategies" / "notebook.py").write_text(STRATEGY)
+    base = copy_of_the_tree(tmp_path_factory.mktemp("toykind"), {"engine/kinds/notebook.py": KIND,
+                                                                  "engine/strategies/notebook.py": STRATEGY})
     (base / "cells.py").write_text(CELLS)
     (base / "job.yaml").write_text(JOB)
     return base
 
 
-def _run(tree, *args, code=None):
-    env = dict(os.environ, PYTHONPATH=str(tree / "tree"), TORCHDECK_RUNS=str(tree / "runs"),
-               TORCHDECK_PRESETS=str(tree / "presets"), COLUMNS="200")
-    env.pop("TORCHDECK_RUN_DIR", None)
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "torchdeck.cli", *args]
-    r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
-    return r.returncode, r.stdout + r.stderr
-
-
 def test_what_does_not_apply_says_the_toys_own_reasons(tree):
-    code, out = _run(tree, "validate", "job.yaml", "--memory")
+    code, out = run_in_copy(tree, "validate", "job.yaml", "--memory")
     assert code == 2 and "validate --memory does not apply to a notebook run: the notebook builds its model as it goes" in out, out
-    code, out = _run(tree, "compare", "job.yaml", "--strategies", "cpu")
+    code, out = run_in_copy(tree, "compare", "job.yaml", "--strategies", "cpu")
     assert code == 2 and "compare does not apply to a notebook run" in out, out
-    code, out = _run(tree, "validate", "job.yaml")
+    code, out = run_in_copy(tree, "validate", "job.yaml")
     assert code == 0 and "strategy notebook: your own script (python cells.py)" in out, out
 
 
 def test_a_toy_run_runs_as_its_kind_says_and_its_views_ask_it(tree):
-    code, out = _run(tree, "run", "job.yaml")
+    code, out = run_in_copy(tree, "run", "job.yaml")
     assert code == 0, out
     assert "[default0]:cells done" in out, out  # shows_rank_output: the rank's own lines, as torchrun's
     assert "kernel start" in out, out  # first_phase: the start-up breakdown's first part
     run = next((tree / "runs").iterdir())
     started = json.loads((run / "events.jsonl").read_text().splitlines()[0])
     assert started["run_kind"] == "notebook", started
-    code, out = _run(tree, "eval", str(run))
+    code, out = run_in_copy(tree, "eval", str(run))
     assert code == 2 and f"eval does not apply to a notebook run ({run.name}): the notebook evaluates itself" in out, out
-    code, out = _run(tree, "resume", str(run))
+    code, out = run_in_copy(tree, "resume", str(run))
     assert code == 2 and "resume does not apply to a notebook run" in out and "cells again" in out, out
-    code, out = _run(tree, str(run), code=APP)
+    code, out = run_in_copy(tree, str(run), code=APP)
     assert code == 0 and "OUT " in out, out
     got = json.loads(out.split("OUT ", 1)[1])
     assert got == {"stop": "ranks get SIGTERM, then SIGKILL after 30 s", "status": "finished"}, got

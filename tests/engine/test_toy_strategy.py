@@ -7,15 +7,12 @@ strategy names kept anywhere else leaves the toy out and fails here."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.engine.helpers import copy_of_the_tree, run_in_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,21 +111,9 @@ print("OUT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A copy of the package with one file added: engine/strategies/toy_ddp.py."""
-    base = tmp_path_factory.mktemp("toy")
-    for part in ("engine", "app", "cli", "presets", "torchdeck"):
-        shutil.copytree(ROOT / part, base / "tree" / part, ignore=shutil.ignore_patterns("__pycache__"))
-    (base / "tree" / "engine" / "strategies" / "toy_ddp.py").write_text(TOY)
+    base = copy_of_the_tree(tmp_path_factory.mktemp("toy"), {"engine/strategies/toy_ddp.py": TOY})
     (base / "job.yaml").write_text(JOB)
     return base
-
-
-def _run(tree, *args, code=None):
-    env = dict(os.environ, PYTHONPATH=str(tree / "tree"), TORCHDECK_RUNS=str(tree / "runs"),
-               TORCHDECK_PRESETS=str(tree / "presets"), COLUMNS="200")
-    cmd = [sys.executable, "-c", code, str(tree)] if code else [sys.executable, "-m", "torchdeck.cli", *args]
-    r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
-    return r.returncode, r.stdout + r.stderr
 
 
 def _optimizer_mb(text: str) -> float:
@@ -136,30 +121,30 @@ def _optimizer_mb(text: str) -> float:
 
 
 def test_validate_says_the_toy_its_refusal_and_its_memory(tree):
-    code, toy = _run(tree, "validate", "job.yaml", "--memory")
+    code, toy = run_in_copy(tree, "validate", "job.yaml", "--memory")
     assert code == 0, toy
     assert "strategy toy-ddp (a toy DDP, optimizer state in quarters) on cpu, backend gloo" in toy, toy
     n = int(re.search(r"estimated; ([\d,]+) parameters", toy).group(1).replace(",", ""))
     assert n > 200_000 and _optimizer_mb(toy) == round(8 * n / 4 / 2 ** 20, 1), toy  # adam's two moments, in quarters
-    code, out = _run(tree, "validate", "job.yaml", "--set", "train.batch_size=7")
+    code, out = run_in_copy(tree, "validate", "job.yaml", "--set", "train.batch_size=7")
     assert code == 2 and "toy-ddp halves each batch: give an even size, got 7" in out, out
-    code, out = _run(tree, "validate", "job.yaml", "--set", "strategy=toy-dp")
+    code, out = run_in_copy(tree, "validate", "job.yaml", "--set", "strategy=toy-dp")
     assert code == 2 and "did you mean 'toy-ddp'?" in out, out
 
 
 def test_compare_accepts_the_toy_and_skips_it_by_its_own_rule(tree):
-    code, out = _run(tree, "compare", "job.yaml", "--strategies", "toy-ddp,nope", "--steps", "2")
+    code, out = run_in_copy(tree, "compare", "job.yaml", "--strategies", "toy-ddp,nope", "--steps", "2")
     assert code == 2 and "unknown nope; pick from cpu, gpu, dp, ddp, toy-ddp," in out, out
     # a global batch of 6: each of the toy's 2 ranks would get 3, which it refuses (nothing runs)
-    code, out = _run(tree, "compare", "job.yaml", "--strategies", "toy-ddp", "--steps", "2",
+    code, out = run_in_copy(tree, "compare", "job.yaml", "--strategies", "toy-ddp", "--steps", "2",
                      "--set", "strategy=cpu", "--set", "devices=1", "--set", "train.batch_size=6")
     assert "toy-ddp: skipped: train.batch_size: toy-ddp halves each batch: give an even size, got 3" in out, out
-    code, out = _run(tree, "compare", "--help")
+    code, out = run_in_copy(tree, "compare", "--help")
     assert re.search(r"e\.g\.\s+cpu,ddp,toy-ddp,fsdp,zero", out), out
 
 
 def test_the_form_lists_it_and_the_monitor_asks_it(tree):
-    code, out = _run(tree, code=APP)
+    code, out = run_in_copy(tree, str(tree), code=APP)
     assert code == 0 and "OUT " in out, out
     got = json.loads(out.split("OUT ", 1)[1])
     assert got["choices"][:5] == ["cpu", "gpu", "dp", "ddp", "toy-ddp"], got
