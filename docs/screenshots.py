@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from tests.app import test_compare_screen as compare_t  # noqa: E402  (the snaps
 from tests.app import test_runs as runs_t  # noqa: E402
 from tests.app import test_snapshots_configure as configure_t  # noqa: E402
 from tests.app import test_snapshots_monitor as monitor_t  # noqa: E402
+from tests.app.screen_helpers import svg_rows  # noqa: E402
 
 SIZES = ((80, 24), (140, 45))
 SCENES = ("configure", "monitor", "monitor-256", "runs", "compare")
@@ -265,18 +265,8 @@ def stale(names: list[str] | None = None) -> list[tuple[str, str]]:
 
 
 def screen_rows(svg: str) -> list[str]:
-    """The picture's text, row by row, as a person reads it (its <text> runs placed by column)."""
-    rows: dict[int, list] = {}
-    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="[\d.]+" '
-                         r'clip-path="url\(#[^)]*-line-(\d+)\)">(.*?)</text>', svg):
-        rows.setdefault(int(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
-    out = []
-    for line in sorted(rows):
-        text = ""
-        for x, run in sorted(rows[line]):
-            text = text.ljust(int(round(x / 12.2))) + run
-        out.append(text.replace("\xa0", " ").rstrip())
-    return out
+    """The picture's text, row by row, as a person reads it."""
+    return [row.rstrip() for row in svg_rows(svg)]
 
 
 def _difference(old: str, new: str) -> str:

@@ -8,7 +8,12 @@ import time
 
 def screen_text(app) -> str:
     """What the screen shows, as plain text lines (the SVG screenshot's text runs, in order)."""
-    svg = app.export_screenshot()
+    return "\n".join(svg_rows(app.export_screenshot()))
+
+
+def svg_rows(svg: str) -> list[str]:
+    """A Textual SVG screenshot's text, row by row, as a person reads it (its <text> runs placed by
+    column); docs/screenshots.py reads its pictures with it too."""
     rows: dict[int, list] = {}
     for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="[\d.]+" textLength="[\d.]+" '
                          r'clip-path="url\(#[^)]*-line-(\d+)\)">(.*?)</text>', svg):
@@ -19,7 +24,7 @@ def screen_text(app) -> str:
         for x, txt in sorted(rows[line]):
             s = s.ljust(int(round(x / 12.2))) + txt
         out.append(s.replace("\xa0", " "))
-    return "\n".join(out)
+    return out
 
 
 def inside(inner, outer) -> bool:
