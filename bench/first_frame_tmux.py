@@ -11,6 +11,7 @@ its own start overlaps the program's, for both programs alike.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -38,15 +39,19 @@ while os.read(fd, 65536):
 '''
 
 
+# A tmux server of its own: the default one is shared with whatever else uses tmux (the e2e tests).
+TMUX = ["tmux", "-L", f"ffbench-{os.getpid()}"]
+
+
 def one(tmp: Path, cmd: str, marker: str, timeout: float = 30) -> float:
     t0, t1 = tmp / "t0", tmp / "t1"
     for f in (t0, t1):
         f.unlink(missing_ok=True)
     stamp = f"{sys.executable} -c 'import time; open(\"{t0}\", \"w\").write(repr(time.time()))'"
-    subprocess.run(["tmux", "new-session", "-d", "-s", "ffbench", "-x", "80", "-y", "24",
+    subprocess.run([*TMUX, "new-session", "-d", "-s", "ffbench", "-x", "80", "-y", "24",
                     f"sleep 0.3; {stamp}; cd {C.ROOT} && exec {cmd}"], check=True)
     try:
-        subprocess.run(["tmux", "pipe-pane", "-t", "ffbench", "-o",
+        subprocess.run([*TMUX, "pipe-pane", "-t", "ffbench", "-o",
                         f"{sys.executable} {tmp / 'reader.py'} {marker} {t1}"], check=True)
         deadline = time.monotonic() + timeout
         while not t1.exists() and time.monotonic() < deadline:
@@ -54,7 +59,7 @@ def one(tmp: Path, cmd: str, marker: str, timeout: float = 30) -> float:
         time.sleep(0.05)
         return float(t1.read_text()) - float(t0.read_text())
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", "ffbench"], capture_output=True)
+        subprocess.run([*TMUX, "kill-server"], capture_output=True)
         time.sleep(0.3)
 
 

@@ -266,7 +266,9 @@ class NodesPane(Vertical):
         if self.open is not None:
             slot = self._slot_of(self.open)
             if slot is not None:
-                slot.head.focus()
+                # Not focus's own scroll: it centres the head on the old layout (the node closed above
+                # it still open), so the list jumped or not by timing; the whole slot once laid out.
+                slot.head.focus(scroll_visible=False)
                 self.call_after_refresh(slot.scroll_visible)
         return self.open
 

@@ -35,18 +35,28 @@ class Tmux:
     def __init__(self, env: dict):
         self.name = f"td-{uuid.uuid4().hex[:8]}"
         self.env = env
+        self.starts = 0
+        self.tmux = ["tmux", "-L", self.name]
+
+    def _new_server(self):
+        # A server of its own for each start (-L): killing a server's last session stops it a moment
+        # later, and a new-session sent to it then fails with "server exited unexpectedly" (a test
+        # that killed and started again, or another test process on the shared default server).
+        self.starts += 1
+        self.tmux = ["tmux", "-L", f"{self.name}-{self.starts}"]
 
     def start(self, command: str, width=120, height=40):
         # A running tmux server gives new panes its own environment, not ours: pass ours explicitly.
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height),
+        self._new_server()
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height),
                         f"cd {shlex.quote(str(ROOT))} && env {env} {command}"], check=True, cwd=ROOT)
 
     def keys(self, *keys: str):
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        out = subprocess.run([*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
         return out.stdout
 
     def wait_for(self, text: str, timeout: float) -> str:
@@ -60,10 +70,10 @@ class Tmux:
         raise AssertionError(f"{text!r} not on screen after {timeout:.0f} s; screen:\n{screen}")
 
     def alive(self) -> bool:
-        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+        return subprocess.run([*self.tmux, "has-session", "-t", self.name], capture_output=True).returncode == 0
 
     def kill(self):
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 @pytest.fixture
@@ -196,7 +206,7 @@ def test_headless_progress_fits_an_80_column_terminal_and_redraws_in_place(term,
     assert sum(ln.startswith("rank  0") for ln in lines) == 1, screen
     block = [ln for ln in lines if ln.startswith(("RUNNING", "STARTING", "rank  "))]
     assert len(block) == 3 and all(len(ln) < 80 for ln in block), screen
-    subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", "60", "-y", "24"], check=True)
+    subprocess.run([*term.tmux, "resize-window", "-t", term.name, "-x", "60", "-y", "24"], check=True)
     time.sleep(2)
     screen = term.screen()
     block = [ln for ln in screen.splitlines() if ln.startswith(("RUNNING", "rank  "))]
