@@ -58,6 +58,7 @@ class CompareScreen(Screen):
         self.curves: list[compare.Curve] = []
         self.header: list[str] = []
         self.target = None  # engine.runs.metric.Target of the comparison, if it has one
+        self.error: str | None = None  # why the comparison was stopped for the user to fix (as compare says it)
         self.x_by = "step"  # or "time"
         self.loaded = False
         self._timer = None
@@ -106,12 +107,12 @@ class CompareScreen(Screen):
         try:
             if self.comparison is not None:
                 c = compare.load(self.comparison)
-                rows, header, target = c.rows, c.header(), c.target
+                rows, header, target, error = c.rows, c.header(), c.target, c.error
             else:
-                rows, target = compare.of_runs(self.run_paths), None
+                rows, target, error = compare.of_runs(self.run_paths), None, None
                 header = ["runs picked in the Runs list; rates leave out warm-up (each rank's first logged window)"]
             curves = [compare.curves(r.run, r.name) for r in rows if r.run]
-            result = (rows, header, target, curves)
+            result = (rows, header, target, curves, error)
         except Exception as exc:  # an unreadable directory must not leave the screen blank
             result = exc
         try:
@@ -125,7 +126,7 @@ class CompareScreen(Screen):
         if isinstance(result, Exception):
             self.notify(f"cannot read the comparison: {result}", severity="error", timeout=8)
             return
-        self.rows, self.header, self.target, self.curves = result
+        self.rows, self.header, self.target, self.curves, self.error = result
         self.loaded = True
         self._show()
         if any(r.status in LIVE for r in self.rows):
@@ -148,7 +149,11 @@ class CompareScreen(Screen):
         self.query_one("#cmp-header", Static).update(head)
         self._table()
         why = [f"{r.name}: {r.status}: {r.reason}" for r in self.rows if r.reason]
-        self.query_one("#cmp-why", Static).update(Text("\n".join(why)))
+        text = Text("\n".join(why))
+        if self.error:  # the comparison stopped on it (`torchdeck compare` exits 2 with it): first, in red
+            text = Text.assemble((f"stopped: {self.error}", "bold red"), "\n" if why else "", text)
+            why.append(self.error)
+        self.query_one("#cmp-why", Static).update(text)
         self.query_one("#cmp-why").display = bool(why)
         self._plot()
 

@@ -313,3 +313,20 @@ async def test_runs_with_the_same_name_are_told_apart(tmp_path, monkeypatch):
         monkeypatch.undo()
         time.tzset()
     assert {str(p) for p in paths} == {r.run for r in screen.rows}
+
+
+async def test_a_comparison_stopped_on_an_error_says_it_first(tmp_path, monkeypatch):
+    """`torchdeck compare` stops with exit 2 when no run reports the target's metric and records why in
+    the plan (`error`); the Compare screen showed the rows without that reason."""
+    monkeypatch.chdir(tmp_path)
+    where = make_comparison(Path("runs"))
+    plan = json.loads((where / compare.PLAN_FILE).read_text())
+    plan["error"] = "target: no run reports val_bleu (the runs report val_loss, val_acc)"
+    (where / compare.PLAN_FILE).write_text(json.dumps(plan))
+    app = TorchdeckApp(runs_root=Path("runs"), gpu_source=FakeGPUSource([]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.push_screen(CompareScreen(where))
+        assert await until(pilot, lambda: app.screen.loaded)
+        why = str(app.screen.query_one("#cmp-why").render())
+        assert why.startswith("stopped: target: no run reports val_bleu"), why
+        assert "dp: skipped" in why and app.screen.query_one("#cmp-why").display
