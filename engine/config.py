@@ -258,6 +258,20 @@ class ScriptConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """Where a SLURM job asks to run (engine/slurm); the node count is nodes.num_nodes, each node's rank
+    and the master address come from SLURM when the job runs."""
+
+    partition: str = ""  # "": the cluster's default partition
+    time: str = "04:00:00"  # the time limit as sbatch --time takes it (MM, HH:MM:SS, D-HH:MM:SS); quote it in YAML
+    account: str = ""  # sbatch --account, when the cluster bills one
+    qos: str = ""  # sbatch --qos
+    constraint: str = ""  # sbatch --constraint: node features, e.g. a100
+    gpus_per_node: int = 0  # 0: the ranks per node with accelerator cuda, none on cpu
+    sbatch_args: list = field(default_factory=list)  # more sbatch options, passed as given (e.g. --mem=64G)
+
+
+@dataclass
 class RunConfig:
     schema_version: int = SCHEMA_VERSION
     name: str = "run"
@@ -282,6 +296,7 @@ class RunConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     @property
     def kind(self):
@@ -419,7 +434,7 @@ def _build(cls, data, prefix: str, problems: list):
         origin = get_origin(tp)
         if origin is not None and type(None) in get_args(tp):  # Optional[...] is not used; keep simple
             tp = next(a for a in get_args(tp) if a is not type(None))
-        if path == "script.args" and isinstance(value, str):  # a command line, as the form and a shell take it
+        if path in ("script.args", "slurm.sbatch_args") and isinstance(value, str):  # a command line, as the form and a shell take it
             value = _split_command_line(value, path, problems)
             if value is None:
                 continue
@@ -577,9 +592,10 @@ def validate(cfg: RunConfig, hw=None) -> list[tuple[str, str]]:
         _nodes_rules(cfg, p)
         _restart_rules(cfg, p)
         _script_rules(cfg, p)
+        _slurm_rules(cfg, p)
         _device_rules(cfg, hw, p)
         return list(p)
-    for rules in (_names, _train_rules, _restart_rules, _optimizer_rules, _data_rules, _node_rules):
+    for rules in (_names, _train_rules, _restart_rules, _optimizer_rules, _data_rules, _node_rules, _slurm_rules):
         rules(cfg, p)
     _device_rules(cfg, hw, p)
     _combination_rules(cfg, hw, p)
@@ -604,6 +620,26 @@ def _script_rules(cfg: RunConfig, p: _Problems) -> None:
         p.append(combination(cfg, "script.local_rank_arg", "local_rank_arg is added by torchdeck's python shim; "
                              "with no_python pass the rank from LOCAL_RANK yourself", "script.no_python",
                              "script.local_rank_arg"))
+
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")  # sbatch --time's forms
+
+
+def _slurm_rules(cfg: RunConfig, p: _Problems) -> None:
+    """The slurm section: its values become #SBATCH lines, so one per line and in SLURM's forms."""
+    s = cfg.slurm
+    if not _SLURM_TIME.match(s.time.strip()):
+        p.append(("slurm.time", f"must be a time limit as sbatch --time takes it (minutes, HH:MM:SS or "
+                                f"D-HH:MM:SS), got {s.time!r}"))
+    p.at_least("slurm.gpus_per_node", s.gpus_per_node, 0)
+    for name in ("partition", "account", "qos", "constraint"):
+        value = getattr(s, name)
+        if any(c.isspace() for c in value):
+            p.append((f"slurm.{name}", f"must be one word (no spaces or line breaks), got {value!r}"))
+    for i, arg in enumerate(s.sbatch_args):
+        if not isinstance(arg, str) or not arg.startswith("-") or "\n" in arg:
+            p.append((f"slurm.sbatch_args[{i}]", f"must be an sbatch option such as --mem=64G, one a list item; "
+                                                 f"got {arg!r}"))
+
 
 def _names(cfg: RunConfig, p: _Problems) -> None:
     """Names that must be one of a list (or a module:callable)."""
