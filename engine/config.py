@@ -30,6 +30,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle", "warmup")
 OFFLOAD = ("none", "cpu")  # deepspeed.offload_optimizer / offload_param
 BUILTIN_MODELS = ("cnn", "resnet18", "mlp", "gpt")
+CNN_MIN_IMAGE = 14  # px: model cnn's two 5x5 convolutions and 2x2 pools leave nothing of a smaller image
 CPU_AFFINITY = ("auto", "exclusive", "none")  # train.cpu_affinity (engine/affinity.py)
 CACHE_MODES = ("auto", "ram", "none")  # data.cache (engine/cache.py)
 WORKER_STARTS = ("auto", "fork", "spawn", "forkserver")  # data.worker_start: DataLoader's multiprocessing_context
@@ -741,6 +742,9 @@ def _data_rules(cfg: RunConfig, p: _Problems) -> None:
         p.at_least("data.image_size", d.image_size, 8)
     if d.dataset == "imagefolder" and not d.root:
         p.append(("data.root", "imagefolder needs data.root pointing at a folder of class sub-folders"))
+    if cfg.model.name == "cnn" and d.dataset in ("synthetic", "imagefolder") and d.image_size < CNN_MIN_IMAGE:
+        p.append(combination(cfg, "data.image_size", f"model cnn needs images of at least {CNN_MIN_IMAGE} px; "
+                             "raise data.image_size or use model mlp or resnet18", "model.name", "data.image_size"))
     c = cfg.checkpoint
     p.at_least("checkpoint.every_n_steps", c.every_n_steps, 0)
     p.at_least("checkpoint.keep_last", c.keep_last, 1)

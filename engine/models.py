@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import CNN_MIN_IMAGE
 from .data import DataInfo, _load_callable
 from .errors import TorchdeckError
 
@@ -24,8 +25,8 @@ class ModelError(TorchdeckError):
 def cnn(info: DataInfo) -> nn.Sequential:
     """The PyTorch CIFAR-10 tutorial network, sized for any channel count and image size."""
     side = ((info.image_size - 4) // 2 - 4) // 2
-    if side < 1:
-        raise ModelError(f"model cnn needs images of at least 14 px, got {info.image_size}; "
+    if side < 1:  # a dataset whose own size is small (config refuses a small data.image_size before)
+        raise ModelError(f"model cnn needs images of at least {CNN_MIN_IMAGE} px, got {info.image_size}; "
                          "use model mlp or resnet18")
     return nn.Sequential(
         nn.Conv2d(info.in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),

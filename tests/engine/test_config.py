@@ -153,6 +153,7 @@ def test_mpi_when_torch_has_none():
     ({"scheduler": {"name": "warmup", "warmup_steps": 0}}, "scheduler.warmup_steps"),
     ({"nodes": {"num_nodes": 2, "master_port": 0}, "strategy": "ddp", "devices": 2}, "nodes.master_port"),
     ({"nodes": {"num_nodes": 2}, "strategy": "cpu"}, "nodes.num_nodes"),
+    ({"model": {"name": "cnn"}, "data": {"image_size": 8}}, "data.image_size"),  # the form took it; the rank died
 ])
 def test_impossible_combinations(data, field):
     fields, _ = problems(data, GPU8)
