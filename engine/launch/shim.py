@@ -6,8 +6,8 @@ dump, the step hook and the rank's event channel around it.
 Environment (set by the supervisor): RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them;
 TORCHDECK_EVENTS_FD (engine.launch.channel); TORCHDECK_STACKS_FILE (the file faulthandler
 dumps this process's stacks into on engine.rundir.stacks.STACK_SIGNAL; no dump without it);
-TORCHDECK_STEP_EVERY_S (engine.launch.report); TORCHDECK_LOCAL_RANK_ARG: "1" appends
-`--local-rank=N` (LOCAL_RANK) to the script's arguments as torch.distributed.launch did, any
+TORCHDECK_STEP_EVERY_S (engine.launch.report); TORCHDECK_LOCAL_RANK_ARG: "1" puts
+`--local-rank=N` (LOCAL_RANK) before the script's arguments as torch.distributed.launch did, any
 other non-empty value is the flag's spelling (`--local_rank` for older scripts).
 
 It sends rank_ready (then `phase` rendezvous and script around the script's
@@ -121,7 +121,8 @@ def _argv(args: list[str]) -> list[str]:
     if not spelling:
         return args
     flag = "--local-rank" if spelling == "1" else spelling
-    return [*args, f"{flag}={os.environ.get('LOCAL_RANK', '0')}"]
+    # first, as torch.distributed.launch puts it (a script taking the rest as nargs=REMAINDER expects that)
+    return [f"{flag}={os.environ.get('LOCAL_RANK', '0')}", *args]
 
 
 def run(target: str, args: list[str], module: bool, path0_is_ours: bool) -> int:
