@@ -336,7 +336,7 @@ def start(script, plan: "rank_env_mod.NodePlan", put, flush=None) -> ScriptRanks
     round of lines: EventReader)."""
     rd = RunDir(plan.run_dir)
     cmd = argv(script)
-    cwd = script.cwd or None
+    cwd = os.path.expanduser(script.cwd) if script.cwd else None  # ~ as preflight read it (a preset from the app)
     processes, read_ends = [], []
     try:
         for local in range(plan.nproc):

@@ -362,3 +362,19 @@ def test_the_watchdogs_stack_request_skips_a_rank_that_has_not_said_ready(tmp_pa
         rank.kill()
         rank.wait()
         writer.close()
+
+
+def test_script_cwd_with_a_tilde_is_the_home_folder(tmp_path, monkeypatch):
+    """preflight took `script.cwd: ~/proj` (it expands ~) but the ranks were started in a folder
+    literally named '~/proj' (no such folder: the run failed at its start). The CLI resolves it; a
+    preset run from the app does not."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "where.py"
+    script.write_text("import os\nprint('cwd', os.getcwd())\n")
+    cfg = script_cfg(tmp_path, script, devices=1)
+    cfg.script.cwd = "~/proj"
+    run = launch(tmp_path, cfg)
+    final = ended(run)
+    assert final["status"] == "finished", (final, run.supervisor_log.read_text())
+    assert f"cwd {tmp_path / 'proj'}" in run.rank_log(0).read_text()
