@@ -5,7 +5,8 @@ few KiB of events.jsonl, and its epoch_end lines (a run's best epoch is anywhere
 pass, resumed where it stopped while the file grows; never the whole file in memory), folded
 through the same reducer and status rule as `torchdeck attach` and the Monitor, so every front
 end says the same of a run. A long run with a view checkpoint (view.ckpt.json) is summarized from
-it and the events after it instead: no pass over the middle of its file.
+it and the events after it instead: no pass over the middle of its file; from its row summary
+(view.sum.json, written with the checkpoint: the view without its curves) where it has one.
 """
 from __future__ import annotations
 
@@ -233,7 +234,9 @@ def _from_checkpoint(rd: RunDir) -> RunView | None:
         return None
     if size < CHECKPOINT_FROM_BYTES:
         return None
-    got = checkpoint.load(rd.events_path, None)
+    got = checkpoint.load_row(rd.events_path)  # the row summary: a few fields, not the curves
+    if got is None or size - got[1] > CHECKPOINT_TAIL_BYTES:
+        got = checkpoint.load(rd.events_path, None)  # a run without one: its whole checkpoint
     if got is None or size - got[1] > CHECKPOINT_TAIL_BYTES:
         return None
     view, offset, _ = got

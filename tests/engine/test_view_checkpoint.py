@@ -8,6 +8,7 @@ checkpoint that does not fit its file is ignored with a log line, never trusted.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -268,3 +269,104 @@ def test_attach_of_a_finished_run_starts_from_the_supervisors_checkpoint(recorde
     assert "FINISHED | ddp | world 2" in attach()
     ck.path_of(rd.events_path).unlink()
     assert "FINISHED | ? | world ?" in attach()
+
+
+def _cut_before_the_end(rd: RunDir, pid: int) -> None:
+    """Make a copied run one that has not ended: no status.json, its events up to its run_finished
+    line, `pid` as its supervisor's, and a reader's checkpoint (and row summary) a third of the way
+    in, so a row is its summary plus the events after it."""
+    rd.status_path.unlink()
+    data = rd.events_path.read_bytes()
+    rd.events_path.write_bytes(data[:data.rindex(b"\n", 0, data.index(b'"run_finished"')) + 1])
+    rd.pid_path.write_text(f"{pid}\n")
+    part = Follower(rd, outputs=False, use_checkpoint=False)
+    part.events.feed(part.view.feed, max_bytes=len(data) // 3)
+    assert ck.save(rd.events_path, ck.state(part.view, part.events.offset, part._history, part.events.malformed))
+
+
+def _runs_folder(recorded, root: Path, monkeypatch) -> Path:
+    """A runs folder of every kind: finished (loop, script, two nodes, resumed with its first
+    reader's checkpoint), failed, stopped, running (a live pid), lost (a dead one) and one without
+    any checkpoint (an older run)."""
+    runs = root / "runs"
+    runs.mkdir()
+    for kind in KINDS:
+        _copy(recorded[kind], runs)
+    monkeypatch.setattr(follow_mod, "LEAVE_BYTES", 0)
+    Follower(RunDir(runs / recorded["resumed"].name), outputs=False).read()  # its first reader leaves one
+    for name, src in (("running", "stopped"), ("lost", "loop"), ("older", "failed")):
+        dst = runs / (recorded[src].name + "-" + name)
+        shutil.copytree(recorded[src].path, dst)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _cut_before_the_end(RunDir(runs / (recorded["stopped"].name + "-running")), os.getpid())
+    _cut_before_the_end(RunDir(runs / (recorded["loop"].name + "-lost")), int(dead.stdout))
+    older = RunDir(runs / (recorded["failed"].name + "-older"))
+    ck.path_of(older.events_path).unlink()
+    ck.summary_path_of(older.events_path).unlink()
+    return runs
+
+
+def _rows(runs: Path, now: float) -> list[dict]:
+    return [dataclasses.asdict(r) for r in catalog.collect(runs, now=now)]
+
+
+def test_runs_rows_from_row_summaries_equal_the_rows_made_the_old_way(recorded, tmp_path, monkeypatch):
+    """`torchdeck runs` and the Runs list read a run's row summary (view.sum.json: the view without
+    its curves) instead of decoding its whole checkpoint: every field of every row is the same as
+    from the checkpoint, and every column the same as from the file's head, epoch ends and tail."""
+    runs = _runs_folder(recorded, tmp_path, monkeypatch)
+    monkeypatch.setattr(catalog, "CHECKPOINT_FROM_BYTES", 0)  # small recorded runs: as a long run's are read
+    now = time.time()
+    summaries = sorted(runs.glob("*/" + ck.SUMMARY_NAME))
+    assert len(summaries) == 8, summaries  # all but the older run's: the supervisor or a reader wrote them
+    for p in summaries:
+        row = ck.load_row(p.with_name("events.jsonl"))
+        assert row is not None and row[0].steps.points == [] and row[0].logs == [], p  # no curves in it
+    aside = tmp_path / "aside"
+    for p in runs.glob("*/" + ck.NAME):  # rows from the summaries alone
+        (aside / p.parent.name).mkdir(parents=True)
+        p.rename(aside / p.parent.name / p.name)
+    from_summaries = _rows(runs, now)
+    for d in aside.iterdir():  # rows from the checkpoints alone (before row summaries)
+        (d / ck.NAME).rename(runs / d.name / ck.NAME)
+    for p in summaries:
+        p.unlink()
+    from_checkpoints = _rows(runs, now)
+    assert {r["status"] for r in from_checkpoints} == {"finished", "failed", "stopped", "running", "lost"}
+    assert from_summaries == from_checkpoints
+    monkeypatch.setattr(catalog, "CHECKPOINT_FROM_BYTES", 1 << 40)
+    head_tail = catalog.collect(runs, now=now)
+    assert [r.cells() for r in head_tail] == [catalog.RunSummary(**r).cells() for r in from_summaries]
+
+
+def test_a_corrupt_or_partial_row_summary_is_ignored(recorded, tmp_path, monkeypatch, caplog):
+    """A row summary that does not fit its file (cut short, mid-line, over other bytes, another
+    schema, not a view, garbage) is ignored with a log line: the row is made from the checkpoint,
+    or without one from the file, and is the same row; nothing raises."""
+    rd = _copy(recorded["failed"], tmp_path / "runs")
+    monkeypatch.setattr(catalog, "CHECKPOINT_FROM_BYTES", 0)
+    now = time.time()
+    p = ck.summary_path_of(rd.events_path)
+    good_text = p.read_text()
+    good, want = json.loads(good_text), _rows(rd.path.parent, now)
+    middle = _line_starts(rd.events_path.read_bytes())[5]
+    bad = {"mid-line": dict(good, offset=middle + 1), "another line": dict(good, offset=middle),
+           "past the end": dict(good, offset=rd.events_path.stat().st_size + 1),
+           "schema": dict(good, schema=ck.SCHEMA + 1), "not a view": dict(good, view=good["view"]["v"]["ranks"]),
+           "a rank, not a view": dict(good, view={"~o": "RankState", "v": {}}), "class": dict(good, view={"~o": "Popen"})}
+    texts = {k: json.dumps(v) for k, v in bad.items()}
+    texts.update({"cut short": good_text[: len(good_text) // 2], "empty": "", "not an object": "[1]",
+                  "garbage": "\x00\xff garbage"})
+    for checkpoint_too in (False, True):
+        if checkpoint_too:  # nothing to fall back on but the file itself
+            ck.path_of(rd.events_path).unlink()
+        for why, text in texts.items():
+            p.write_text(text)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="torchdeck.view.checkpoint"):
+                got = _rows(rd.path.parent, now)
+            assert any("ignored" in r.getMessage() for r in caplog.records), (why, caplog.text)
+            if checkpoint_too:
+                assert [catalog.RunSummary(**r).cells() for r in got] == [catalog.RunSummary(**r).cells() for r in want], why
+            else:
+                assert got == want, why

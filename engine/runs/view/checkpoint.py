@@ -7,9 +7,15 @@ JSON, never pickle: a run directory may come from anywhere, and only the classes
 are ever built from it. A checkpoint is a cache, never a source of truth: one that is corrupt, of
 another schema, or whose offset is past the file's end, not at a line start, or not over the same
 bytes as when it was written, is ignored with a log line and the file is read from its start.
+
+Beside it, written with it, a row summary (view.sum.json): the same view with its curves, logs,
+stacks, node samples and step windows left out, for `torchdeck runs` and the Runs list, which show
+a few fields of hundreds of runs and decoded each one's whole curves before. It is checked against
+the file as the checkpoint is; a run without one (older, torchrun-written) is read the old way.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -25,6 +31,7 @@ from ..fleet import GPU, Fleet, HostInfo, Node
 from .records import EpochPoint, LogLine, RankState, Thinned
 
 NAME = "view.ckpt.json"
+SUMMARY_NAME = "view.sum.json"
 SCHEMA = 1
 FINGERPRINT_BYTES = 256  # the bytes before the offset: the checkpoint is of this file, cut at this line
 log = logging.getLogger("torchdeck.view.checkpoint")
@@ -86,6 +93,25 @@ def path_of(events_path: str | Path) -> Path:
     return Path(events_path).with_name(NAME)
 
 
+def summary_path_of(events_path: str | Path) -> Path:
+    return Path(events_path).with_name(SUMMARY_NAME)
+
+
+def row_view(view):
+    """A copy of `view` without what no row of a runs list shows (the curves, logs, errors, stacks,
+    node samples, each rank's step windows): its status, progress, epochs, best and root cause are
+    the view's, and events folded into it after change them as they change the view's."""
+    row = copy.copy(view)
+    row.steps, row.step_acc = Thinned(view.steps.cap), Thinned(view.step_acc.cap)
+    row.step_t = None if view.step_t is None else Thinned(view.step_t.cap)
+    row.step_metrics, row.logs, row.errors, row.stacks, row.fleet = {}, [], [], None, Fleet()
+    row._traceback_lines = {}
+    row.ranks = {k: copy.copy(st) for k, st in view.ranks.items()}
+    for st in row.ranks.values():
+        st._windows = []
+    return row
+
+
 def _fingerprint(fh, offset: int) -> str:
     start = max(0, offset - FINGERPRINT_BYTES)
     fh.seek(start)
@@ -96,12 +122,13 @@ def state(view, offset: int, history=(), malformed: int = 0) -> dict:
     """What save() writes, made where the view cannot change under it (the supervisor's lock).
     malformed: the lines before `offset` that were not events (a reader's count goes on from it)."""
     return {"schema": SCHEMA, "offset": int(offset), "malformed": int(malformed),
-            "history": [list(h) for h in history], "view": encode(view)}
+            "history": [list(h) for h in history], "view": encode(view), "row": encode(row_view(view))}
 
 
 def save(events_path: str | Path, st: dict) -> bool:
     """Write a checkpoint made by state(), its offset checked to be a line start of the file and
-    fingerprinted; False (and nothing written) where it is not, or the directory is not writable."""
+    fingerprinted, then its row summary (the same offset and fingerprint); False (and nothing
+    written) where it is not, or the directory is not writable."""
     events_path = Path(events_path)
     try:
         with open(events_path, "rb") as fh:
@@ -110,9 +137,13 @@ def save(events_path: str | Path, st: dict) -> bool:
                 log.warning("%s: not written: offset %d is not a line start of %s", NAME, offset, events_path)
                 return False
             st = dict(st, fingerprint=_fingerprint(fh, offset))
+        row = st.pop("row", None)
         text = json.dumps(st, separators=(",", ":"), allow_nan=True)
+        row_text = None if row is None else json.dumps(dict(st, view=row), separators=(",", ":"), allow_nan=True)
         with _WRITING:
             write_atomic(path_of(events_path), text)
+            if row_text is not None:  # after the checkpoint: a summary is never newer than it
+                write_atomic(summary_path_of(events_path), row_text)
         return True
     except (OSError, TypeError, ValueError) as exc:
         log.info("%s: not written (%s)", NAME, exc)
@@ -131,8 +162,17 @@ def load(events_path: str | Path, history=()):
     cannot be trusted (said in a log line). `history`: the (run, step) pairs a follower would add
     to its view first (a resumed run's earlier parts); a checkpoint made with others is not used
     (None: any will do, for a summary that draws no curves)."""
-    events_path = Path(events_path)
-    p = path_of(events_path)
+    return _load(Path(events_path), path_of(events_path), history)
+
+
+def load_row(events_path: str | Path):
+    """(row view, offset, malformed) from the row summary beside `events_path` (row_view's view of
+    the events before offset), or None as load() says for a checkpoint: a runs list's row of a run
+    without one, or with one it cannot trust, is made the old way."""
+    return _load(Path(events_path), summary_path_of(events_path), None)
+
+
+def _load(events_path: Path, p: Path, history):
     try:
         text = p.read_text()
     except FileNotFoundError:
