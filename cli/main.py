@@ -687,7 +687,13 @@ def cmd_export(args) -> int:
         given = Path(args.preset).expanduser()  # the export cds to the script's folder: a file's path is absolute
         preset = str(given.resolve()) if given.is_file() else str(args.preset)
         again = shlex.join(["torchdeck", "run", preset] + [x for o in _overrides(args) for x in ("--set", o)])
-        print(export.script_sbatch(cfg) if args.sbatch else export.script_torchrun(cfg, again), end="")
+        if args.sbatch:  # the one batch script of every run (engine/slurm/script.py), in the script's folder
+            from ..engine.preflight import script_cwd
+
+            cfg.script.cwd = str(script_cwd(cfg).resolve())
+            print(export.sbatch(cfg), end="")
+            return EXIT_OK
+        print(export.script_torchrun(cfg, again), end="")
         return EXIT_OK
     if args.sbatch:
         print(export.sbatch(cfg), end="")
@@ -864,7 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("preset")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--torchrun", action="store_true", help="torchrun command line per node")
-    g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (srun + torchrun)")
+    g.add_argument("--sbatch", action="store_true", help="SLURM sbatch script (one torchdeck supervisor per node)")
     g.add_argument("--deepspeed", action="store_true", help="DeepSpeed's launcher: a hostfile and a command per node")
     s.add_argument("--write-config", metavar="FILE", help="save the resolved config here and point torchrun at it")
     s.add_argument("--run-root", metavar="DIR",

@@ -131,10 +131,18 @@ def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str 
     return "\n".join(lines) + "\n"
 
 
-def sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
-    """A SLURM script: srun starts one torchrun per node, which meet through c10d rendezvous. The
-    job makes its node link secret when it runs (TORCHDECK_NODE_SECRET: for torchdeck's node
-    supervisors, engine/nodes; torchrun's ranks do not read it).
+def sbatch(cfg) -> str:
+    """The SLURM batch script a run is submitted with (engine/slurm/script.py): one torchdeck
+    supervisor per node, the job making its own run directory."""
+    from .slurm.script import batch_script
+
+    return batch_script(cfg)
+
+
+def torchrun_sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
+    """The script `export --sbatch` printed before issue 38: srun starts one torchrun per node, which meet
+    through c10d rendezvous, with no torchdeck supervisor. Kept for bench/slurm.py, which measures the
+    supervisor's job against it.
 
     The resolved config is embedded, so the job runs exactly what was validated here.
     """
@@ -273,38 +281,3 @@ def script_torchrun(cfg, under_torchdeck: str = "torchdeck run THIS_PRESET") -> 
             lines.append(f"# node {k}" + (f" (master: {n.master_addr})" if k == 0 else ""))
         lines.append(shlex.join(script_torchrun_argv(cfg, k)))
     return "\n".join(lines) + "\n"
-
-
-def script_sbatch(cfg, job_name: str | None = None, time_limit: str = "04:00:00") -> str:
-    """A SLURM script around the script run's torchrun: one torchrun per node (srun), meeting at
-    the first node's host on nodes.master_port (29500 when 0)."""
-    from .preflight import script_cwd
-
-    s, n = cfg.script, cfg.nodes
-    nproc = nproc_per_node(cfg)
-    nproc_arg = "cpu" if cfg.accelerator == "cpu" and cfg.devices == "auto" else str(nproc)
-    cpus = nproc * (cfg.train.threads_per_rank or AUTO_THREADS_ASKED)
-    target = ["--no-python"] * s.no_python + (["-m", s.module] if s.module else [s.path]) + list(s.args)
-    inner = ('exec torchrun --nnodes "$SLURM_NNODES" --nproc-per-node ' + nproc_arg
-             + ' --node-rank "$SLURM_NODEID" --master-addr "$TD_HEAD" --master-port "$TD_PORT" ' + shlex.join(target))
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in _script_env(cfg).items())
-    notes = "".join(line + "\n" for line in _script_notes(cfg))
-    gpu_lines = f"#SBATCH --gpus-per-node={nproc}\n" if cfg.accelerator == "cuda" else ""
-    return f"""#!/bin/bash
-# torchdeck export: {cfg.name} (your own script), {n.num_nodes} node(s) x {nproc} process(es)
-# = world size {world_size(cfg)}. Submit with: sbatch THIS_FILE
-{notes}#SBATCH --job-name={shlex.quote(job_name or cfg.name)}
-#SBATCH --nodes={n.num_nodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task={cpus}
-{gpu_lines}#SBATCH --time={time_limit}
-#SBATCH --output=%x-%j.out
-set -euo pipefail
-cd {shlex.quote(str(script_cwd(cfg).resolve()))}
-{exports}export TD_HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-export TD_PORT={n.master_port or 29500}
-# The node link's secret (TORCHDECK_NODE_SECRET, engine/nodes): made here, when the job runs, one per
-# job; every node gets it in its environment through srun, never in a file or on a command line.
-export TORCHDECK_NODE_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
-srun --kill-on-bad-exit=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cpus}}}" bash -c {shlex.quote(inner)}
-"""

@@ -296,7 +296,7 @@ def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base: leaf rules, no project imports above them", (
         "engine", "engine.errors", "engine.files", "engine.procs", "engine.events", "engine.network",
-        "engine.fmt", "engine.affinity", "engine.nvml", "engine.usercode", "engine.kinds")),
+        "engine.fmt", "engine.affinity", "engine.nvml", "engine.usercode", "engine.kinds", "engine.slurm")),
     ("schema: the run config and presets", ("engine.config", "engine.presets")),
     ("run directory: its layout, status and stacks on disk", ("engine.rundir",)),
     ("parts: what a rank is built from", (
@@ -304,12 +304,14 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "engine.data", "engine.models", "engine.batch", "engine.losses", "engine.sums", "engine.optim",
         "engine.checkpoint",
         "engine.launch", "engine.nodes", "engine.metrics")),
-    ("checks: a config judged before anything starts", ("engine.preflight", "engine.memory", "engine.export")),
+    ("checks: a config judged before anything starts", ("engine.preflight", "engine.memory", "engine.export",
+                                                        "engine.slurm.script")),
     ("views: a run's events read and reduced", (
         "engine.runs", "engine.runs.view", "engine.runs.fleet", "engine.runs.metric", "engine.runs.follow",
         "engine.runs.progress", "engine.runs.catalog")),
     ("processes: the ranks and their supervisor", ("engine.train", "engine.window", "engine.agreement",
-                                                  "engine.evaluate", "engine.worker", "engine.supervisor")),
+                                                  "engine.evaluate", "engine.worker", "engine.supervisor",
+                                                  "engine.slurm.node")),
     ("orchestration: runs started, stopped, compared, tuned", (
         "engine.runs.control", "engine.runs.compare", "engine.runs.tune")),
     ("app parts: widgets and sources every screen shares", ("app", "app.widgets", "app.sources", "app.keybar")),

@@ -270,11 +270,12 @@ def test_export_sbatch_is_valid_bash_and_embeds_the_validated_config(tmp_path, c
     (tmp_path / "job.sbatch").write_text(script)
     r = subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "#SBATCH --nodes=2" in script and "--rdzv-backend c10d" in script and "srun" in script
-    assert "TD_PORT=29411" in script and "GLOO_SOCKET_IFNAME=eth0" in script
+    assert "#SBATCH --nodes=2" in script and "srun --ntasks-per-node=1" in script
+    assert '-m torchdeck.engine.slurm.node "$TD_RUN_DIR"' in script  # a supervisor per node (engine/slurm)
     embedded = re.search(r"<<'TORCHDECK_CONFIG_EOF'\n(.*?)TORCHDECK_CONFIG_EOF\n", script, re.S).group(1)
     cfg = c.loads(embedded)
     assert cfg.nodes.num_nodes == 2 and world_size(cfg) == 4 and cfg.name == "quickstart"
+    assert cfg.nodes.master_port == 29411 and cfg.nodes.ifname == "eth0"  # the supervisors read them there
 
 
 def test_export_torchrun_with_overrides_needs_a_written_config(tmp_path, capsys):
@@ -321,7 +322,7 @@ def test_export_sbatch_asks_for_the_cpus_its_ranks_use(capsys):
 
     assert cpus() == 2 * 4  # 2 ranks x 4 threads (threads_per_rank 0: auto, 4 asked for each)
     assert cli.main(["export", "quickstart", "--sbatch"]) == 0
-    assert 'srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-' in capsys.readouterr().out
+    assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-8}"' in capsys.readouterr().out  # srun, since Slurm 22.05
     assert cpus("train.threads_per_rank=3", "data.num_workers=2") == 2 * (3 + 2)
 
 
@@ -338,7 +339,12 @@ def test_export_a_gpu_preset_from_a_host_without_gpus(capsys):
     embedded = re.search(r"<<'TORCHDECK_CONFIG_EOF'\n(.*?)TORCHDECK_CONFIG_EOF\n", script, re.S).group(1)
     cfg = c.loads(embedded)
     assert cfg.accelerator == "cuda" and cfg.devices == [0, 1, 2, 3] and world_size(cfg) == 8
-    assert "#SBATCH --gpus-per-node=4" in script and "TD_NPROC=4" in script, script
+    assert "#SBATCH --gpus-per-node=4" in script, script
+    assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "devices=[0,1,2,3]", "--set", "slurm.gpus_per_node=8",
+                     "--set", "slurm.partition=gpu", "--set", "slurm.sbatch_args=--mem=64G --exclusive"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --gpus-per-node=8\n" in script and "#SBATCH --partition=gpu\n" in script
+    assert "#SBATCH --mem=64G\n#SBATCH --exclusive\n" in script
 
     assert cli.main(["export", "ddp-gpu", "--sbatch", "--set", "devices=-1"]) == 2
     assert "cannot know how many GPUs" in capsys.readouterr().err
@@ -660,7 +666,7 @@ def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed
     r = torchdeck("export", str(tiny), "--torchrun", "--run-root", str(tmp_path / "elsewhere"), cwd=tmp_path)
     assert f'--run-dir "{tmp_path / "elsewhere"}/$(date' in r.stdout, r.stdout  # --run-root still wins
     r = torchdeck("export", str(tiny), "--sbatch", cwd=tmp_path)
-    assert 'TD_RUN_ROOT="${TORCHDECK_RUNS:-$SLURM_SUBMIT_DIR/runs}/' in r.stdout, r.stdout  # read in the job
+    assert 'TD_ROOT="${TORCHDECK_RUNS:-$SLURM_SUBMIT_DIR/runs}"' in r.stdout, r.stdout  # read in the job
     r = torchdeck("env", cwd=tmp_path)
     import importlib.util
 

@@ -261,54 +261,6 @@ def test_exported_torchrun_node_gives_up_at_the_timeout(tmp_path):
     assert f"127.0.0.1, {port}" in proc.stdout + proc.stderr or f"127.0.0.1:{port}" in proc.stdout + proc.stderr
 
 
-SRUN = """#!/bin/bash
-# Stand-in for SLURM's srun (no cluster here): one task per node on this host, SLURM_NODEID set.
-while [[ "$1" == --* ]]; do shift; done
-pids=()
-for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" & pids+=($!); done
-rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
-"""
-
-
-@pytest.mark.slow
-def test_exported_sbatch_script_runs_as_two_nodes(tmp_path):
-    """The exported SLURM script itself, run by bash with stand-ins for srun and scontrol (the
-    cluster is the one thing this machine lacks): two torchrun agents meet through c10d
-    rendezvous, each node writes its run directory, and the weights equal one process."""
-    from torchdeck.cli import main as cli
-
-    cfg = small_cfg(strategy="ddp", devices=1, **{
-        "train.batch_size": 16, "train.max_steps": 4, "nodes.num_nodes": 2, "nodes.master_port": free_port()})
-    preset = write_preset(tmp_path / "job.yaml", cfg)
-    script = tmp_path / "job.sbatch"
-    r = subprocess.run(torchdeck_cmd("export", str(preset), "--sbatch"), capture_output=True, text=True,
-                       timeout=60, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr
-    script.write_text(r.stdout)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_JOB_NODELIST="n[1-2]",
-               TORCHDECK_VENV=str(Path(sys.executable).parent.parent),
-               PYTHONPATH=os.pathsep.join([str(Path(cli.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    root = tmp_path / "runs" / "4242-eq"
-    nodes = [root / "node0", root / "node1"]
-    ranks = []
-    for node in nodes:
-        assert json.loads((node / "status.json").read_text())["status"] == "finished"
-        ranks += [e["rank"] for e in events.read_all(node / "events.jsonl") if e["kind"] == "rank_ready"]
-    assert sorted(ranks) == [0, 1]
-    (main,) = [n for n in nodes if (n / "checkpoints").is_dir()]  # whichever node got rank 0
-    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": 4}))
-    assert_same_weights(final_model(main)["model"], final_model(tmp_path / "one")["model"])
-
-
 def test_rank_reports_in_one_process_follow_report_every_s(tmp_path):
     """report_every_s > 0: reports from the first step to the last, with rates; 0: none at all.
     (Under torchrun, where no supervisor streams the ranks' events; the supervisor's ranks never

@@ -153,7 +153,7 @@ def test_node_port_refuses_wrong_secret_stranger_and_garbage_while_the_node_stre
 
 def test_an_exported_sbatch_job_makes_its_own_secret_when_it_runs():
     """`torchdeck export --sbatch`: the script holds no secret; each run of it makes a new one
-    (64 hex digits) and exports it to srun's environment."""
+    (64 hex digits), given to srun's environment only: the batch shell does not export it."""
     import re
     import subprocess
 
@@ -162,11 +162,14 @@ def test_an_exported_sbatch_job_makes_its_own_secret_when_it_runs():
     from tests.engine.helpers import small_cfg
 
     text = sbatch(cfgmod.from_dict(small_cfg(strategy="ddp", **{"nodes.num_nodes": 2})))
-    (line,) = [ln for ln in text.splitlines() if "TORCHDECK_NODE_SECRET=" in ln]
-    made = [subprocess.run(["bash", "-c", f"{line}; echo \"$TORCHDECK_NODE_SECRET\""], capture_output=True,
-                           text=True, timeout=30).stdout.strip() for _ in range(2)]
-    assert all(re.fullmatch(r"[0-9a-f]{64}", m) for m in made) and made[0] != made[1], made
-    assert made[0] not in text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("TD_SECRET=")]
+    made = [subprocess.run(["bash", "-c", f'{line}; echo "$TD_SECRET"; env | grep -c SECRET || true'],
+                           capture_output=True, text=True, timeout=30).stdout.split() for _ in range(2)]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", m[0]) and m[1] == "0" for m in made) and made[0] != made[1], made
+    assert made[0][0] not in text
+    (srun,) = [ln for ln in text.splitlines() if " srun --" in ln]
+    assert srun.startswith('TORCHDECK_NODE_SECRET="$TD_SECRET" srun '), srun  # this command's environment only
+    assert "export TORCHDECK_NODE_SECRET" not in text
 
 
 def test_a_node_that_cannot_reach_node_0_says_so_and_keeps_going(monkeypatch):

@@ -1,7 +1,8 @@
 """SLURM preemption: the exported sbatch script, run by bash with stand-ins for srun and scontrol
-(the cluster is what this machine lacks), gets a real USR1: the ranks checkpoint and stop, the run
-records 'preempted', the job requeues itself, and the requeued job resumes to the same weights as
-an uninterrupted run."""
+(for machines without the local cluster of tests/slurm), gets a real USR1: the batch shell passes
+it to the node's supervisor, the ranks checkpoint and stop, the run records 'preempted', the job
+requeues itself, and the requeued job continues the same run directory to the same weights as an
+uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -52,14 +53,14 @@ def test_usr1_checkpoints_records_preempted_requeues_and_resumes_to_the_same_wei
                SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_JOB_NODELIST="n1",
                TORCHDECK_VENV=str(Path(sys.executable).parent.parent), TD_TEST_REQUEUES=str(requeues),
                PYTHONPATH=os.pathsep.join([str(Path(cli.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
-    root = tmp_path / "runs" / "4242-eq"
-    first = root / "node0"
+    runs = tmp_path / "runs"
 
     job = subprocess.Popen(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not any(e["kind"] == "step" and e["step"] >= 3 for e in events.read_all(first / "events.jsonl")):
+        while not any(e["kind"] == "step" and e["step"] >= 3 for p in runs.glob("*/events.jsonl")
+                      for e in events.read_all(p)):
             assert job.poll() is None and time.monotonic() < deadline, "no training step seen"
             time.sleep(0.05)
         job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends the batch shell
@@ -69,6 +70,8 @@ def test_usr1_checkpoints_records_preempted_requeues_and_resumes_to_the_same_wei
             job.kill()
     assert job.returncode == 0, out[-3000:]
     assert requeues.read_text().split() == ["requeue", "4242"]
+    (first,) = runs.iterdir()  # <time>-eq-job4242: the job's own, found again when it is requeued
+    assert first.name.endswith("-eq-job4242")
     final = json.loads((first / "status.json").read_text())
     assert final["status"] == "preempted" and RunDir(first).status() == "preempted"
     saved = [e["step"] for e in events.read_all(first / "events.jsonl") if e["kind"] == "checkpoint"]
@@ -79,9 +82,12 @@ def test_usr1_checkpoints_records_preempted_requeues_and_resumes_to_the_same_wei
                           env=dict(env, SLURM_RESTART_COUNT="1"), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert requeues.read_text().split() == ["requeue", "4242"]  # finished: not requeued again
-    again = root / "node0-requeue1"
+    (again,) = runs.iterdir()  # the same run, continued
     assert json.loads((again / "status.json").read_text())["status"] == "finished"
-    first_step = min(e["step"] for e in events.read_all(again / "events.jsonl") if e["kind"] == "step")
+    assert json.loads((again / "status.attempt0.json").read_text())["status"] == "preempted"
+    evs = events.read_all(again / "events.jsonl")
+    requeued = next(i for i, e in enumerate(evs) if "SLURM requeued job 4242" in e.get("message", ""))
+    first_step = min(e["step"] for e in evs[requeued:] if e["kind"] == "step")
     assert first_step == saved[-1] + 1  # resumed, not started over
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": steps, "train.epochs": 100}))
     assert_same_weights(final_model(again)["model"], final_model(tmp_path / "one")["model"])
