@@ -273,13 +273,18 @@ def slow(info, sleep=0.05):
 class Run:
     """A supervisor started as a user would: its own process, its own session."""
 
-    def __init__(self, tmp_path: Path, cfg: dict, name="run"):
+    def __init__(self, tmp_path: Path, cfg: dict, name="run", stop_grace_s: float | None = None):
+        """stop_grace_s: the supervisor's STOP_GRACE_S for this run (a test that waits it out sets a
+        short one; the supervisor's code is the same, only the constant it reads differs)."""
         (tmp_path / "usermodels.py").write_text(USER_MODELS)
         self.dir = tmp_path / name
         self.dir.mkdir()
         cfgmod.save(cfgmod.from_dict(cfg), self.dir / "config.yaml")
         env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.proc = subprocess.Popen([sys.executable, "-m", "torchdeck.engine.supervisor", str(self.dir)], cwd=ROOT,
+        start = ["-m", "torchdeck.engine.supervisor", str(self.dir)] if stop_grace_s is None else [
+            "-c", "import sys; from torchdeck.engine.supervisor import loop; "
+                  f"loop.STOP_GRACE_S = {float(stop_grace_s)!r}; sys.exit(loop.main(sys.argv[1:]))", str(self.dir)]
+        self.proc = subprocess.Popen([sys.executable, *start], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True,
                                      # SIGHUP at its default, as from a terminal (the suite may run under nohup),
