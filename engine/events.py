@@ -84,6 +84,12 @@ Kinds and their fields (beyond v, kind, t):
                    timeout"), summary (one line, see engine/rundir/stacks.py summary), groups: one
                    entry per place, {who, ranks, where, frames: [[file, line, func], ...] innermost
                    first}, files (the rank<N>.stacks files read)
+    node_lost      rank (null), node_rank, host: a node whose supervisor node 0 stopped hearing
+                   (engine/nodes/liveness.py says when), ranks (that node's global ranks), why (how
+                   it went: "its connection closed without a goodbye", "no heartbeat for 10 s",
+                   ...), lost_t (unix time it was last known alive), message (the sentence the
+                   run's root cause starts with). Written by node 0's supervisor, which then ends
+                   its own ranks: the run fails with that node as its cause
     run_finished   status (finished|failed|stopped|preempted), exit_codes (list per local rank),
                    root_cause (str or null), elapsed_s, failed_local_rank (a failed run only, when
                    the supervisor knows it: the index in exit_codes of the rank the root cause
@@ -126,6 +132,7 @@ KINDS = (
     "rank_report",
     "node_sample",
     "stacks",
+    "node_lost",
     "run_finished",
 )
 

@@ -19,6 +19,10 @@ The wire: one ZeroMQ message per batch, three frames: b"td1", a JSON header {"no
 "bye": true says the node is done. The sender batches what comes in over BATCH_S; sends never block
 (a full high-water mark or an unreachable node 0 past it drops the batch and counts it: node k's
 own events.jsonl has everything). ZeroMQ reconnects by itself.
+
+Both ends send ZeroMQ heartbeats (a PING every HEARTBEAT_IVL_S; a connection silent for
+HEARTBEAT_TIMEOUT_S is closed), and node 0 watches each node's connection: a node whose supervisor
+stops reporting is lost (engine/nodes/liveness.py says when) and the Receiver's `on_lost` hears it.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import time
 from collections import deque
 
 from .. import events
+from .liveness import HEARTBEAT_IVL_S, HEARTBEAT_TIMEOUT_S, Liveness
 
 PROTO = b"td1"
 BATCH_S = 0.05
@@ -40,7 +45,7 @@ PENDING_MAX = 200_000  # lines held by the sender before it drops (node 0 slower
 UNREACHABLE_S = 10.0  # no handshake this long: the node says its events stay local
 SAY_EVERY_S = 60.0  # a repeated problem is said at most once a minute
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-NOT_FORWARDED = ("run_started", "run_finished")  # each node's own; node 0 has its own ones
+NOT_FORWARDED = ("run_started", "run_finished", "node_lost")  # each node's own; node 0 has its own ones
 
 
 def _key(secret: str, label: bytes) -> bytes:
@@ -96,6 +101,12 @@ class _Say:
             pass
 
 
+def _heartbeats(sock) -> None:
+    """ZeroMQ's PINGs on each connection of `sock`; one silent past the timeout is closed (liveness.py)."""
+    sock.heartbeat_ivl = int(HEARTBEAT_IVL_S * 1000)
+    sock.heartbeat_timeout = int(HEARTBEAT_TIMEOUT_S * 1000)
+
+
 # ----------------------------------------------------------------------------- node 0
 
 
@@ -105,10 +116,11 @@ class Receiver(threading.Thread):
 
     Counters: received (event lines handed on), batches, rejected_lines (admitted but not an
     event), refused (connections that failed the handshake: wrong secret, stranger, garbage).
-    `log(level, message)` hears of refusals (supervisor.log), at most once a minute each."""
+    `log(level, message)` hears of refusals (supervisor.log), at most once a minute each;
+    `on_lost(Lost)` of a node lost (liveness.py), in this thread."""
 
     def __init__(self, host: str, port: int, secret: str, put, log=lambda level, message: None,
-                 num_nodes: int | None = None):
+                 num_nodes: int | None = None, on_lost=lambda lost: None):
         super().__init__(name="node-receiver", daemon=True)
         import zmq
 
@@ -119,6 +131,8 @@ class Receiver(threading.Thread):
         self.refusals: list[str] = []  # why, newest last (the first 100)
         self.nodes: dict[int, str] = {}  # node_rank -> host, of every node heard from
         self.done_nodes: set[int] = set()
+        self.liveness, self.on_lost = Liveness(), on_lost
+        self.ticks = 0  # turns of the thread's loop (settle waits for what is pending to be read)
         self._changed = threading.Condition()
         self._ending = threading.Event()
         self.ctx = zmq.Context()
@@ -135,9 +149,10 @@ class Receiver(threading.Thread):
             self.pull.curve_publickey = self.keys.server_public
             self.pull.zap_domain = b"torchdeck"
             self.pull.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+            _heartbeats(self.pull)
             self.monitor = self.pull.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
             self.pull.bind(endpoint(host or "0.0.0.0", port))
         except zmq.ZMQError:
             self._close_sockets()
@@ -161,6 +176,7 @@ class Receiver(threading.Thread):
                         self._authenticate()
                     else:
                         self._watch()
+                self._judge()
             self._drain()
         finally:
             self._close_sockets()
@@ -170,12 +186,28 @@ class Receiver(threading.Thread):
 
         for _ in range(1000):  # then look at the other sockets again
             try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK)
+                parts = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._batch(frames)
+            try:
+                fd = parts[0].get(zmq.SRCFD)  # the connection it came on: its close names the node
+            except zmq.ZMQError:
+                fd = None
+            self._batch([p.bytes for p in parts], fd)
 
-    def _batch(self, frames: list) -> None:
+    def _judge(self) -> None:
+        """Lost nodes said (once each); then the loop's turn is counted for settle()."""
+        lost = self.liveness.due()
+        for one in lost:
+            try:
+                self.on_lost(one)
+            except Exception as exc:  # noqa: BLE001 - the link outlives a failing listener
+                self.say("on_lost", "warning", f"node link: saying node {one.node} lost failed: {exc}")
+        with self._changed:
+            self.ticks += 1
+            self._changed.notify_all()
+
+    def _batch(self, frames: list, fd: int | None = None) -> None:
         header = None
         if len(frames) == 3 and frames[0] == PROTO:
             try:
@@ -193,10 +225,12 @@ class Receiver(threading.Thread):
         if node not in self.nodes:
             self.say(f"node{node}", "info", f"node link: node {node} ({host}) streams its events here")
         self.nodes[node] = host
+        self.liveness.batch(node, host, fd)
         for line in frames[2].split(b"\n"):
             if line:
                 self._line(line, node, host)
         if header.get("bye"):
+            self.liveness.bye(node)
             with self._changed:
                 self.done_nodes.add(node)
                 self._changed.notify_all()
@@ -245,6 +279,10 @@ class Receiver(threading.Thread):
         ev = msg.get("event")
         if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             return
+        if ev == zmq.EVENT_DISCONNECTED:
+            self._drain()  # a bye that came just before the close is read first
+            self.liveness.closed(int(msg.get("value", -1)))
+            return
         if ev == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return  # said by _authenticate, with the peer's address
         self._refused("a connection that failed the handshake (a wrong secret, or bytes that are "
@@ -270,15 +308,28 @@ class Receiver(threading.Thread):
 
     # ------------------------------------------------------------ control
     def wait_done(self, timeout: float) -> bool:
-        """Until every node heard from said bye (its ranks are gone), or timeout: True if all did."""
+        """Until every node heard from said bye (its ranks are gone) or is lost, or timeout: True if all did."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while set(self.nodes) - self.done_nodes:
+            while set(self.nodes) - self.done_nodes - set(self.liveness.lost):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._changed.wait(left)
         return True
+
+    def settle(self, timeout: float) -> None:
+        """Until what the sockets hold now is read (two turns of the loop) and no node that dropped
+        waits for its verdict (a reconnect, or lost), or timeout: node 0's ranks failed, and whether
+        a node's death is why is known before the run's cause is written."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            start = self.ticks
+            while self.is_alive() and (self.ticks < start + 2 or self.liveness.waiting()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(left)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Read what has arrived, then close the port."""
@@ -318,6 +369,7 @@ class Sender(threading.Thread):
         self.push.ipv6 = ":" in host
         self.push.reconnect_ivl = 500
         self.push.reconnect_ivl_max = 5000
+        _heartbeats(self.push)
         self.push.curve_serverkey = keys.server_public
         self.push.curve_publickey = keys.client_public
         self.push.curve_secretkey = keys.client_secret

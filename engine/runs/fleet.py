@@ -418,7 +418,7 @@ class NodeRow:
 
     @property
     def bad(self) -> bool:
-        return any(f.startswith(("stale", "exited")) for f in self.flags)
+        return any(f.startswith(("lost", "stale", "exited")) for f in self.flags)
 
 
 def node_rows(view: "RunView", fleet: Fleet, now: float) -> list[NodeRow]:
@@ -426,7 +426,7 @@ def node_rows(view: "RunView", fleet: Fleet, now: float) -> list[NodeRow]:
     rank): stale or exited ranks, a median pace behind the others', the slowest rank, data wait,
     an idle, hot or full GPU. The order changes only when what is wrong changes."""
     groups = {g.node: g for g in node_groups(view, now)}
-    keys = sorted(set(groups) | set(fleet.nodes))
+    keys = sorted(set(groups) | set(fleet.nodes) | set(view.lost_nodes))
     paced = [g.pace[1] for g in groups.values() if g.pace is not None]
     ref = statistics.median(paced) if paced else None
     utils = [g.util for g in fleet.gpus() if g.util is not None]
@@ -436,7 +436,7 @@ def node_rows(view: "RunView", fleet: Fleet, now: float) -> list[NodeRow]:
     rows = []
     for k in keys:
         g, n = groups.get(k), fleet.nodes.get(k)
-        flags = []
+        flags = ["lost"] if k in view.lost_nodes else []  # node 0 stopped hearing its supervisor (node_lost)
         if g is not None:
             if g.failed:
                 flags.append(f"exited {g.failed}")

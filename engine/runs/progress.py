@@ -273,8 +273,8 @@ def summary(view: RunView, now: float) -> list[str]:
     if view.status in (Status.FAILED, Status.LOST):
         lines.append(f"root cause: {view.root_cause or 'unknown (see the rank logs)'}")
         if view.errors:
-            e = view.errors[0]
-            lines.append(f"  {e.text}")
+            e = view.errors[0]  # after a node was lost: what that did to this node's ranks, not why
+            lines.append(f"  {'what followed: ' if view.lost_nodes else ''}{e.text}")
             for ln in e.detail.splitlines()[-8:]:
                 lines.append("    " + ln)
     elif view.status == Status.STOPPED and view.root_cause:

@@ -26,6 +26,7 @@ from .writer import EventWriter
 STOP_GRACE_S = 30.0
 RESERVE_BYTES = 64 << 10
 SIGNAL_COALESCE_S = 0.5
+LOST_GRACE_S = 0.5  # a node lost: its peers' collectives fail at once, so their errors are in (or never come)
 
 
 def _open_metrics(writer: EventWriter, cfg, rd: RunDir) -> str | None:
@@ -52,7 +53,8 @@ class Supervisor:
         self.script = False  # strategy script: the user's own script (torchdeck launch)
         self.stop_grace_s = STOP_GRACE_S  # a stop's SIGKILL comes this long after it (script.stop_grace_s)
         self.writer: EventWriter | None = None
-        self.link = NodeLink(self.rd)
+        self.link = NodeLink(self.rd, self.started)
+        self.ended_for_lost = False  # node 0 ended its ranks because a node was lost (NodeLink.lost)
         self.watchdog = Watchdog(self.rd, self.link.write)
         self.outcome = Outcome(self.rd, False, None, self.watchdog.where)
         self.restarts = 0  # attempts restarted after a failure (train.max_restarts)
@@ -195,7 +197,12 @@ class Supervisor:
 
     def _decide(self, ended, writer):
         codes, died_first, reported = ended
-        return self.outcome.decide(codes, died_first, reported, self._stopping(), self.write_failure, writer.errors)
+        status, cause = self.outcome.decide(codes, died_first, reported, self._stopping(), self.write_failure,
+                                            writer.errors)
+        lost = self.link.lost_cause() if status is Status.FAILED else None
+        if lost:  # a node died: its end is why, what this node's ranks said of it follows
+            cause = self.outcome.after_lost(lost, cause, self.ended_for_lost and not writer.errors)
+        return status, cause
 
     def _exited(self, codes) -> None:
         for i, code in enumerate(codes):
@@ -264,6 +271,12 @@ class Supervisor:
             if self._stop_overdue():
                 return [], self._kill_all(pctx, writer)
             self.watchdog.check(pctx, writer, stopping=self.first_stop_t is not None)
+            if self.link.lost and self.first_stop_t is None:  # the job cannot go on without that node
+                self.ended_for_lost = True
+                writer.write(events.make("log", rank=None, level="warning",
+                                         message=f"{self.link.lost[0]}: ending this node's ranks"))
+                terminate(pctx, wait_s=LOST_GRACE_S)
+                return [], None
             failed = wait_step(pctx, sentinels)
             if failed:
                 # Which ranks died on their own, before we terminate the rest: the root cause is among them.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .. import events, network
+from .. import events, fmt, network
 from .ports import meeting_point
 
 NODE_DRAIN_S = 3.0  # node 0, its ranks gone: how long it waits for the other nodes' last events
@@ -21,8 +21,10 @@ def say(level: str, message: str) -> None:
 
 
 class NodeLink:
-    def __init__(self, rd):
-        self.rd = rd
+    def __init__(self, rd, started: float):
+        self.rd, self.started = rd, started  # the run's start: a node is lost "at 00:28" of it
+        self.nproc = 1  # ranks per node: a lost node's ranks are named
+        self.lost: list[str] = []  # node 0: what it said of each node lost (liveness.py), in order
         self.writer = None  # the node's EventWriter, once there is one
         self.sender = None  # engine.nodes.link.Sender: a non-zero node streaming to node 0
         self.receiver = None  # engine.nodes.link.Receiver: node 0, hearing the other nodes
@@ -47,8 +49,9 @@ class NodeLink:
         from .. import nodes
         from ..nodes import link
         from ..nodes.sampler import NodeSampler
+        from ..strategies import nproc_per_node
 
-        self.writer = writer
+        self.writer, self.nproc = writer, nproc_per_node(cfg)
         n = cfg.nodes
         secret = os.environ.pop(nodes.ENV_SECRET, "")  # the ranks (a user's script) never see it
         if n.num_nodes <= 1:
@@ -76,7 +79,8 @@ class NodeLink:
         num_nodes = n.num_nodes
         bind, _, note = network.store_address(meet_host, num_nodes, n.ifname)
         try:
-            self.receiver = link.Receiver(bind, port, secret, self._remote, log=say, num_nodes=num_nodes)
+            self.receiver = link.Receiver(bind, port, secret, self._remote, log=say, num_nodes=num_nodes,
+                                          on_lost=self._lost)
         except Exception as exc:  # noqa: BLE001 - zmq.ZMQError (port taken): the run goes on without it
             self._log("warning", f"node link: cannot listen on {bind or 'every interface'}:{port} ({exc}): the "
                                  "other nodes' events stay on their nodes")
@@ -112,6 +116,28 @@ class NodeLink:
     def _remote(self, line: str) -> None:
         """An event another node streamed here (Receiver's thread)."""
         self.writer.q.put(line)
+
+    def _lost(self, lost) -> None:
+        """A node lost (Receiver's thread): a node_lost event, and the run's cause to be (lost_cause)."""
+        ranks = list(range(lost.node * self.nproc, (lost.node + 1) * self.nproc))
+        gone = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fmt.rank_span(ranks)}"
+        message = (f"node {lost.node} ({lost.host}) lost at {fmt.duration(lost.t - self.started)}: its supervisor "
+                   f"stopped reporting ({lost.why}); {gone} gone")
+        self.lost.append(message)
+        say("error", message)
+        self.writer.write(events.make("node_lost", rank=None, node_rank=lost.node, host=lost.host, ranks=ranks,
+                                      why=lost.why, lost_t=round(lost.t, 3), message=message))
+
+    def lost_cause(self) -> str | None:
+        """Node 0, its ranks failed: the nodes lost, once the link has read what came and any node
+        that dropped has its verdict (within liveness.RECONNECT_GRACE_S); None when none is."""
+        from ..nodes.liveness import RECONNECT_GRACE_S
+
+        if self.receiver is None:
+            return None
+        if self.receiver.is_alive():
+            self.receiver.settle(RECONNECT_GRACE_S + 2.0)
+        return "; ".join(self.lost) or None
 
     def _link_log(self, level: str, message: str) -> None:
         """What a non-zero node's Sender says (node 0 unreachable, refused, reached): in this node's events."""

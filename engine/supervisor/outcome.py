@@ -163,6 +163,17 @@ class Outcome:
         stuck = [base + i for i, c in enumerate(codes) if c != 0 and i not in died_first and base + i not in reporting]
         return _timeout_cause(e, self.timeout_s, stuck, self.where)
 
+    def after_lost(self, lost: str, cause: str | None, ended_here: bool) -> str:
+        """A node was lost (NodeLink.lost_cause): that is the cause; this node's ranks' own failure
+        (a collective's "Connection reset by peer" when the node's ranks went) follows as its result,
+        or, when the supervisor ended them for it before any said an error, says so. No local
+        rank is to blame."""
+        self.failed_local_rank = None
+        if ended_here or not cause:
+            self.quote = None  # their SIGTERM's last lines say nothing
+            return f"{lost}; this node's ranks were ended for it"
+        return f"{lost}; as a result: {cause}"
+
     def quote_event(self, processes) -> dict | None:
         """The failed rank's last lines as an `error` event, so every front end shows them as a
         rank's failure (the CLI's summary, attach, the Monitor), as a traceback is shown."""

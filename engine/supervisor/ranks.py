@@ -121,8 +121,8 @@ def wait_step(pctx, sentinels) -> list[int]:
     return failed
 
 
-def terminate(pctx) -> None:
-    """Let the others fail on their own briefly, then SIGTERM, then SIGKILL."""
+def terminate(pctx, wait_s: float = FAIL_GRACE_S) -> None:
+    """Let the others fail on their own briefly (wait_s), then SIGTERM, then SIGKILL."""
     procs = pctx.processes
     for step in ("wait", "terminate", "kill"):
         if step == "terminate":
@@ -133,7 +133,7 @@ def terminate(pctx) -> None:
             for p in procs:
                 if p.is_alive():
                     p.kill()
-        deadline = time.monotonic() + FAIL_GRACE_S
+        deadline = time.monotonic() + (wait_s if step == "wait" else FAIL_GRACE_S)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         if not any(p.is_alive() for p in procs):

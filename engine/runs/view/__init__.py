@@ -85,6 +85,7 @@ class RunView(Steps, Ranks, Epochs, Logs, Lifecycle, Health, Rates):
     phase_t: dict = field(default_factory=dict)  # phase -> when the first rank entered it
     stacks: dict | None = None  # the newest `stacks` event: {t, reason, summary, groups}
     fleet: Fleet = field(default_factory=Fleet)  # every node's GPUs and host (node_sample events)
+    lost_nodes: dict = field(default_factory=dict)  # node rank -> what node 0 said of it (node_lost events)
     start_step: int = 0  # where a resumed run starts: its checkpoint's step, shown before its first step event
     exit_codes: list | None = None  # per local rank, as the run ended (run_finished, else status.json)
     failed_local_rank: int | None = None  # the index in exit_codes of the rank the root cause names
@@ -172,5 +173,6 @@ class RunView(Steps, Ranks, Epochs, Logs, Lifecycle, Health, Rates):
         snap.step_acc = self.step_acc.copy()
         snap.step_t = None if self.step_t is None else self.step_t.copy()
         snap.fleet = self.fleet.copy()
+        snap.lost_nodes = dict(self.lost_nodes)
         snap.step_metrics = {k: v.copy() for k, v in self.step_metrics.items()}
         return snap

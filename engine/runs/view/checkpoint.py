@@ -16,6 +16,7 @@ the file as the checkpoint is; a run without one (older, torchrun-written) is re
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -85,8 +86,22 @@ def decode(data, classes: dict | None = None):
         return classes[data["~e"]](data["v"])
     cls = classes[data["~o"]]
     obj = object.__new__(cls)
+    obj.__dict__.update(_defaults(cls))  # a field added since the checkpoint was written (RunView.lost_nodes)
     obj.__dict__.update({k: decode(v, classes) for k, v in data["v"].items()})
     return obj
+
+
+def _defaults(cls) -> dict:
+    """A dataclass's fields at their defaults (none for another class)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def path_of(events_path: str | Path) -> Path:

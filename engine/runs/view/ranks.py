@@ -5,8 +5,8 @@ from __future__ import annotations
 from ...events import epoch_number
 from ...kinds import kind_of
 from ...rundir.status import Status
-from .parse import Malformed, as_text, whole
-from .records import EXITING, PHASES, RankState
+from .parse import Malformed, as_text, real, whole
+from .records import EXITING, NODE_LOST, PHASES, RankState
 
 
 class Ranks:
@@ -62,6 +62,20 @@ class Ranks:
             raise Malformed("node_sample without a node_rank or its gpus")
         stats = ev.get("host_stats")
         self.fleet.add(node, as_text(ev.get("host")), gpus, stats if isinstance(stats, dict) else None, t)
+
+    def _on_node_lost(self, ev, t) -> None:
+        """Node 0 stopped hearing a node's supervisor: the node, and its ranks, are gone."""
+        node, ranks = ev.get("node_rank"), ev.get("ranks")
+        if isinstance(node, bool) or not isinstance(node, int) or node < 0 or not isinstance(ranks, list):
+            raise Malformed("node_lost without a node_rank or its ranks")
+        text = as_text(ev.get("message")) or f"node {node} lost"
+        self.lost_nodes[node] = text
+        for r in ranks:
+            st = self.rank(r)
+            st.node_rank = node if st.node_rank is None else st.node_rank
+            st.exited = st.exited or NODE_LOST
+        lost_t = real(ev.get("lost_t"))  # logged where it happened: before what it did to the other ranks
+        self._log(lost_t if lost_t is not None and lost_t <= t else t, "error", None, text)
 
     def startup(self, now: float) -> str | None:
         """What a starting run is doing, for the headers; None once it trains (or is over)."""

@@ -184,6 +184,7 @@ def epoch_text(p: EpochPoint) -> str:
 
 
 KILLED = "killed"  # a rank's end when the user killed its run (RankState.exited)
+NODE_LOST = "node lost"  # a rank's end when node 0 lost its node (a node_lost event): its exit is never known
 KILLED_EXIT = 128 + 2  # a run the user killed: what a shell reports for a command Ctrl-C ended (torchrun: 1)
 
 
