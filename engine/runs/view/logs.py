@@ -8,6 +8,9 @@ import time
 from .parse import Malformed, as_text, rank_of
 from .records import LOG_LINES, LogLine
 
+ERRORS_KEPT = 100  # error events kept in `errors`: the first half (the first explains the rest) and the newest
+TRACEBACK_LINES = 5000  # lines of a rank's tracebacks kept to leave its log's copy out; then only its newest
+
 
 class Logs:
     """RunView's log reducers (a mixin: they read and write the view's fields)."""
@@ -42,9 +45,14 @@ class Logs:
         text = (f"rank {rank} on {as_text(ev.get('host')) or '?'} (pid {as_text(ev.get('pid')) or '?'}): "
                 f"{as_text(ev.get('exception')) or 'Error'}: {as_text(ev.get('message'))}")
         detail = as_text(ev.get("traceback")).rstrip()
-        self._traceback_lines.setdefault(rank, set()).update(ln.rstrip() for ln in detail.splitlines())
+        seen = self._traceback_lines.setdefault(rank, set())
+        if len(seen) > TRACEBACK_LINES:  # a live run that keeps failing: its memory stays flat
+            seen.clear()
+        seen.update(ln.rstrip() for ln in detail.splitlines())
         self._log(t, "error", rank, text, detail)
         self.errors.append(next(ln for ln in reversed(self.logs) if ln.seq == self.log_seq))
+        if len(self.errors) > ERRORS_KEPT:
+            del self.errors[ERRORS_KEPT // 2]
         if rank is not None:
             st = self.rank(rank)
             st.last_seen = t if st.last_seen is None else max(st.last_seen, t)
