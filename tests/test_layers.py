@@ -296,7 +296,8 @@ def test_the_run_kind_is_asked_of_its_object_not_tested_by_name():
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base: leaf rules, no project imports above them", (
         "engine", "engine.errors", "engine.files", "engine.procs", "engine.events", "engine.network",
-        "engine.fmt", "engine.affinity", "engine.nvml", "engine.usercode", "engine.kinds", "engine.slurm")),
+        "engine.fmt", "engine.affinity", "engine.nvml", "engine.usercode", "engine.kinds",
+        "engine.slurm")),
     ("schema: the run config and presets", ("engine.config", "engine.presets")),
     ("run directory: its layout, status and stacks on disk", ("engine.rundir",)),
     ("parts: what a rank is built from", (
@@ -313,7 +314,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                                                   "engine.evaluate", "engine.worker", "engine.supervisor",
                                                   "engine.slurm.node")),
     ("orchestration: runs started, stopped, compared, tuned", (
-        "engine.runs.control", "engine.runs.compare", "engine.runs.tune")),
+        "engine.runs.control", "engine.runs.compare", "engine.runs.tune", "engine.slurm.submit")),
     ("app parts: widgets and sources every screen shares", ("app", "app.widgets", "app.sources", "app.keybar")),
     ("screens", ("app.configure", "app.monitor", "app.runs", "app.compare")),
     ("front ends: the app and the CLI", ("app.main", "cli")),

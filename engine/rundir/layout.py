@@ -18,6 +18,9 @@ one writer of a run's final status.
         stop               present: a graceful stop was asked (the supervisor also takes SIGTERM)
         preempted          present with stop: the stop is SLURM's preemption warning (status preempted)
         checkpoints/       ckpt-<step>.pt, newest complete one is the resume point
+        slurm.json         a run submitted to SLURM: {"job_id", "submitted", "script", "output"}
+        job.sbatch         its batch script; slurm-<job id>.out: the job's own output (engine/slurm/)
+        node<K>/           node K's own files, for a multi-node SLURM job (node 0 writes here)
 
 No torch, no textual: the app lists and opens runs on its first frame.
 """
@@ -36,6 +39,10 @@ from ..procs import pid_alive
 from .status import Status, decide
 
 _STAMP = re.compile(r"^(\d{8}-\d{6})-(.+)$")
+SLURM_FILE = "slurm.json"
+SETTLE_S = 5.0  # a SLURM job over for this long (nothing written since) with no final status never will write one
+_JOB_CACHE_S = 0.5  # one squeue answers every question about a job asked this close together
+_jobs: dict[str, tuple[float, object]] = {}
 
 # ----------------------------------------------------------------------------- checkpoint names
 # The one rule for what a checkpoint is called. engine.checkpoint writes them (it imports torch,
@@ -167,6 +174,7 @@ class RunDir:
     preempt_path = property(lambda self: self.path / "preempted")
     checkpoint_dir = property(lambda self: self.path / "checkpoints")
     reserve_path = property(lambda self: self.path / ".reserve")
+    slurm_path = property(lambda self: self.path / SLURM_FILE)
 
     def checkpoints_at(self, cfg=None) -> Path:
         """Where its checkpoints go: checkpoint.dir when the config sets one, else checkpoints/ here."""
@@ -242,8 +250,69 @@ class RunDir:
         return _read_pid(self.pid_path) or _read_pid(self.launcher_pid_path)
 
     def is_live(self) -> bool:
-        """True while the supervisor (or torchrun's agent) exists and no final status is written."""
-        return self.final_status() is None and pid_alive(self.owner_pid())
+        """True while the supervisor (or torchrun's agent, or the SLURM job) exists and no final status is written."""
+        return self.final_status() is None and self.owner_alive()
+
+    @property
+    def slurm(self) -> dict | None:
+        """slurm.json of a run submitted to SLURM ({"job_id", "submitted", "script", "output"}); None otherwise."""
+        try:
+            data = json.loads(self.slurm_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("job_id") else None
+
+    def job_state(self):
+        """SLURM's word on the run's job now (engine.slurm.cluster.JobState); None for a run not
+        submitted to SLURM, a job SLURM forgot, or a SLURM that does not answer."""
+        job = self.slurm
+        if job is None:
+            return None
+        from ..slurm import cluster
+
+        key, now = str(job["job_id"]), time.monotonic()
+        hit = _jobs.get(key)
+        if hit is None or now - hit[0] > _JOB_CACHE_S:
+            try:
+                hit = _jobs[key] = (now, cluster.job_state(key))
+            except cluster.SlurmError:
+                return None
+        return hit[1]
+
+    def owner_alive(self) -> bool:
+        """Whether what runs the run still exists: for a SLURM run its job (its supervisor lives on
+        another host, where a pid here says nothing), else its supervisor's or torchrun agent's pid."""
+        job = self.slurm
+        if job is None:
+            return pid_alive(self.owner_pid())
+        st = self.job_state()
+        if st is not None and st.active:
+            return True
+        if self.final_status() is None:
+            self._job_ended(job, st)
+        return False
+
+    def _job_ended(self, job: dict, st) -> None:
+        """The job is over and nothing of torchdeck recorded an end (its supervisor never started,
+        or went with the job): recorded here from SLURM's state and the job's output, once the run
+        has been quiet SETTLE_S (a stopping supervisor may still be writing its own)."""
+        out = Path(str(job.get("output") or ""))
+        quiet = self.quiet_s()
+        try:
+            quiet = min(quiet if quiet is not None else 1e9, time.time() - out.stat().st_mtime)
+        except OSError:
+            pass
+        if (quiet is not None and quiet < SETTLE_S) or self.final_status() is not None:
+            return
+        jid = job["job_id"]
+        if st is None:
+            self.write_final(Status.LOST, f"SLURM no longer knows job {jid} and the run recorded no end{_tail(out)}")
+        elif st.state == "CANCELLED":
+            self.write_final(Status.STOPPED, f"SLURM job {jid} was cancelled (scancel) before the run recorded "
+                                             f"an end{_tail(out)}", killed=True)
+        else:
+            self.write_final(Status.FAILED, f"SLURM job {jid} ended {st} before torchdeck's supervisor recorded "
+                                            f"an end{_tail(out)}")
 
     def quiet_s(self, now: float | None = None) -> float | None:
         """Seconds since the run last showed a sign of life on disk (events, or its creation)."""
@@ -260,9 +329,10 @@ class RunDir:
     def status(self, stepped: bool = True, now: float | None = None) -> Status:
         """The status from the directory alone (see engine.rundir.status.decide). Without events read,
         a live run counts as running unless the caller knows no step came yet."""
+        alive = self.final_status() is None and self.owner_alive()
         final = self.final_status()
         pid = self.owner_pid()
-        return decide(final.get("status") if final else None, pid_alive(pid), pid is not None,
+        return decide(final.get("status") if final else None, alive, pid is not None,
                       stepped, self.quiet_s(now))
 
     # ---------------------------------------------------------------- writing
@@ -297,6 +367,17 @@ class RunDir:
             except OSError:
                 pass
         return final
+
+
+def _tail(path: Path, n: int = 5) -> str:
+    """'; the last lines of <file>: a / b / c', for a root cause; '' when it has none."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 4096))
+            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f"; the last lines of {path}: " + " / ".join(lines[-n:]) if lines else f"; {path} is empty"
 
 
 COMPARISON_FILE = "compare.json"  # marks a directory grouping the runs of `torchdeck compare`
