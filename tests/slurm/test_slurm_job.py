@@ -1,0 +1,166 @@
+"""The SLURM job itself on the local two-node cluster (tests/slurm/cluster.sh): a run directory made as
+submission makes it, its batch script (engine/slurm/script.py) given to `sbatch --parsable` as is.
+One supervisor per node: node 0 (n1) writes the run directory and hears node 1 (n2) over the node
+link; node 1 writes RUN_DIR/node1. Every job a test submits is cancelled at its end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchdeck.engine import config as cfgmod
+from torchdeck.engine import events
+from torchdeck.engine.rundir.layout import RunDir
+from torchdeck.engine.slurm.script import batch_script
+from tests.engine.helpers import assert_same_weights, final_model, run_in_process, small_cfg
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+JOB_S = 360  # a job's bound, queued to ended, on 2 cores the whole suite shares
+
+TWO_NODES = {"strategy": "ddp", "devices": 1, "nodes.num_nodes": 2, "data.num_workers": 0,
+             "train.batch_size": 16, "train.max_steps": 4}
+
+RANK_SCRIPT = '''
+import socket
+import torch
+import torch.distributed as dist
+import torchdeck
+
+dist.init_process_group("gloo")
+for step in range(1, 4):
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    torchdeck.log({"loss": t.item()}, step=step)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} on {socket.gethostname()}: sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+'''
+
+FAILING_MODEL = '''
+import os
+from torchdeck.engine.models import mlp
+
+
+def boom(info, at=3, rank="1"):
+    """Raises in the forward of its `at`-th training step on one rank (node 1's)."""
+    net = mlp(info, 32)
+    calls = [0]
+
+    def hook(mod, args):
+        if mod.training:
+            calls[0] += 1
+            if calls[0] == at and os.environ.get("RANK") == rank:
+                raise RuntimeError(f"boom on rank {rank}")
+    net.register_forward_pre_hook(hook)
+    return net
+'''
+
+
+@pytest.fixture
+def jobs(slurm_cluster):
+    """The ids of the jobs a test submitted: cancelled at its end, whatever happened."""
+    submitted: list[str] = []
+    yield submitted
+    for job in submitted:
+        subprocess.run(["scancel", job], capture_output=True, timeout=60)
+
+
+def submit(cfg: dict, tmp_path: Path, jobs: list) -> tuple[RunDir, str]:
+    """The run directory as submission makes it (config.yaml, origin.json, job.sbatch), then sbatch."""
+    config = cfgmod.from_dict(cfg)
+    assert cfgmod.validate(config) == []
+    rd = RunDir.create(config, tmp_path / "runs", {"cwd": str(tmp_path)})
+    script = rd.path / "job.sbatch"
+    script.write_text(batch_script(config, str(rd.path)))
+    r = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    jobs.append(job)
+    return rd, job
+
+
+def what_happened(rd: RunDir, job: str) -> str:
+    """The job's output and every node's supervisor.log, for a failing assertion."""
+    out = []
+    for p in [rd.path / f"slurm-{job}.out", *sorted(rd.path.glob("**/supervisor.log")), *sorted(rd.path.glob("**/rank*.log"))]:
+        try:
+            out.append(f"--- {p}\n{p.read_text()[-2000:]}")
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
+def wait_ended(rd: RunDir, job: str) -> dict:
+    """Until SLURM no longer lists the job; node 0's final status."""
+    deadline = time.monotonic() + JOB_S
+    while time.monotonic() < deadline:
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60)
+        if not r.stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"job {job} still queued or running after {JOB_S} s\n{what_happened(rd, job)}")
+    final = rd.final_status()
+    assert final is not None, what_happened(rd, job)
+    return final
+
+
+def node_events(rd: RunDir, node: int) -> list[dict]:
+    """node 0's events that came from `node` (node 0's own carry no node_rank, or 0)."""
+    return [e for e in events.read_all(rd.events_path) if (e.get("node_rank") or 0) == node]
+
+
+def test_a_preset_runs_one_supervisor_per_node_and_node_0_gathers_both(tmp_path, jobs):
+    rd, job = submit(small_cfg(name="sj-ddp", **TWO_NODES), tmp_path, jobs)
+    final = wait_ended(rd, job)
+    assert final["status"] == "finished", what_happened(rd, job)
+    node1 = RunDir(rd.path / "node1")
+    assert node1.final_status()["status"] == "finished"
+    starts = {e["node_rank"]: e["host"] for d in (rd, node1) for e in events.read_all(d.events_path)
+              if e["kind"] == "run_started"}
+    assert starts == {0: "n1", 1: "n2"}, starts  # one supervisor per node, each on its own node
+    theirs = node_events(rd, 1)
+    assert {e["rank"] for e in theirs if e["kind"] == "step"} == {1}, what_happened(rd, job)
+    assert any(e["kind"] == "node_sample" and e.get("host") == "n2" for e in theirs)
+    assert any(e["kind"] == "rank_exited" and e["rank"] == 1 for e in theirs)
+    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": 4}))
+    assert_same_weights(final_model(rd.path)["model"], final_model(tmp_path / "one")["model"])
+
+
+def test_a_user_script_runs_one_supervisor_per_node(tmp_path, jobs):
+    (tmp_path / "train.py").write_text(RANK_SCRIPT)
+    cfg = {"name": "sj-script", "strategy": "script", "devices": 1, "nodes": {"num_nodes": 2},
+           "script": {"path": "train.py", "cwd": str(tmp_path)}}
+    rd, job = submit(cfg, tmp_path, jobs)
+    final = wait_ended(rd, job)
+    assert final["status"] == "finished", what_happened(rd, job)
+    theirs = node_events(rd, 1)
+    steps = [e["step"] for e in theirs if e["kind"] == "step" and e["rank"] == 1]  # (step events come at most so often)
+    assert steps and steps[-1] == 3, what_happened(rd, job)
+    assert any(e["kind"] == "node_sample" and e.get("host") == "n2" for e in theirs)
+    said = (rd.path / "node1" / "rank1.log").read_text()
+    assert "rank 1 of 2 on n2: sum 3" in said, said
+
+
+def test_a_rank_raising_on_node_1_is_node_0s_root_cause(tmp_path, jobs):
+    (tmp_path / "slurmfail.py").write_text(FAILING_MODEL)
+    rd, job = submit(small_cfg(name="sj-fail", **{**TWO_NODES, "model.name": "slurmfail:boom", "train.max_steps": 8}),
+                     tmp_path, jobs)
+    final = wait_ended(rd, job)
+    assert final["status"] == "failed", what_happened(rd, job)
+    cause = final["root_cause"]
+    assert cause.startswith("rank 1 (n2): RuntimeError: boom on rank 1"), what_happened(rd, job)
+
+
+@pytest.mark.parametrize("run_dir", [None, "/shared/runs/20260101-000000-x"])
+def test_the_batch_script_passes_bash_n(tmp_path, run_dir):
+    """Without the cluster: the submitted script (a run directory given) and the exported one."""
+    for cfg in (small_cfg(**TWO_NODES), {"strategy": "script", "script": {"path": "t.py"}, "nodes": {"num_nodes": 2}}):
+        script = tmp_path / "job.sbatch"
+        script.write_text(batch_script(cfgmod.from_dict(cfg), run_dir))
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    assert sys.executable in script.read_text()  # the nodes use the python that made it (TORCHDECK_PYTHON overrides)
