@@ -10,9 +10,9 @@ A node is lost when node 0 stops hearing from its supervisor, and only then:
   live node is heard again well within the grace;
 - no heartbeat for HEARTBEAT_TIMEOUT_S (a host that lost power, a cable pulled: no packet at all,
   so no close either): ZeroMQ closes the connection itself, and the rule above applies;
-- connected but not one batch for SILENT_S: a supervisor whose process lives (its ZeroMQ thread
-  still answers heartbeats) but whose Python has stopped (deadlocked, stopped with SIGSTOP
-  answers nothing: that is the heartbeat's case).
+- connected but not one batch for SILENT_S: its process lives (ZeroMQ's own thread still answers
+  heartbeats) but its Python has stopped (a deadlock). A process stopped whole (SIGSTOP, a frozen
+  host) answers no heartbeat either: the case above.
 
 Why these figures, with margin for a node under load: heartbeats are answered by ZeroMQ's own I/O
 thread, in C, without Python's lock, so a supervisor busy in Python or a host whose cores the

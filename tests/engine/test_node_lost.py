@@ -100,3 +100,105 @@ def test_a_view_checkpoint_written_before_node_lost_existed_reads_back_with_no_l
               "why": "x", "lost_t": 4.0, "message": "node 2 (h2) lost at 00:04: its supervisor stopped reporting"})
     assert old.lost_nodes == {2: "node 2 (h2) lost at 00:04: its supervisor stopped reporting"}
     assert old.logs[-1].t == 4.0 and [old.rank(r).exited for r in (4, 5)] == ["node lost", "node lost"]
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_when_a_node_is_lost_and_when_it_is_not():
+    """The rules on a clock of our own: a bye is never lost; a close without one is, unless the node
+    is heard again within the grace (a reconnect); ZeroMQ's heartbeat close is named so; a node
+    connected but silent is lost after SILENT_S, one that sends a sample a second under load is not."""
+    from torchdeck.engine.nodes.liveness import HEARTBEAT_TIMEOUT_S, RECONNECT_GRACE_S, SILENT_S, Liveness
+
+    clock = _Clock()
+    live = Liveness(clock, wall=lambda: 1000.0 + clock.now)
+    for node, fd in ((1, 11), (2, 12), (3, 13), (4, 14), (5, 15)):
+        live.batch(node, f"h{node}", fd)
+    live.bye(1)
+    live.closed(11)  # finished: its socket closes after its bye
+    live.closed(12)  # killed: closed without a bye
+    live.closed(13)  # a link that broke and comes back
+    clock.now += RECONNECT_GRACE_S - 0.5
+    live.batch(3, "h3", 23)  # reconnected: a new connection's batch
+    for node, fd in ((4, 14), (5, 15)):
+        live.batch(node, f"h{node}", fd)
+    assert live.waiting() and live.due() == []
+    clock.now += 0.5
+    (lost,) = live.due()
+    assert (lost.node, lost.host, lost.why) == (2, "h2", "its connection closed without a goodbye")
+    assert lost.t == 1000.0 + 100.0  # when it closed, not when the grace ended
+    assert not live.waiting() and live.due() == []  # said once
+    for _ in range(int(SILENT_S) + 5):  # node 5 samples once a second; node 4 says nothing
+        clock.now += 1.0
+        live.batch(5, "h5", 15)
+        if clock.now - 100.0 < HEARTBEAT_TIMEOUT_S:
+            live.batch(3, "h3", 23)
+    live.closed(23)  # ZeroMQ closed node 3's connection: no heartbeat for 10 s and more
+    lost4 = [x for x in live.due() if x.node == 4]
+    assert len(lost4) == 1 and lost4[0].why.startswith("connected but silent for 3"), lost4
+    clock.now += RECONNECT_GRACE_S
+    (lost3,) = live.due()
+    assert lost3.node == 3 and lost3.why.startswith("no heartbeat for "), lost3
+    assert set(live.lost) == {2, 3, 4}  # 1 said bye, 5 kept reporting
+
+
+SENDER = """
+import sys, time
+from torchdeck.engine.nodes.link import Sender
+port, node, end = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+s = Sender("127.0.0.1", port, {secret!r}, node, f"host{{node}}")
+s.start()
+while True:
+    s.send('{{"v":1,"kind":"log","t":1.0,"rank":null,"level":"info","message":"alive"}}')
+    time.sleep(0.2)
+    if end == "bye" and time.monotonic() - s.started > 2:
+        s.close()
+        print("bye", flush=True)
+        time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_over_real_sockets_a_killed_sender_is_lost_and_one_that_said_bye_is_not(tmp_path):
+    """Node 0's Receiver and two real node Senders (CURVE, heartbeats) in processes of their own: node 1
+    says bye and its socket closes; node 2 is SIGKILLed. Only node 2 is lost, within the grace."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+
+    from torchdeck.engine.nodes.link import Receiver
+    from torchdeck.engine.nodes.liveness import RECONNECT_GRACE_S
+
+    lost = []
+    receiver = Receiver("127.0.0.1", 0, SECRET, queue.Queue().put, num_nodes=3, on_lost=lost.append)
+    receiver.start()
+    script = tmp_path / "sender.py"
+    script.write_text(SENDER.format(secret=SECRET))
+    procs = {k: subprocess.Popen([sys.executable, str(script), str(receiver.port), str(k), end],
+                                 stdout=subprocess.PIPE, text=True)
+             for k, end in ((1, "bye"), (2, "kill"))}
+    try:
+        deadline = time.monotonic() + 60
+        while set(receiver.nodes) != {1, 2} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(receiver.nodes) == {1, 2}, receiver.nodes
+        assert procs[1].stdout.readline().strip() == "bye"
+        procs[2].send_signal(signal.SIGKILL)
+        procs[2].wait(10)
+        killed = time.monotonic()
+        procs[1].kill()  # after its bye: what becomes of its process is no loss
+        assert receiver.wait_done(RECONNECT_GRACE_S + 20)  # node 1's bye, node 2 lost
+        assert time.monotonic() - killed < RECONNECT_GRACE_S + 10
+        assert [(x.node, x.host, x.why) for x in lost] == [(2, "host2", "its connection closed without a goodbye")]
+        assert receiver.done_nodes == {1}
+    finally:
+        for p in procs.values():
+            p.kill()
+        receiver.stop()
