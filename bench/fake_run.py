@@ -12,6 +12,7 @@ rank SLOW_RANK at 55 %, two ranks wait for data, one GPU runs hot. Pure files, n
 
     python -m bench.fake_run RUN_DIR --ranks 8 --rate 50 --seconds 25
     python -m bench.fake_run RUN_DIR --nodes 32 --ranks 8 --rate 10 --seconds 60
+    python -m bench.fake_run RUN_DIR --ranks 8 --rate 50 --seconds 1800 --speed 6   # 30 min in 5
 """
 from __future__ import annotations
 
@@ -137,36 +138,40 @@ def fleet_events(name: str, nodes: int, per_node: int, t0: float, seconds: float
     return out
 
 
-def feed(rd: RunDir, ranks: int, rate: float, seconds: float, tick: float = 0.02, nodes: int = 1) -> int:
+def feed(rd: RunDir, ranks: int, rate: float, seconds: float, tick: float = 0.02, nodes: int = 1,
+         speed: float = 1.0) -> int:
     """`ranks` per node on `nodes` nodes, `rate` step events a second each, for `seconds`; the step
-    events written (node samples not counted)."""
+    events written (node samples not counted). `speed` > 1 compresses time: `seconds` of the run's
+    own time (its events' times, from now on) are written in seconds / speed of wall time."""
     rd.pid_path.write_text(str(os.getpid()))
     host = socket.gethostname()
     world = ranks * nodes
     n = 0
+    fake0 = time.time()
+    when = (lambda s: None) if speed == 1 else (lambda s: fake0 + s)  # at speed 1: stamped as written
     with open(rd.events_path, "a") as fh:
         def put(ev):
             fh.write(events.dumps(ev) + "\n")
 
-        for ev in started(rd.name, world, ranks, nodes, os.getpid(), host):
+        for ev in started(rd.name, world, ranks, nodes, os.getpid(), host, when(0.0)):
             put(ev)
         fh.flush()
         t0 = time.monotonic()
         k = samples = 0
         while True:
-            el = time.monotonic() - t0
+            el = (time.monotonic() - t0) * speed
             if el >= seconds:
                 break
             due = int(el * rate) + 1
             while k < due:
                 for r in range(world):
-                    put(step_event(r, k, world, ranks, nodes))
+                    put(step_event(r, k, world, ranks, nodes, when(k / rate)))
                     n += 1
                 k += 1
             if nodes > 1:
                 while samples <= int(el):
                     for node in range(nodes):
-                        put(node_sample(node, samples, nodes))
+                        put(node_sample(node, samples, nodes, t=when(float(samples))))
                     samples += 1
             fh.flush()
             time.sleep(tick)
@@ -180,9 +185,10 @@ def main(argv=None) -> None:
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--rate", type=float, default=50.0)
-    ap.add_argument("--seconds", type=float, default=25.0)
+    ap.add_argument("--seconds", type=float, default=25.0, help="of the run's own time")
+    ap.add_argument("--speed", type=float, default=1.0, help="run seconds written per wall second (> 1: compressed)")
     a = ap.parse_args(argv)
-    print(feed(RunDir(Path(a.run_dir)), a.ranks, a.rate, a.seconds, nodes=a.nodes), flush=True)
+    print(feed(RunDir(Path(a.run_dir)), a.ranks, a.rate, a.seconds, nodes=a.nodes, speed=a.speed), flush=True)
 
 
 if __name__ == "__main__":
