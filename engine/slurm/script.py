@@ -3,8 +3,9 @@
 It asks SLURM for the nodes (nodes.num_nodes) and the slurm section's resources, then srun starts
 one torchdeck supervisor per node (engine/slurm/node.py) in the foreground. The node link's secret
 is made in the job, when it runs, and given to srun's environment only (never a file, never a
-command line). USR1 before the time limit reaches every node's supervisor (they checkpoint and
-end 'preempted'); the job then requeues itself and the next attempt resumes from that checkpoint.
+command line). USR1 before the time limit reaches every node's supervisor through its run directory
+(they checkpoint and end 'preempted'); the job then requeues itself and the next attempt resumes
+from that checkpoint.
 No torch here.
 """
 from __future__ import annotations
@@ -106,13 +107,16 @@ if [ ! -x "$TD_PYTHON" ]; then TD_PYTHON=python3; fi
 # The node link's secret: one per job, made now, in srun's environment only.
 TD_SECRET="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')"
 
-# USR1 (preemption, the time limit) comes to this shell only: pass it to every node's supervisor
-# through srun; they checkpoint and end 'preempted', and the job is requeued below.
-TD_PREEMPTED=""
+# USR1 (preemption, the time limit) comes to this shell only. Signalling the job step would reach
+# every process of it, ranks included: each node's supervisor is asked through its run directory
+# instead (the preempted and stop files, on the shared filesystem): it stops the ranks after a
+# checkpoint and ends 'preempted'; the job is requeued below.
 td_preempted() {{
     echo "torchdeck: USR1 (preemption or time limit): checkpointing, then requeueing job $SLURM_JOB_ID"
-    TD_PREEMPTED=1
-    if [ -n "${{TD_SRUN:-}}" ]; then kill -USR1 "$TD_SRUN" 2>/dev/null || true; fi
+    for ((k = 0; k < SLURM_NNODES; k++)); do
+        d="$TD_RUN_DIR"; if [ "$k" -gt 0 ]; then d="$TD_RUN_DIR/node$k"; fi
+        mkdir -p "$d" && touch "$d/preempted" && touch "$d/stop"
+    done
 }}
 trap td_preempted USR1
 
@@ -125,7 +129,7 @@ TD_SRUN=$!
 rc=0
 wait "$TD_SRUN" || rc=$?
 while kill -0 "$TD_SRUN" 2>/dev/null; do rc=0; wait "$TD_SRUN" || rc=$?; done  # USR1 ended the wait early
-if [ -n "$TD_PREEMPTED" ] || grep -qs '"status": "preempted"' "$TD_RUN_DIR/status.json"; then
+if grep -qs '"status": "preempted"' "$TD_RUN_DIR/status.json"; then  # ended by USR1 (or a preemption stop)
     echo "torchdeck: requeueing job $SLURM_JOB_ID; it resumes from the newest checkpoint"
     scontrol requeue "$SLURM_JOB_ID"
 fi

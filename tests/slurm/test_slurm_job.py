@@ -164,3 +164,33 @@ def test_the_batch_script_passes_bash_n(tmp_path, run_dir):
         r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
     assert sys.executable in script.read_text()  # the nodes use the python that made it (TORCHDECK_PYTHON overrides)
+
+
+def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same_weights(tmp_path, jobs):
+    """What --signal=B:USR1@120 does: USR1 to the batch shell only, which passes it to every node's
+    supervisor; they checkpoint and end 'preempted', the job requeues itself (SLURM_RESTART_COUNT 1)
+    and continues the same run directory from that checkpoint, to the weights of a run never stopped."""
+    steps = 400
+    cfg = small_cfg(name="sj-requeue", **{**TWO_NODES, "train.max_steps": steps, "train.epochs": 100,
+                                          "train.log_every_n_steps": 1})
+    rd, job = submit(cfg, tmp_path, jobs)
+    deadline = time.monotonic() + JOB_S
+    while not any(e["kind"] == "step" and e["step"] >= 3 for e in events.read_all(rd.events_path)):
+        assert time.monotonic() < deadline and rd.final_status() is None, what_happened(rd, job)
+        time.sleep(0.2)
+    r = subprocess.run(["scancel", "--signal=USR1", "--batch", job], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    final = wait_ended(rd, job)
+    assert final["status"] == "finished", what_happened(rd, job)
+    first = json.loads((rd.path / "status.attempt0.json").read_text())
+    assert first["status"] == "preempted", what_happened(rd, job)
+    assert json.loads((rd.path / "node1" / "status.attempt0.json").read_text())["status"] == "preempted"
+    evs = events.read_all(rd.events_path)
+    requeued = next(i for i, e in enumerate(evs) if f"SLURM requeued job {job} (restart 1)" in e.get("message", ""))
+    saved = [e["step"] for e in evs[:requeued] if e["kind"] == "checkpoint"]
+    assert saved and 3 <= saved[-1] < steps, saved  # stopped early, after a checkpoint
+    first_step = min(e["step"] for e in evs[requeued:] if e["kind"] == "step" and e.get("rank") == 0)
+    assert first_step == saved[-1] + 1  # resumed, not started over
+    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": steps,
+                                                  "train.epochs": 100}))
+    assert_same_weights(final_model(rd.path)["model"], final_model(tmp_path / "one")["model"])
