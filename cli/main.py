@@ -32,7 +32,9 @@ def _overrides(args) -> list[str]:
         overrides.append(f"nodes.node_rank={args.node_rank}")
     if getattr(args, "max_restarts", None) is not None:  # torchrun's flag, on `torchdeck run` too
         overrides.append(f"train.max_restarts={args.max_restarts}")
-    return overrides
+    from . import slurm  # sbatch's flag names (--nodes, --partition, ...) as the values they set
+
+    return overrides + slurm.overrides(args)
 
 
 def _config_or_usage(args, hw=None, launch: bool = False):
@@ -168,6 +170,8 @@ def cmd_run(args) -> int:
         at, ckpt = control.resume_point(old)
         origin.update(resumed_from=str(old.path), checkpoint=str(ckpt))
         args.set = list(args.set or []) + [f"checkpoint.resume={ckpt}"]
+    if args.slurm:
+        return _submit_run(args, origin)
     cfg = _config_or_usage(args, launch=True)
     if args.resume and args.resume != "latest":
         control.check_left(old, cfg, at, ckpt)  # the same rule as `torchdeck resume`: nothing left, nothing started
@@ -178,6 +182,66 @@ def cmd_run(args) -> int:
     return _launch(args, cfg, origin)
 
 
+def _login_node_config(args):
+    """The config of a job that runs on other hosts (a cluster's login node often has no GPU at all):
+    everything checked but this host's GPUs and MPI build."""
+    from ..engine.hardware import Hardware
+
+    cfg = _config_or_usage(args, hw=Hardware(gpu_count=None, mpi_available=None))
+    if cfg.accelerator == "cuda" and isinstance(cfg.devices, str):
+        raise UsageError(f"devices: {cfg.devices}: a job on other hosts cannot know how many GPUs its nodes have; "
+                         "list them, e.g. --set 'devices=[0,1,2,3]'")
+    return cfg
+
+
+def _follow_job(run, attached: bool, script_run: bool = False) -> int:
+    """Follow a SLURM run from the login node: SLURM's state while it waits, node 0's events while it
+    runs (the run directory is on the filesystem both see), SLURM's state at its end."""
+    from . import slurm
+    from .progress import Display
+    from ..engine.kinds import kind_of_run
+    from ..engine.runs import control
+
+    job = run.slurm["job_id"]
+    with _Interrupts() as ints:
+        if not slurm.wait_to_run(run, ints, attached):
+            print(f"detached; the job goes on. Re-attach with: torchdeck attach {run.path}", flush=True)
+            return EXIT_OK
+    kind = kind_of_run(run)
+
+    def on_interrupt(n: int):
+        if attached:
+            return False
+        if n == 1:
+            control.request_stop(run)
+            print(f"stopping: {kind.stop_wording()}; Ctrl-C again to cancel SLURM job {job}", flush=True)
+        else:
+            control.cancel_job(run)
+            print(f"cancelled SLURM job {job}", flush=True)
+        return True
+
+    output = _rank_output(run, _launch_rule(run), whole=not attached) if kind.shows_rank_output else None
+    view = follow(run, Display(), on_interrupt, output=output)
+    if view is None:
+        print(f"detached; the job goes on. Re-attach with: torchdeck attach {run.path}", flush=True)
+        return EXIT_OK
+    slurm.say_end(run)
+    return script_exit_code(view) if script_run or kind.exits_as_torchrun else _exit_for(view)
+
+
+def _submit_and_follow(args, cfg, origin: dict, script_run: bool = False) -> int:
+    from . import slurm
+
+    run = slurm.submit(args, cfg, origin)
+    return EXIT_OK if args.detach else _follow_job(run, attached=False, script_run=script_run)
+
+
+def _submit_run(args, origin: dict) -> int:
+    """`torchdeck run PRESET --slurm`: submitted as a batch job, then followed from here (--resume's
+    checkpoint is on the filesystem the nodes share)."""
+    return _submit_and_follow(args, _login_node_config(args), origin)
+
+
 def cmd_launch(args) -> int:
     """`torchdeck launch [torchrun's flags] script.py [args...]`: the user's own script as a run
     (strategy script), followed as `torchdeck run` follows one; exits with the script's code."""
@@ -186,10 +250,18 @@ def cmd_launch(args) -> int:
     from ..engine.hardware import detect_hardware
     from ..engine.launch import args as launch_args
 
+    import argparse
+
+    from . import slurm
+
+    flags = argparse.ArgumentParser(add_help=False)
+    slurm.add_flags(flags)
     try:
-        ns = launch_args.parse(args.argv)
+        ns = launch_args.parse(args.argv, launch_args.parser(parents=(flags,)))
     except SystemExit as exc:  # --help
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    if ns.slurm:
+        return _submit_launch(args, ns)
     args.debug = getattr(args, "debug", False) or ns.debug
     args.output_rule = launch_args.output_rule(ns)  # torchrun's --tee/--redirects/--local-ranks-filter
     args.runs_dir = launch_args.runs_dir(ns)  # --runs-dir, or torchrun's --log-dir
@@ -209,6 +281,32 @@ def cmd_launch(args) -> int:
         origin["host_notes"] = hw.notes
     args.detach = ns.detach
     return _launch(args, cfg, origin)
+
+
+def _submit_launch(args, ns) -> int:
+    """`torchdeck launch --slurm ... train.py`: the user's script as a batch job, one supervisor per node."""
+    from . import slurm
+    from ..engine import config as cfgmod
+    from ..engine import preflight
+    from ..engine.launch import args as launch_args
+
+    args.debug = getattr(args, "debug", False) or ns.debug
+    args.runs_dir = launch_args.runs_dir(ns)
+    if ns.slurm_num_nodes is not None and ns.nnodes not in ("1", str(ns.slurm_num_nodes)):
+        raise UsageError(f"torchdeck launch: --nodes {ns.slurm_num_nodes} and --nnodes {ns.nnodes} disagree; give one")
+    if ns.slurm_num_nodes is not None:
+        ns.nnodes = str(ns.slurm_num_nodes)  # the master port then is one every node uses (node.py: the job's own)
+    data = launch_args.to_config(ns, os.getcwd(), gpu_count=None)
+    try:
+        cfgmod.apply_overrides(data, slurm.overrides(ns))
+        cfg = preflight.from_dict(data)
+    except cfgmod.ConfigError as exc:
+        raise UsageError(*launch_args.lines(exc.problems)) from None
+    problems = preflight.file_problems(cfg)  # the script, on the filesystem the nodes share; not this host's GPUs
+    if problems:
+        raise UsageError(*launch_args.lines(problems))
+    args.detach = ns.detach
+    return _submit_and_follow(args, cfg, {"launch": ["torchdeck", "launch", *args.argv]}, script_run=True)
 
 
 def script_exit_code(view) -> int:
@@ -308,6 +406,12 @@ def cmd_attach(args) -> int:
     status = run.status()
     from ..engine import fmt
 
+    if status.live and run.slurm is not None:  # waiting in SLURM's queue, or running on its nodes
+        from . import slurm
+
+        print(fmt.wrap(f"attached to {run.path}, SLURM job {run.slurm['job_id']} (Ctrl-C detaches; the job goes "
+                       "on)", _terminal_width()), flush=True)
+        return _follow_job(run, attached=True)
     if status.live:
         print(fmt.wrap(f"attached to {run.path} (Ctrl-C detaches; the run goes on)", _terminal_width()), flush=True)
     else:  # its history only: nothing goes on after Ctrl-C
@@ -324,7 +428,7 @@ def cmd_attach(args) -> int:
 def cmd_runs(args) -> int:
     from ..engine import fmt
     from ..engine.runs.catalog import NARROW_DROP, collect, columns
-    from ..engine.rundir.layout import runs_root
+    from ..engine.rundir.layout import SLURM_FILE, RunDir, runs_root
 
     root = Path(args.runs_dir).resolve() if args.runs_dir else runs_root()
     rows = collect(root)
@@ -332,6 +436,11 @@ def cmd_runs(args) -> int:
         print(f"no runs under {root}")
         return EXIT_OK
     cells = [r.cells() for r in rows]
+    for r, c in zip(rows, cells):
+        if r.is_live and (r.path / SLURM_FILE).is_file():  # a SLURM job that waits: SLURM's reason
+            from . import slurm
+
+            c["status"] = slurm.job_cell(RunDir(r.path)) or c["status"]
     cols = [(k, label) for k, label in columns(rows) if any(c[k] for c in cells)]  # no empty columns
     print("\n".join(fmt.fit_table(cols, cells, _terminal_width(), NARROW_DROP)))
     for r in rows:
@@ -479,6 +588,8 @@ def cmd_stop(args) -> int:
     if not status.live:
         print(f"run {run.name} is not running (status: {status})")
         return EXIT_FAILED
+    if run.slurm is not None:
+        return _stop_job(args, run)
     if args.kill:
         pids = control.kill(run)
         print(f"killed {len(pids)} process(es) of run {run.name}")
@@ -496,6 +607,31 @@ def cmd_stop(args) -> int:
 
         return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
     return EXIT_OK
+
+
+def _stop_job(args, run) -> int:
+    """stop/stop --kill of a SLURM run: the stop file, then scancel after the grace period; --kill: scancel."""
+    from ..engine.runs import control
+    from ..engine.kinds import kind_of_run, stop_grace_of
+
+    job = run.slurm["job_id"]
+    if args.kill:
+        control.cancel_job(run)
+        print(f"cancelled SLURM job {job} (run {run.name})")
+        return EXIT_OK
+    grace = control.SLURM_STOP_GRACE_S + (stop_grace_of(run) or 0.0)
+    print(f"stop requested for {run.name}: {kind_of_run(run).stop_wording(stop_grace_of(run))}, then all exit; "
+          f"SLURM job {job} is cancelled if it has not ended within {grace:g} s", flush=True)
+    final = control.stop_job(run, grace, on_cancel=lambda why: print(f"cancelling SLURM job {job}: {why}", flush=True))
+    if final is None and args.wait:
+        final = control.wait(run, timeout=args.wait)
+    if final is None:
+        print(f"SLURM job {job} is cancelled; its nodes are ending it")
+        return EXIT_OK
+    print(f"run {final.get('status')}")
+    from ..engine.rundir.status import Status
+
+    return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
 
 
 def cmd_stacks(args) -> int:
@@ -779,6 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s.add_argument("--resume", metavar="RUN", help="continue from RUN's newest checkpoint ('latest': the "
                                                    "newest earlier run of this config's name)")
+    from . import slurm
+
+    slurm.add_flags(s)
 
     # torchdeck launch parses its own command line (torchrun's flags, then the script's arguments
     # unchanged): engine.launch.args; here everything after `launch` is passed through as is

@@ -264,7 +264,8 @@ def summarize(rd: RunDir, now: float | None = None, folded=None) -> RunSummary:
     view = view.snapshot()  # observe() below must not leak into a cached fold
     final = rd.final_status()
     pid = rd.owner_pid()
-    alive = final is None and pid_alive(pid)
+    alive = final is None and rd.owner_alive()  # a SLURM run: its job, as SLURM says
+    final = final or rd.final_status()  # owner_alive may have recorded a SLURM job's end
     view.observe(final, alive, pid is not None, rd.quiet_s(now), now)
     strategy, world = view.strategy, view.world_size or None
     if strategy == "?" or world is None:

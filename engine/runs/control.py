@@ -210,6 +210,8 @@ def kill(run) -> list[int]:
     failure: not red anywhere; `torchdeck launch`/`run` exit 130), unless it recorded how it
     ended first. Returns pids."""
     run = _as_run(run)
+    if run.slurm is not None:  # its processes are on the job's nodes: SLURM ends them
+        return cancel_job(run)
     sid = run.supervisor_pid()
     killed = []
     procs = run_processes(run)  # before the group kill: after it they are gone or zombies
@@ -229,6 +231,46 @@ def kill(run) -> list[int]:
     if run.final_status() is None:
         run.write_final(Status.STOPPED, "killed by the user (SIGKILL to every process of the run)", killed=True)
     return killed
+
+
+SLURM_STOP_GRACE_S = 120.0  # a SLURM run asked to stop is cancelled if it has not ended by then (a checkpoint
+# of a large model on a busy shared filesystem takes minutes; a script run's own grace is added)
+
+
+def cancel_job(run) -> list[int]:
+    """scancel a SLURM run's job; recorded as stopped, killed (as `kill` records a local run) unless
+    it recorded its end first. No pids: they live on the job's nodes."""
+    from ..slurm import cluster
+
+    run = _as_run(run)
+    job = run.slurm["job_id"]
+    cluster.cancel(job)
+    if run.final_status() is None:
+        run.write_final(Status.STOPPED, f"cancelled by the user (scancel of SLURM job {job})", killed=True)
+    return []
+
+
+def stop_job(run, grace_s: float | None = None, on_cancel=None) -> dict | None:
+    """A SLURM run's graceful stop: the stop file (node 0's supervisor polls it, on the shared
+    filesystem, and tells every node), then scancel if it has not ended after the grace period; a job
+    still waiting is cancelled at once (nothing of it runs). Returns its final status, None if the
+    job is cancelled but has not ended yet. on_cancel(reason) is called before scancel."""
+    run = _as_run(run)
+    st = run.job_state()
+    if st is not None and st.pending:
+        if on_cancel is not None:
+            on_cancel("it was still waiting in the queue")
+        cancel_job(run)
+        return run.final_status()
+    request_stop(run)
+    grace = SLURM_STOP_GRACE_S if grace_s is None else grace_s
+    final = wait(run, timeout=grace)
+    if final is None and run.final_status() is None:
+        if on_cancel is not None:
+            on_cancel(f"it had not ended {grace:g} s after the stop request")
+        cancel_job(run)
+        final = run.final_status()
+    return final
 
 
 def wait(run, timeout: float | None = None, interval: float = 0.2) -> dict | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import events
 from ..events import iter_events  # noqa: F401  (importers take it from here too)
-from ..rundir.layout import RunDir, checkpoint_step, pid_alive
+from ..rundir.layout import RunDir, checkpoint_step
 from .view import RunView, checkpoint
 
 STATUS_EVERY_S = 1.0  # how often the follower asks whether the supervisor still lives
@@ -263,7 +263,8 @@ class Follower:
         now = self.clock()
         final = self.run.final_status()
         pid = self.run.owner_pid()
-        alive = final is None and pid_alive(pid)
+        alive = final is None and self.run.owner_alive()  # a SLURM run: its job, as SLURM says
+        final = final or self.run.final_status()  # owner_alive may have recorded a SLURM job's end
         late = 0
         if not alive:
             late = self.events.feed(self.view.feed, stop=self.stop)  # its last words (run_finished), written before status.json
