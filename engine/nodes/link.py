@@ -42,6 +42,7 @@ BATCH_MAX = 2000  # lines per message
 SEND_HWM = 1000  # messages queued towards node 0 (each up to BATCH_MAX events)
 RECV_HWM = 10000
 PENDING_MAX = 200_000  # lines held by the sender before it drops (node 0 slower than the ranks)
+BYE_WAIT_S = 2.0  # the bye waits this long for room past the high-water mark (the others are dropped)
 UNREACHABLE_S = 10.0  # no handshake this long: the node says its events stay local
 SAY_EVERY_S = 60.0  # a repeated problem is said at most once a minute
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -409,8 +410,11 @@ class Sender(threading.Thread):
             last = bye and not self.pending
             header = self._header if not last else json.dumps(
                 {"node_rank": self.node_rank, "host": self.node_host, "bye": True}).encode()
+            if last and self.connected:  # a bye dropped would read as this node's death (liveness.py)
+                self.push.sndtimeo = int(BYE_WAIT_S * 1000)
             try:
-                self.push.send_multipart([PROTO, header, "\n".join(batch).encode("utf-8")], zmq.NOBLOCK)
+                self.push.send_multipart([PROTO, header, "\n".join(batch).encode("utf-8")],
+                                         0 if last and self.connected else zmq.NOBLOCK)
                 self.sent += len(batch)
             except zmq.Again:  # high-water mark reached: node 0 unreachable or slow
                 self.dropped += len(batch)

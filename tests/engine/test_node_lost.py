@@ -202,3 +202,44 @@ def test_over_real_sockets_a_killed_sender_is_lost_and_one_that_said_bye_is_not(
         for p in procs.values():
             p.kill()
         receiver.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_bye_behind_a_full_queue_still_reaches_node_0(monkeypatch):
+    """A finishing node whose queue towards node 0 is full (node 0 slow to read): its other batches
+    may be dropped, its bye waits for room instead, since a bye dropped reads as the node's death."""
+    import threading
+
+    import zmq
+
+    from torchdeck.engine.nodes import link
+    from torchdeck.engine.nodes.link import Receiver, Sender
+
+    monkeypatch.setattr(link, "SEND_HWM", 50)
+    monkeypatch.setattr(link, "RECV_HWM", 50)
+    unblock = threading.Event()
+    receiver = Receiver("127.0.0.1", 0, SECRET, lambda line: unblock.wait(60), num_nodes=2)
+    receiver.start()
+    sender = Sender("127.0.0.1", receiver.port, SECRET, 1, "node-one")  # its thread not started: driven here
+    try:
+        deadline = time.monotonic() + 30
+        while not sender.connected and time.monotonic() < deadline:
+            sender._watch()
+            time.sleep(0.05)
+        assert sender.connected
+        line = '{"v":1,"kind":"log","t":1.0,"rank":null,"level":"info","message":"' + "x" * 2000 + '"}'
+        while sender.dropped < 200 and time.monotonic() < deadline:  # node 0 reads nothing: every queue fills
+            sender.send(line)
+            sender._flush()
+        assert sender.dropped >= 200
+        with pytest.raises(zmq.Again):  # full now: a bye sent as the other batches are would be dropped
+            sender.push.send_multipart([b"probe"], zmq.NOBLOCK)
+        threading.Timer(0.5, unblock.set).start()  # node 0 reads again, later
+        sender._flush(bye=True)
+        assert receiver.wait_done(20) and receiver.done_nodes == {1}
+    finally:
+        unblock.set()
+        sender.push.close(0)
+        sender.monitor.close(0)
+        sender.ctx.term()
+        receiver.stop()
