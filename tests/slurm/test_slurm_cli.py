@@ -166,8 +166,12 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_submitted(runs, tmp
 
 
 def test_a_job_that_fails_before_torchdeck_starts_says_its_output(runs):
-    """The job's python has no torchdeck (a wrong TORCHDECK_PYTHON): its output file's last lines say so."""
-    out = torchdeck("run", "tiny2.yaml", "--slurm", cwd=runs, env={"TORCHDECK_PYTHON": "/nonexistent/python"})
+    """The job's python has no torchdeck (TORCHDECK_PYTHON names the base python, isolated from the
+    environment's PYTHONPATH): its output file's last lines say so."""
+    bare = runs / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {Path(sys.base_prefix) / 'bin' / 'python3'} -I \"$@\"\n")
+    bare.chmod(0o755)
+    out = torchdeck("run", "tiny2.yaml", "--slurm", cwd=runs, env={"TORCHDECK_PYTHON": str(bare)})
     assert out.returncode == 1, (out.stdout, out.stderr)
     assert "No module named" in out.stdout and "slurm-" in out.stdout, out.stdout
     assert json.loads((the_run(runs) / "status.json").read_text())["status"] == "failed"
@@ -230,14 +234,16 @@ def test_attach_shows_pending_then_running_then_finished(runs):
 
 
 def test_stop_ends_a_slurm_run_stopped_with_a_checkpoint(runs):
-    out = torchdeck("run", "tiny2.yaml", "--slurm", "--nodes", "2", "--detach", "--set", "train.epochs=50", cwd=runs)
+    out = torchdeck("run", "tiny2.yaml", "--slurm", "--nodes", "2", "--detach", "--set", "train.epochs=50",
+                    "--set", "checkpoint.every_epoch=false", cwd=runs)  # the one checkpoint: the stop's
     assert out.returncode == 0, (out.stdout, out.stderr)
     run = the_run(runs)
     wait_for(lambda: (run / "events.jsonl").exists() and any(e["kind"] == "step" for e in events_of(run)),
              timeout=RUN_S, what="its first step")
     out = torchdeck("stop", str(run), cwd=runs)
     assert out.returncode == 0 and "run stopped" in out.stdout, (out.stdout, out.stderr)
-    assert json.loads((run / "status.json").read_text())["status"] == "stopped"
+    final = json.loads((run / "status.json").read_text())
+    assert final["status"] == "stopped" and not final.get("killed"), final
     assert list((run / "checkpoints").glob("ckpt-*.pt")), "the stop checkpointed"
 
 
