@@ -43,6 +43,7 @@ SEND_HWM = 1000  # messages queued towards node 0 (each up to BATCH_MAX events)
 RECV_HWM = 10000
 PENDING_MAX = 200_000  # lines held by the sender before it drops (node 0 slower than the ranks)
 BYE_WAIT_S = 2.0  # the bye waits this long for room past the high-water mark (the others are dropped)
+KEEPALIVE_S = 1.0  # a batch at least this often, empty when there is nothing (liveness.SILENT_S counts them)
 UNREACHABLE_S = 10.0  # no handshake this long: the node says its events stay local
 SAY_EVERY_S = 60.0  # a repeated problem is said at most once a minute
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -380,6 +381,7 @@ class Sender(threading.Thread):
         self.push.connect(endpoint(host, port))
         self.started = time.monotonic()
         self._warned_unreachable = False
+        self._sent_t = float("-inf")  # the last batch sent (monotonic)
 
     def send(self, line: str) -> None:
         """Queue one event line for node 0 (tagged with this node); drops and counts past PENDING_MAX."""
@@ -393,6 +395,8 @@ class Sender(threading.Thread):
             while not self._ending.is_set():
                 self._ending.wait(BATCH_S)
                 self._watch()
+                if not self.pending and time.monotonic() - self._sent_t >= KEEPALIVE_S:
+                    self._flush(empty=True)  # nothing to send: an empty batch says this supervisor lives
                 self._flush()
             self._flush(bye=True)
         finally:
@@ -400,10 +404,11 @@ class Sender(threading.Thread):
             self.push.close()  # lingers up to 2 s for what is queued
             self.ctx.term()
 
-    def _flush(self, bye: bool = False) -> None:
+    def _flush(self, bye: bool = False, empty: bool = False) -> None:
         import zmq
 
-        while self.pending or bye:
+        while self.pending or bye or empty:
+            empty, self._sent_t = False, time.monotonic()
             batch = []
             while self.pending and len(batch) < BATCH_MAX:
                 batch.append(self.pending.popleft())

@@ -6,8 +6,9 @@ A node is lost when node 0 stops hearing from its supervisor, and only then:
 - its connection closed without a bye, and no batch of it came back within RECONNECT_GRACE_S: its
   supervisor's process is gone (a SIGKILL, a crash: the kernel closes its socket at once) or the
   link broke for longer than a reconnect takes. ZeroMQ reconnects a sender that is alive after
-  500 ms (link.Sender's reconnect_ivl), and a live supervisor sends a node_sample every second, so a
-  live node is heard again well within the grace;
+  500 ms (link.Sender's reconnect_ivl), and a live supervisor's link sends a batch at least every
+  second (link.KEEPALIVE_S: an empty one when it has nothing), so a live node is heard again well
+  within the grace;
 - no heartbeat for HEARTBEAT_TIMEOUT_S (a host that lost power, a cable pulled: no packet at all,
   so no close either): ZeroMQ closes the connection itself, and the rule above applies;
 - connected but not one batch for SILENT_S: its process lives (ZeroMQ's own thread still answers
@@ -18,8 +19,9 @@ Why these figures, with margin for a node under load: heartbeats are answered by
 thread, in C, without Python's lock, so a supervisor busy in Python or a host whose cores the
 ranks saturate still answers each ping within milliseconds; 10 s of silence is ten pings
 unanswered, which a live host on a working network does not do (TCP's own retransmissions take
-under 2 s to get through a brief loss). The batches come from Python (the sampler's once-a-second
-sample), which load can delay: SILENT_S allows 30 of them to be missed. Either way node 0's ranks
+under 2 s to get through a brief loss). The batches come from Python (the link's thread, which
+load can delay, but which waits on nothing else: not on the ranks, not on NVML): SILENT_S allows 30
+of them to be missed. Either way node 0's ranks
 usually learn first (gloo fails as soon as a peer's socket closes): these bounds are for the silent
 deaths, which would otherwise wait nodes.timeout_s in a collective.
 """

@@ -243,3 +243,29 @@ def test_a_bye_behind_a_full_queue_still_reaches_node_0(monkeypatch):
         sender.monitor.close(0)
         sender.ctx.term()
         receiver.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_node_with_nothing_to_send_still_says_it_lives():
+    """A node whose ranks and sampler say nothing (all of them waiting on a wedged GPU, say) is not
+    silent: its link sends an empty batch each KEEPALIVE_S, so only a stopped supervisor goes quiet."""
+    import queue
+
+    from torchdeck.engine.nodes.link import KEEPALIVE_S, Receiver, Sender
+
+    receiver = Receiver("127.0.0.1", 0, SECRET, queue.Queue().put, num_nodes=2)
+    receiver.start()
+    sender = Sender("127.0.0.1", receiver.port, SECRET, 1, "node-one")
+    sender.start()
+    try:
+        sender.send('{"v":1,"kind":"log","t":1.0,"rank":null,"level":"info","message":"once"}')
+        deadline = time.monotonic() + 30
+        while receiver.received < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = receiver.batches
+        time.sleep(4 * KEEPALIVE_S)
+        assert receiver.batches - first >= 2 and receiver.received == 1 and receiver.rejected_lines == 0
+        assert time.monotonic() - receiver.liveness.heard[1] < 2 * KEEPALIVE_S + 0.5
+    finally:
+        sender.close()
+        receiver.stop()
