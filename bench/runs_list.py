@@ -4,7 +4,8 @@ Each directory is a copy of one finished 8-rank run of 3 minutes written by benc
 make_run (the supervisor's own writer, so each has the view checkpoint and row summary the
 supervisor leaves); events.jsonl is hard-linked into every copy (the command only stats it and
 reads its last bytes), the small files are copied. `torchdeck runs` is timed to exit, with its
-peak RSS from /usr/bin/time, alternating with the code in RUNS_LIST_BEFORE where given.
+CPU time (what a loaded machine inflates least) and peak RSS from /usr/bin/time, alternating with
+the code in RUNS_LIST_BEFORE where given.
 
     python -m bench.runs_list                                  # 500 directories, 4 reps
     RUNS_LIST_BEFORE=/tmp/old python -m bench.runs_list        # also the code in /tmp/old
@@ -54,13 +55,14 @@ def time_runs(runs: Path, code_root: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(code_root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     out = runs.parent / "time.txt"
     t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(out), sys.executable, "-m", "torchdeck.cli.main", "runs"],
+    p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", str(out), sys.executable, "-m", "torchdeck.cli.main", "runs"],
                        env=env, cwd=str(code_root), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"torchdeck runs ended {p.returncode}:\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
     rows = sum(1 for ln in p.stdout.splitlines() if "bench-fake-" in ln)
-    return {"s": wall, "rss_mb": int(out.read_text().strip().splitlines()[-1]) / 1024, "rows": rows,
+    rss_kb, user, system = out.read_text().strip().splitlines()[-1].split()
+    return {"s": wall, "cpu_s": float(user) + float(system), "rss_mb": int(rss_kb) / 1024, "rows": rows,
             "stdout": p.stdout}
 
 
@@ -80,14 +82,14 @@ def run(quick: bool = False, reps: int = 4) -> dict:
     for (k, _), ms in zip(trees, got):
         assert all(m["rows"] == n for m in ms), [m["rows"] for m in ms]
         res[k] = {"s": C.median([m["s"] for m in ms]), "runs_s": [m["s"] for m in ms],
-                  "rss_mb": max(m["rss_mb"] for m in ms)}
+                  "cpu_s": C.median([m["cpu_s"] for m in ms]), "rss_mb": max(m["rss_mb"] for m in ms)}
         rows.append([k, n, f"{min(res[k]['runs_s']):.2f}-{max(res[k]['runs_s']):.2f}", f"{res[k]['s']:.2f}",
-                     f"{res[k]['rss_mb']:.0f}"])
+                     f"{res[k]['cpu_s']:.2f}", f"{res[k]['rss_mb']:.0f}"])
     if before:
         same = {m["stdout"] for ms in got for m in ms}
         res["same_output"] = len(same) == 1
     res["text"] = C.table(f"runs_list: `torchdeck runs` over {n} run directories ({MINUTES}-minute 8-rank runs)",
-                          ["code", "directories", "seconds (range)", "median s", "peak RSS (MB)"], rows)
+                          ["code", "directories", "seconds (range)", "median s", "median CPU s (user+sys)", "peak RSS (MB)"], rows)
     res["text"] += "\nload average before/after: " + "; ".join(", ".join(f"{x:.1f}" for x in l) for l in load)
     if before:
         res["text"] += f"\nsame output both ways: {res['same_output']}"

@@ -70,10 +70,13 @@ def encode(obj):
     raise TypeError(f"a view checkpoint cannot hold a {name}")
 
 
+_NESTED = (list, dict)
+
+
 def decode(data, classes: dict | None = None):
     classes = classes or _classes()
     if isinstance(data, list):
-        return [decode(x, classes) for x in data]
+        return [x if type(x) not in _NESTED else decode(x, classes) for x in data]
     if not isinstance(data, dict):
         return data
     if "~t" in data:
@@ -87,21 +90,29 @@ def decode(data, classes: dict | None = None):
     cls = classes[data["~o"]]
     obj = object.__new__(cls)
     obj.__dict__.update(_defaults(cls))  # a field added since the checkpoint was written (RunView.lost_nodes)
-    obj.__dict__.update({k: decode(v, classes) for k, v in data["v"].items()})
+    # a plain value (most of a rank's fields) is itself: no call per field (a runs list decodes hundreds)
+    obj.__dict__.update({k: v if type(v) not in _NESTED else decode(v, classes) for k, v in data["v"].items()})
     return obj
 
 
 def _defaults(cls) -> dict:
-    """A dataclass's fields at their defaults (none for another class)."""
+    """A dataclass's fields at their defaults (none for another class); mutable ones made anew."""
+    fixed, made = _default_parts(cls)
+    return dict(fixed, **{name: factory() for name, factory in made}) if made else dict(fixed)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_parts(cls) -> tuple[dict, tuple]:
+    """(the fields' plain defaults, (name, factory) of the others), once per class."""
     if not dataclasses.is_dataclass(cls):
-        return {}
-    out = {}
+        return {}, ()
+    fixed, made = {}, []
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
+            fixed[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+            made.append((f.name, f.default_factory))
+    return fixed, tuple(made)
 
 
 def path_of(events_path: str | Path) -> Path:
