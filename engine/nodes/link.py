@@ -16,9 +16,11 @@ node 0's own), since a bug must not break node 0's file.
 
 The wire: one ZeroMQ message per batch, three frames: b"td1", a JSON header {"node_rank": int,
 "host": str}, and the batch's events as JSON lines joined by "\\n". A last message with the header's
-"bye": true says the node is done. The sender batches what comes in over BATCH_S; sends never block
-(a full high-water mark or an unreachable node 0 past it drops the batch and counts it: node k's
-own events.jsonl has everything). ZeroMQ reconnects by itself.
+"bye": true says the node is done. The sender batches what comes in over BATCH_S, and sends an
+empty batch after KEEPALIVE_S with nothing to send; sends never block (a full high-water mark or
+an unreachable node 0 past it drops the batch and counts it: node k's own events.jsonl has
+everything), but for the bye, which waits up to BYE_WAIT_S for room: without it node 0 would take
+the node's close for its death. ZeroMQ reconnects by itself.
 
 Both ends send ZeroMQ heartbeats (a PING every HEARTBEAT_IVL_S; a connection silent for
 HEARTBEAT_TIMEOUT_S is closed), and node 0 watches each node's connection: a node whose supervisor
