@@ -270,13 +270,19 @@ class RunDir:
             return None
         from ..slurm import cluster
 
+        try:
+            return self._ask_job(job)
+        except cluster.SlurmError:
+            return None
+
+    def _ask_job(self, job: dict):
+        """The job's state (None: SLURM forgot it); SlurmError when SLURM does not answer."""
+        from ..slurm import cluster
+
         key, now = str(job["job_id"]), time.monotonic()
         hit = _jobs.get(key)
         if hit is None or now - hit[0] > _JOB_CACHE_S:
-            try:
-                hit = _jobs[key] = (now, cluster.job_state(key))
-            except cluster.SlurmError:
-                return None
+            hit = _jobs[key] = (now, cluster.job_state(key))
         return hit[1]
 
     def owner_alive(self) -> bool:
@@ -285,7 +291,12 @@ class RunDir:
         job = self.slurm
         if job is None:
             return pid_alive(self.owner_pid())
-        st = self.job_state()
+        from ..slurm.cluster import SlurmError
+
+        try:
+            st = self._ask_job(job)
+        except SlurmError:  # SLURM did not answer (slurmctld restarting, no sbatch here): nothing is known
+            return True
         if st is not None and st.active:
             return True
         if self.final_status() is None:
@@ -302,12 +313,10 @@ class RunDir:
             quiet = min(quiet if quiet is not None else 1e9, time.time() - out.stat().st_mtime)
         except OSError:
             pass
-        if (quiet is not None and quiet < SETTLE_S) or self.final_status() is not None:
-            return
+        if st is None or (quiet is not None and quiet < SETTLE_S) or self.final_status() is not None:
+            return  # a job SLURM forgot: nothing to say but what the run directory says (lost, by decide)
         jid = job["job_id"]
-        if st is None:
-            self.write_final(Status.LOST, f"SLURM no longer knows job {jid} and the run recorded no end{_tail(out)}")
-        elif st.state == "CANCELLED":
+        if st.state == "CANCELLED":
             self.write_final(Status.STOPPED, f"SLURM job {jid} was cancelled (scancel) before the run recorded "
                                              f"an end{_tail(out)}", killed=True)
         else:

@@ -106,8 +106,8 @@ _FIELDS = ("%i", "%T", "%r", "%N", "%D")
 
 def _from_squeue(job_id: str) -> JobState | None:
     out = _run(["squeue", "-h", "-j", str(job_id), "-o", "|".join(_FIELDS)], check=False)
-    if out.returncode != 0:  # `Invalid job id specified`: gone from the queue (or never known)
-        return None
+    if out.returncode != 0:
+        return _unknown(out)
     for line in out.stdout.splitlines():
         parts = line.split("|")
         if len(parts) == len(_FIELDS) and parts[0].strip() == str(job_id):
@@ -115,6 +115,14 @@ def _from_squeue(job_id: str) -> JobState | None:
             return JobState(str(job_id), state, "" if reason == "None" else reason, nodes,
                             num_nodes=int(count) if count.isdigit() else None)
     return None
+
+
+def _unknown(out: subprocess.CompletedProcess) -> None:
+    """None for a job SLURM does not know (`Invalid job id specified`); SlurmError when SLURM did not
+    answer (`Unable to contact slurm controller`): a job must not be taken for over because of that."""
+    if "invalid job id" in (out.stderr or "").lower():
+        return None
+    raise SlurmError(_said(out) or "squeue/scontrol failed with no message")
 
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:]*)=")
@@ -133,7 +141,7 @@ def parse_show_job(text: str) -> dict[str, str]:
 def _from_scontrol(job_id: str) -> JobState | None:
     out = _run(["scontrol", "show", "job", str(job_id), "-o"], check=False)
     if out.returncode != 0:
-        return None
+        return _unknown(out)
     f = parse_show_job(out.stdout.splitlines()[0] if out.stdout.strip() else "")
     if "JobState" not in f:
         return None
@@ -157,7 +165,7 @@ def _from_sacct(job_id: str) -> JobState | None:
 
 
 def job_state(job_id: str) -> JobState | None:
-    """Where the job is now; None when SLURM no longer knows it."""
+    """Where the job is now; None when SLURM no longer knows it; SlurmError when it does not answer."""
     return _from_squeue(job_id) or _from_scontrol(job_id) or _from_sacct(job_id)
 
 

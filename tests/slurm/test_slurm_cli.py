@@ -78,6 +78,28 @@ def test_no_sbatch_on_path_says_where_to_run(slurm_cluster, tmp_path, monkeypatc
         cluster.sbatch(_wrap(tmp_path, "true"))
 
 
+def test_a_slurm_that_does_not_answer_is_not_a_job_that_ended(slurm_cluster, tmp_path, monkeypatch):
+    """slurmctld unreachable (restarting, a wrong SLURM_CONF): the run stays live and nothing is
+    recorded; a job SLURM says it does not know is over: lost."""
+    from torchdeck.engine import preflight
+    from torchdeck.engine.rundir.layout import RunDir
+
+    (tmp_path / "tiny2.yaml").write_text(TINY2)
+    cfg, _ = preflight.load_config(str(tmp_path / "tiny2.yaml"))
+    run = RunDir.create(cfg, tmp_path / "runs")
+    (run.path / "slurm.json").write_text(json.dumps({"job_id": "99999999", "submitted": 0, "script": "job.sbatch",
+                                                     "output": str(run.path / "slurm-99999999.out")}))
+    old = time.time() - 600  # submitted long ago, quiet since
+    os.utime(run.config_path, (old, old))
+    away = tmp_path / "away.conf"  # the same cluster, a port nobody listens on
+    away.write_text(Path(slurm_cluster).read_text().replace("SlurmctldPort=6917", "SlurmctldPort=6999"))
+    monkeypatch.setenv("SLURM_CONF", str(away))
+    assert run.status().live and run.final_status() is None
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster)
+    time.sleep(0.6)  # past RunDir's half-second memory of the job's state
+    assert str(run.status()) == "lost"
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 TORCHDECK = Path(sys.executable).with_name("torchdeck")
