@@ -53,11 +53,16 @@ def sbatch_lines(cfg, run_dir: str | None) -> list[str]:
         out.append(f"--gpus-per-node={gpus_per_node(cfg)}")
     out.append(f"--time={s.time.strip()}")
     out += [f"--{name}={getattr(s, name)}" for name in ("partition", "account", "qos", "constraint") if getattr(s, name)]
-    out.append(f"--output={run_dir}/slurm-%j.out" if run_dir else "--output=%x-%j.out")
+    out.append(f"--output={_sbatch_path(f'{run_dir}/slurm-%j.out')}" if run_dir else "--output=%x-%j.out")
     out += [f"# USR1 {PREEMPT_WARNING_S} s before preemption or the time limit: checkpoint, stop, requeue",
             f"--signal=B:USR1@{PREEMPT_WARNING_S}", "--requeue", "--open-mode=append"]
     out += list(s.sbatch_args)
     return [line if line.startswith("#") else f"#SBATCH {line}" for line in out]
+
+
+def _sbatch_path(path: str) -> str:
+    """A path in an #SBATCH line: sbatch splits them at spaces unless double-quoted."""
+    return f'"{path}"' if any(c.isspace() for c in path) else path
 
 
 def _word(text: str) -> str:

@@ -72,7 +72,7 @@ def submit(cfg: dict, tmp_path: Path, jobs: list) -> tuple[RunDir, str]:
     """The run directory as submission makes it (config.yaml, origin.json, job.sbatch), then sbatch."""
     config = cfgmod.from_dict(cfg)
     assert cfgmod.validate(config) == []
-    rd = RunDir.create(config, tmp_path / "runs", {"cwd": str(tmp_path)})
+    rd = RunDir.create(config, tmp_path / "my runs", {"cwd": str(tmp_path)})  # a space: quoted everywhere
     script = rd.path / "job.sbatch"
     script.write_text(batch_script(config, str(rd.path)))
     r = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -155,7 +155,7 @@ def test_a_rank_raising_on_node_1_is_node_0s_root_cause(tmp_path, jobs):
     assert cause.startswith("rank 1 (n2): RuntimeError: boom on rank 1"), what_happened(rd, job)
 
 
-@pytest.mark.parametrize("run_dir", [None, "/shared/runs/20260101-000000-x"])
+@pytest.mark.parametrize("run_dir", [None, "/shared/my runs/20260101-000000-x"])
 def test_the_batch_script_passes_bash_n(tmp_path, run_dir):
     """Without the cluster: the submitted script (a run directory given) and the exported one."""
     for cfg in (small_cfg(**TWO_NODES), {"strategy": "script", "script": {"path": "t.py"}, "nodes": {"num_nodes": 2}}):
