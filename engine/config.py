@@ -435,6 +435,10 @@ def _build(cls, data, prefix: str, problems: list):
         origin = get_origin(tp)
         if origin is not None and type(None) in get_args(tp):  # Optional[...] is not used; keep simple
             tp = next(a for a in get_args(tp) if a is not type(None))
+        if path == "slurm.time" and isinstance(value, int) and not isinstance(value, bool):
+            problems.append((path, f"write the time limit in quotes, e.g. time: \"4:00:00\" (YAML reads H:MM:SS "
+                                   f"unquoted as a number of seconds, here {value}; minutes too: \"60\")"))
+            continue
         if path in ("script.args", "slurm.sbatch_args") and isinstance(value, str):  # a command line, as the form and a shell take it
             value = _split_command_line(value, path, problems)
             if value is None:
@@ -949,6 +953,10 @@ def save(cfg: RunConfig, path: str | os.PathLike, changes_only: bool = False) ->
     write_atomic(path, dumps(cfg, changes_only), durable=True)
 
 
+# --set values kept as the text given: YAML reads slurm.time=4:00:00 as the number 14400 (base 60)
+AS_WRITTEN = ("slurm.time",)
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """`--set train.lr=0.1 devices=0,1`: values are parsed as YAML scalars."""
     for item in overrides:
@@ -960,6 +968,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
+            value = raw
+        if key.strip() in AS_WRITTEN:
             value = raw
         node = data
         parts = key.strip().split(".")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from torchdeck.engine import config as cfgmod
 from torchdeck.engine import events
@@ -194,3 +195,17 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": steps,
                                                   "train.epochs": 100}))
     assert_same_weights(final_model(rd.path)["model"], final_model(tmp_path / "one")["model"])
+
+
+def test_the_slurm_section_takes_time_limits_as_sbatch_does():
+    """YAML reads `time: 4:00:00` unquoted as 14400 (base 60): sbatch would read that as 10 days of
+    minutes. --set (and the CLI's --time) keeps the text given; a preset is told to quote it."""
+    cfg, problems = cfgmod.build(cfgmod.apply_overrides({}, ["slurm.time=4:00:00", "slurm.partition=gpu"]))
+    assert problems == [] and cfg.slurm.time == "4:00:00"
+    assert "#SBATCH --time=4:00:00\n" in batch_script(cfg) and "#SBATCH --partition=gpu\n" in batch_script(cfg)
+    assert cfgmod.loads(cfgmod.dumps(cfg)).slurm.time == "4:00:00"  # run directories and exports keep it
+    _, problems = cfgmod.build(yaml.safe_load("slurm: {time: 4:00:00}"))
+    assert problems == [("slurm.time", 'write the time limit in quotes, e.g. time: "4:00:00" (YAML reads H:MM:SS '
+                                       'unquoted as a number of seconds, here 14400; minutes too: "60")')]
+    cfg, _ = cfgmod.build({"slurm": {"time": "soon", "sbatch_args": "--mem=1G oops"}})
+    assert [f for f, _ in cfgmod.validate(cfg)] == ["slurm.time", "slurm.sbatch_args[1]"]
