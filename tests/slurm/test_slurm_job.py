@@ -209,3 +209,33 @@ def test_the_slurm_section_takes_time_limits_as_sbatch_does():
                                        'unquoted as a number of seconds, here 14400; minutes too: "60")')]
     cfg, _ = cfgmod.build({"slurm": {"time": "soon", "sbatch_args": "--mem=1G oops"}})
     assert [f for f, _ in cfgmod.validate(cfg)] == ["slurm.time", "slurm.sbatch_args[1]"]
+
+
+def test_the_exported_script_runs_unchanged(tmp_path, jobs):
+    """`torchdeck export --sbatch` > job.sbatch; sbatch job.sbatch: the job makes its own run directory
+    under the submit folder's runs/ (no TORCHDECK_RUNS), named by the job id, and runs as submitted ones do."""
+    import os
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(small_cfg(name="sj-export", **TWO_NODES)))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHDECK_RUNS"}
+    r = subprocess.run([sys.executable, "-m", "torchdeck.cli.main", "export", "job.yaml", "--sbatch"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "job.sbatch").write_text(r.stdout)
+    r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    jobs.append(job)
+    deadline = time.monotonic() + JOB_S
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=60).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still queued or running"
+        time.sleep(0.5)
+    out = (tmp_path / f"sj-export-{job}.out").read_text()
+    (made,) = (tmp_path / "runs").iterdir()
+    assert made.name.endswith(f"-sj-export-job{job}"), made
+    rd = RunDir(made)
+    assert (rd.final_status() or {}).get("status") == "finished", out + what_happened(rd, job)
+    assert RunDir(made / "node1").final_status()["status"] == "finished"
+    assert {e["rank"] for e in node_events(rd, 1) if e["kind"] == "step"} == {1}
+    assert json.loads(rd.origin_path.read_text())["cwd"] == str(tmp_path)  # the submit folder
