@@ -111,6 +111,19 @@ def _origin(base: RunDir, rd: RunDir, place: dict) -> None:
     rd.origin_path.write_text(json.dumps(origin, indent=2))
 
 
+def _failed_before_start(run_dir: str, said: str) -> None:
+    """Node 0 could not start its supervisor: the run directory (when there is one) says so, rather
+    than looking as if the run had never begun."""
+    if os.environ.get("SLURM_NODEID") != "0" or not Path(run_dir).is_dir():
+        return
+    rd = RunDir(Path(run_dir))
+    if rd.final_status() is None:
+        try:
+            rd.write_final("failed", f"the job could not start torchdeck: {said}")
+        except OSError:
+            pass
+
+
 def main(argv=None) -> int:
     from ..supervisor import supervise
 
@@ -123,8 +136,9 @@ def main(argv=None) -> int:
         place = where()
         rd = prepare(argv[0], place)
     except (NodeError, OSError, cfgmod.ConfigError) as exc:
-        print(f"torchdeck: node {os.environ.get('SLURM_NODEID', '?')} on {socket.gethostname()}: {exc}",
-              file=sys.stderr, flush=True)
+        said = f"node {os.environ.get('SLURM_NODEID', '?')} on {socket.gethostname()}: {exc}"
+        print(f"torchdeck: {said}", file=sys.stderr, flush=True)
+        _failed_before_start(argv[0], said)
         return 2
     print(f"torchdeck: node {place['node_rank']} of {place['num_nodes']} on {socket.gethostname()}: supervisor "
           f"for {rd.path} (its output: {rd.supervisor_log})", flush=True)

@@ -239,3 +239,21 @@ def test_the_exported_script_runs_unchanged(tmp_path, jobs):
     assert RunDir(made / "node1").final_status()["status"] == "finished"
     assert {e["rank"] for e in node_events(rd, 1) if e["kind"] == "step"} == {1}
     assert json.loads(rd.origin_path.read_text())["cwd"] == str(tmp_path)  # the submit folder
+
+
+def test_a_node_that_cannot_start_its_supervisor_says_why_in_the_run(tmp_path):
+    """node.py outside a job step, and with no config: one line naming what is missing, exit 2, and
+    node 0's run directory ends 'failed' with it (not a run that seems never to have begun)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run([sys.executable, "-m", "torchdeck.engine.slurm.node", str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not inside a SLURM job step" in r.stderr, r.stderr
+    assert RunDir(tmp_path).final_status() is None  # not a job's: left alone
+    env.update(SLURM_NODEID="0", SLURM_NNODES="2", SLURM_JOB_NODELIST="n1")
+    r = subprocess.run([sys.executable, "-m", "torchdeck.engine.slurm.node", str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"{tmp_path / 'config.yaml'} does not exist" in r.stderr, r.stderr
+    final = RunDir(tmp_path).final_status()
+    assert final["status"] == "failed" and "the job could not start torchdeck: node 0 on " in final["root_cause"]
