@@ -133,9 +133,17 @@ def deepspeed(cfg, config_path: str, run_root: str | None = None, hostfile: str 
 
 def sbatch(cfg) -> str:
     """The SLURM batch script a run is submitted with (engine/slurm/script.py): one torchdeck
-    supervisor per node, the job making its own run directory."""
+    supervisor per node, the job making its own run directory. A script run's folder is made
+    absolute here: the job starts in the submit folder, not where it was exported."""
     from .slurm.script import batch_script
 
+    if cfg.is_script and not cfg.script.cwd:
+        import copy
+
+        from .preflight import script_cwd
+
+        cfg = copy.deepcopy(cfg)
+        cfg.script.cwd = str(script_cwd(cfg).resolve())
     return batch_script(cfg)
 
 

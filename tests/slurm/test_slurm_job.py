@@ -257,3 +257,14 @@ def test_a_node_that_cannot_start_its_supervisor_says_why_in_the_run(tmp_path):
     assert r.returncode == 2 and f"{tmp_path / 'config.yaml'} does not exist" in r.stderr, r.stderr
     final = RunDir(tmp_path).final_status()
     assert final["status"] == "failed" and "the job could not start torchdeck: node 0 on " in final["root_cause"]
+
+
+def test_an_exported_script_run_starts_in_the_folder_it_was_exported_from(tmp_path, monkeypatch):
+    """The job starts in the submit folder: a script run's script.cwd is made absolute in the export
+    (the app's Export and `torchdeck export --sbatch` alike), the form's config left as it was."""
+    from torchdeck.engine import export
+
+    monkeypatch.chdir(tmp_path)
+    cfg = cfgmod.from_dict({"strategy": "script", "script": {"path": "t.py"}, "nodes": {"num_nodes": 2}})
+    text = export.sbatch(cfg)
+    assert f"\n  cwd: {tmp_path}\n" in text and cfg.script.cwd == ""
