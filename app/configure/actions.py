@@ -9,6 +9,7 @@ from textual import work
 
 from . import summary
 from .fields import BY_PATH
+from .submit import SlurmSubmit
 from ...engine import config as cfgmod
 from ...engine import preflight
 from ...engine.config import ConfigError
@@ -156,13 +157,13 @@ class PresetActions:
         self.load_preset(path)
 
 
-class RunActions:
+class RunActions(SlurmSubmit):
     """What a valid form starts: a run, an export, a comparison, a memory estimate."""
 
     def _refused(self, verb: str) -> bool:
         """Validate now; when the form is invalid say why, go to the field, and return True."""
         self.revalidate()
-        if not self.problems or (self.cfg is not None and verb != "launch"):
+        if not self.problems or (self.cfg is not None and verb not in ("launch", "submit")):
             return False
         field, why = next(iter(self.problems.items()))
         self.notify(f"Cannot {verb}: {field}: {why}" if field else f"Cannot {verb}: {why}",
@@ -238,6 +239,9 @@ class RunActions:
         self.app.push_screen(ExportDialog(exp, self.cfg))
 
     def action_launch(self) -> None:
+        if self.form.to_slurm:
+            self.submit_to_slurm()
+            return
         if self._refused("launch"):
             return
         from ...engine.runs import control
@@ -249,10 +253,14 @@ class RunActions:
         except (OSError, ConfigError) as exc:
             self.notify(f"Cannot launch: {exc}", severity="error", timeout=10)
             return
-        self.app.last_run = run.path
+        self.opened(run.path)
+
+    def opened(self, path) -> None:
+        """A run started or submitted: watched in the Monitor."""
+        self.app.last_run = path
         from ..monitor.screen import MonitorScreen  # imported on first launch, not on the first frame
 
-        self.app.push_screen(MonitorScreen(run.path))
+        self.app.push_screen(MonitorScreen(path))
 
     def action_compare(self) -> None:
         """The form's job under several strategies, one after another, watched in the Compare screen."""

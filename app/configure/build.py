@@ -98,7 +98,8 @@ class FormBuilding:
         label = Label(f.label, id="lbl-" + slug(f.path), classes="field-label")
         out = [label]
         if f.kind == "choice":
-            opts = [(("custom…" if c == CUSTOM else c), c) for c in f.choices]
+            opts = [(self.choice_label(c), c) for c in f.choices]
+            value = value if f.schema else self.value_of(f.path)
             sel = FormSelect(opts, allow_blank=False, value=value if value in f.choices else CUSTOM,
                          id=f.wid, compact=True)
             if CUSTOM in f.choices:
@@ -109,6 +110,10 @@ class FormBuilding:
                 out.append(sel)
         elif f.kind == "bool":
             out.append(FormSwitch(bool(value), id=f.wid))
+        elif f.kind == "partition":  # its choices come from sinfo, asked later (form.set_partitions)
+            value = value or ""
+            out.append(FormSelect(self.partition_options(value), allow_blank=False, value=value, id=f.wid,
+                                  compact=True))
         elif f.kind == "devices":
             cpu = self.data.get("accelerator") == "cpu"
             procs = FormInput(format_value("int", value) if cpu else "1", type="integer", id="f-devices-procs",

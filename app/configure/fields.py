@@ -17,8 +17,14 @@ from ...engine.kinds import kind_of
 
 CUSTOM = "__custom__"  # Select value meaning "a package.module:callable typed below"
 
-GROUPS = ("Essentials", "Run", "Distributed", "Model & data", "Optimization", "Precision & speed",
-          "Checkpoints", "Strategy options")
+GROUPS = ("Essentials", "Where", "Run", "Distributed", "Model & data", "Optimization", "Precision & speed",
+          "Checkpoints", "Strategy options", "SLURM options")
+
+# Form-only fields: what the form asks that is no RunConfig setting. "where" says what F5 does with
+# the config (start it on this host, or submit it to SLURM); it is never part of the config itself.
+WHERE = "where"
+WHERE_CHOICES = ("host", "slurm")
+CHOICE_LABELS = {"host": "this host", "slurm": "SLURM"}
 
 # What most runs change, first on screen and in this order; every other setting keeps schema order
 # inside its section.
@@ -27,6 +33,8 @@ ESSENTIALS = ("strategy", "accelerator", "devices", "model.name", "data.dataset"
 
 # path prefix (or exact path) -> group; first match wins
 _GROUP_OF = [
+    ("nodes.num_nodes", "Where"), ("slurm.partition", "Where"), ("slurm.time", "Where"),
+    ("slurm.", "SLURM options"),
     ("backend", "Distributed"), ("init_method", "Distributed"), ("nodes.", "Distributed"),
     ("train.precision", "Precision & speed"), ("train.threads_per_rank", "Precision & speed"),
     ("train.cpu_affinity", "Precision & speed"),
@@ -46,7 +54,7 @@ CHOICES: dict[str, tuple] = {
     "fsdp.state_dict": ("full", "sharded"),
     "deepspeed.offload_optimizer": C.OFFLOAD, "deepspeed.offload_param": C.OFFLOAD,
     "data.cache": C.CACHE_MODES, "data.augment": C.AUGMENTS, "train.cpu_affinity": C.CPU_AFFINITY,
-    "data.worker_start": C.WORKER_STARTS,
+    "data.worker_start": C.WORKER_STARTS, WHERE: WHERE_CHOICES,
 }
 
 LABELS = {
@@ -67,6 +75,8 @@ LABELS = {
     "script.path": "script", "script.module": "or module (-m)", "script.args": "arguments",
     "script.no_python": "no python (exe)", "script.local_rank_arg": "local rank arg",
     "script.env": "environment", "script.stop_grace_s": "stop grace (s)", "script.cwd": "run in folder",
+    WHERE: "where", "slurm.time": "time limit", "slurm.gpus_per_node": "GPUs per node (0: auto)",
+    "slurm.sbatch_args": "more sbatch options",
 }
 
 HINTS = {
@@ -92,6 +102,9 @@ HINTS = {
     "script.env": "K=V K2=V2 for every rank",
     "script.stop_grace_s": "stop: SIGTERM, then SIGKILL after this",
     "script.cwd": "empty: where torchdeck was started",
+    "slurm.time": "HH:MM:SS or D-HH:MM:SS, as sbatch --time",
+    "slurm.gpus_per_node": "0: the ranks per node under cuda, none on cpu",
+    "slurm.sbatch_args": "as on a command line: --mail-type=END --exclusive",
 }
 
 
@@ -113,6 +126,11 @@ def _distributed(v) -> bool:
     """Torchdeck's loop over a process group: backend and init_method apply."""
     s = _strategy(v)
     return s is not None and s.distributed and not _script(v)
+
+
+def _slurm(v) -> bool:
+    """The form is to be submitted to SLURM (its where choice)."""
+    return v(WHERE) == "slurm"
 
 
 def _section_of_strategy(section: str) -> Callable:
@@ -151,13 +169,17 @@ _SHOWN_WHEN: dict[str, Callable] = {
     "scheduler.warmup_steps": lambda v: v("scheduler.name") in ("warmup", "cosine", "onecycle"),
     "scheduler.min_lr": lambda v: v("scheduler.name") == "cosine",
     # one node is always node 0; a count still being typed (not a number) shows it
-    "nodes.node_rank": lambda v: _spans_nodes(v) and v("nodes.num_nodes") != 1,
+    # under SLURM the node count is the job's, and SLURM says each node's rank and the master
+    "nodes.num_nodes": lambda v: _spans_nodes(v) or _slurm(v),
+    "nodes.node_rank": lambda v: _spans_nodes(v) and v("nodes.num_nodes") != 1 and not _slurm(v),
+    "nodes.master_addr": lambda v: _spans_nodes(v) and not _slurm(v),
     # parameters offload only under stage 3; a stage still being typed shows it
     "deepspeed.offload_param": lambda v: _section_of_strategy("deepspeed")(v)
     and v("deepspeed.stage") not in (0, 1, 2),
 }
 _PREFIX_SHOWN_WHEN = {
     "nodes.": lambda v: _spans_nodes(v),
+    "slurm.": lambda v: _slurm(v),
     **{f"{s}.": _section_of_strategy(s) for s in  # a strategy's own section (script.: the user's script)
        dict.fromkeys(strategies.get_strategy(n).section for n in strategies.names()) if s},
 }
@@ -168,7 +190,7 @@ _LOOP_ONLY = ("model.", "data.", "optimizer.", "scheduler.", "train.", "checkpoi
               "nodes.ifname")
 _SCRIPT_USES = ("train.threads_per_rank",)
 # a script's arguments and environment are typed as on a command line (shell words), not as YAML
-_WORD_KINDS = {"script.args": "argv", "script.env": "env"}
+_WORD_KINDS = {"script.args": "argv", "script.env": "env", "slurm.sbatch_args": "argv"}
 for _name in ("train_size", "val_size", "num_classes", "image_size"):
     _SHOWN_WHEN[f"data.{_name}"] = lambda v: v("data.dataset") == "synthetic"
 
@@ -181,6 +203,7 @@ class Field:
     label: str
     choices: tuple = ()
     hint: str = ""
+    schema: bool = True  # a RunConfig setting (False: the form's own, as where)
 
     @property
     def wid(self) -> str:
@@ -209,6 +232,8 @@ def _group(path: str) -> str:
 def _kind(path: str, tp) -> str:
     if path == "devices":
         return "devices"
+    if path == "slurm.partition":
+        return "partition"  # a choice whose choices sinfo gives
     if path in CHOICES:
         return "choice"
     if path in _WORD_KINDS:
@@ -228,8 +253,9 @@ def _walk(cls, prefix=""):
 
 
 def all_fields() -> list[Field]:
-    """Every RunConfig leaf except schema_version, in group order then schema order."""
-    out = []
+    """Every RunConfig leaf except schema_version, and the form's own fields, in group order then
+    schema order."""
+    out = [Field(WHERE, "choice", "Where", LABELS[WHERE], WHERE_CHOICES, schema=False)]
     for path, tp in _walk(C.RunConfig):
         if path == "schema_version":
             continue

@@ -21,10 +21,11 @@ from .controls import FieldMessage, FormInput, group_id, slug
 from .devices import DevicesField
 from .fields import BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path, parse_text, set_path
 from .follow import StrategyFollowing
+from .where import WhereField
 from ...engine.config import SCHEMA_VERSION, RunConfig
 
 
-class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, VerticalScroll):
+class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, WhereField, VerticalScroll):
     """All settings. Posts `Edited` (coalesced) whenever anything changes."""
 
     can_focus = False  # focus goes to the fields; the form scrolls to follow it
@@ -103,7 +104,7 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, VerticalScroll):
     def value_of(self, path: str):
         f = BY_PATH[path]
         if not self._mounted(f):
-            return get_path(self.data, path)
+            return get_path(self.data, path) if f.schema else self.where_initial
         if f.kind == "devices":
             mode = self.devices_mode()
             if mode == "procs":
@@ -116,14 +117,15 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, VerticalScroll):
             return w.value
         if f.kind == "bool":
             return bool(w.value)
-        if f.kind == "str":
+        if f.kind in ("str", "partition"):
             return w.value
         return parse_text(f.kind, w.value)
 
     def to_dict(self) -> dict:
         d: dict = {"schema_version": SCHEMA_VERSION}
         for f in FIELDS:
-            set_path(d, f.path, self.value_of(f.path))
+            if f.schema:  # where is the form's own: what F5 does with the config, not part of it
+                set_path(d, f.path, self.value_of(f.path))
         return d
 
     # ------------------------------------------------------------------ writing
@@ -131,7 +133,7 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, VerticalScroll):
         """Show a normalized config dict (RunConfig.to_dict())."""
         self.data = copy.deepcopy(data)
         for f in FIELDS:
-            if not self._mounted(f):
+            if not self._mounted(f) or not f.schema:  # a preset leaves where as it was
                 continue
             value = get_path(data, f.path)
             if f.kind == "devices":
@@ -141,7 +143,9 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, VerticalScroll):
                     self._apply_cuda_devices(value)
                 continue
             w = self._w[f.wid]
-            if f.kind == "choice":
+            if f.kind == "partition":
+                self.show_partition(value)
+            elif f.kind == "choice":
                 w.value = value if value in f.choices else CUSTOM
                 if CUSTOM in f.choices:
                     self._w[f.wid + "-custom"].value = "" if value in f.choices else str(value)

@@ -149,6 +149,7 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         """NVML start-up (and its import) would compete with the first frame for the GIL: after it."""
         self.app.first_frame_shown()
         self._probe_gpus()
+        self._probe_slurm()
 
     @property
     def form(self) -> ConfigForm:
@@ -168,6 +169,21 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         mpi = mpi_available()  # torch's libraries read, not imported: a millisecond
         self.app.call_from_thread(self._gpus_arrived, samples, ok, reason, mpi)
 
+    @work(thread=True, exclusive=True, group="slurm-probe")
+    def _probe_slurm(self) -> None:
+        """sinfo's partitions (or why SLURM cannot be used from here), asked off the UI thread."""
+        from .where import probe
+
+        parts, why = probe()
+        try:
+            self.app.call_from_thread(self._slurm_arrived, parts, why)
+        except RuntimeError:
+            pass  # the app is gone
+
+    def _slurm_arrived(self, parts: list, why: str) -> None:
+        self.form.set_slurm(parts, why)
+        self.revalidate()
+
     def _gpus_arrived(self, samples, ok, reason, mpi=None) -> None:
         self.hw = Hardware(gpu_count=len(samples) if ok else 0, mpi_available=mpi)
         self.form.set_gpus(samples, ok, reason)
@@ -181,15 +197,18 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
     def revalidate(self) -> None:
         """Validate what the form says now; mark fields, refresh the summary and the command."""
         data = self.form.to_dict()
-        self.cfg, problems = find_problems(data, self.hw, self.baseline)
+        slurm = self.form.to_slurm  # the job's nodes, not this host, run it: no check against this host
+        self.cfg, problems = find_problems(data, None if slurm else self.hw, self.baseline)
         if "devices" in problems and data.get("accelerator") == "cuda" and data.get("devices") == []:
             from .follow import no_gpu_picked
 
             problems["devices"] = no_gpu_picked(data.get("strategy"))  # dp: two GPUs, not "at least one"
         if self.cfg is not None:
-            # valid; can it start here? (saving and export still can)
-            for field, why in preflight.check(self.cfg):
+            # valid; can it start here (or, for SLURM, its files be found)? Saving and export still can
+            for field, why in (preflight.file_problems(self.cfg) if slurm else preflight.check(self.cfg)):
                 problems.setdefault(field, why)
+        if slurm and self.form.slurm_why:
+            problems["where"] = f"SLURM cannot be used from here: {self.form.slurm_why}"
         self.problems = problems
         self.warnings = dict(preflight.advice(self.cfg)) if self.cfg is not None else {}
         self.form.show_problems(problems, self.warnings)
@@ -216,7 +235,7 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         for w in (s, side):
             w.set_class(bool(problems), "-invalid")
         self._update_sections()
-        cmd = summary.headless_command(self.preset_name or "PRESET.yaml", data, self.base)
+        cmd = summary.headless_command(self.preset_name or "PRESET.yaml", data, self.base, slurm=slurm)
         self.query_one("#command", Static).update("$ " + cmd)
 
     def _update_bar(self) -> None:

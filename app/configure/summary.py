@@ -160,8 +160,9 @@ def overrides(current: dict, base: dict) -> list[str]:
     return out
 
 
-def headless_command(preset: str, current: dict, base: dict) -> str:
-    parts = ["torchdeck", "run", shlex.quote(preset)]
+def headless_command(preset: str, current: dict, base: dict, slurm: bool = False) -> str:
+    """The command line that starts the form without the app (submits it, for where SLURM)."""
+    parts = ["torchdeck", "run", shlex.quote(preset)] + (["--slurm"] if slurm else [])
     for item in overrides(current, base):
         parts += ["--set", shlex.quote(item)]
     return " ".join(parts)

@@ -22,6 +22,7 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from .actions import MonitorActions, MonitorCommands
+from .queued import SlurmWaiting
 from .nodes import FleetRanksPane, NodesPane, other_hosts_text
 from .panes import (Curves, GPUHistory, LogPane, RanksPane, TextPane, gpu_text, header_text,
                                host_text)
@@ -36,7 +37,7 @@ SAMPLE_EVERY_S = 1.0
 PLOT_EVERY_S = 1.0
 
 
-class MonitorScreen(MonitorActions, Screen):
+class MonitorScreen(MonitorActions, SlurmWaiting, Screen):
     CSS_PATH = "monitor.tcss"
     COMMANDS = {MonitorCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
@@ -114,6 +115,7 @@ class MonitorScreen(MonitorActions, Screen):
         self._paint()
         self._read_events()
         self._sample()
+        self.watch_job()  # a SLURM job still queued: its header says so until node 0 reports
         self.set_interval(1.0, self._tick)
 
     def on_unmount(self) -> None:
@@ -209,7 +211,7 @@ class MonitorScreen(MonitorActions, Screen):
         now = self.now()
         st = self.run_state
         head = self.query_one("#mon-header", TextPane)
-        head.show(header_text(st, now, self.run_dir.name, head.width(120)))
+        head.show(self.queued_header() or header_text(st, now, self.run_dir.name, head.width(120)))
         self.query_one(RanksPane).show(st, now)
         if fl.multi_node(st) != self._multi:
             self._paint_samples()  # the GPU pane turns into the nodes pane

@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from .actions import RunsActions
+from .jobs import STYLE as JOB_STYLE, JobStates, JobWord
 from ...engine.runs.catalog import NARROW_DROP, RunSummary, collect, val_label
 from ...engine.fmt import fit_columns
 from ...engine.rundir.layout import runs_root
@@ -28,12 +29,16 @@ COLUMNS = (("status", "Status"), ("run", "Run"), ("strategy", "Strategy"), ("wor
 _RIGHT = ("world", "duration")
 
 
-def row_cells(r: RunSummary, marked: bool = False) -> dict[str, Text]:
+def row_cells(r: RunSummary, marked: bool = False, job: JobWord | None = None) -> dict[str, Text]:
     """The catalog's words for a run, styled: the status by colour, numbers to the right; a run
-    marked for comparing wears a dot before its name."""
+    marked for comparing wears a dot before its name; a SLURM job not reporting yet, SLURM's state."""
     out = {}
     for key, text in r.cells().items():
+        if key == "status" and job is not None and job.status:
+            text = job.status
         style = STATUS_STYLE.get(text, "") if key == "status" else "dim" if key == "set" else ""
+        if key == "status" and not style:
+            style = JOB_STYLE.get(text.split()[0], "") if text else ""
         if key == "run" and marked:
             text, style = "● " + text, "bold"
         out[key] = Text(text, style=style, justify="right" if key in _RIGHT else "left")
@@ -95,6 +100,8 @@ class RunsScreen(RunsActions, Screen):
         self.marked: set[str] = set()  # keys of the runs marked for comparing
         self.shown: tuple = ()  # (column keys, widths, labels) the table has now
         self._cells: dict[str, dict[str, Text]] = {}  # what it shows of each run
+        self._jobs = JobStates()  # SLURM's word on the runs submitted to it (asked in the poll's thread)
+        self.job_words: dict[str, JobWord] = {}
 
     @property
     def root(self) -> Path:
@@ -130,20 +137,23 @@ class RunsScreen(RunsActions, Screen):
 
     @work(thread=True, group="runs-poll")
     def _read_runs(self, root: Path) -> None:
+        words = {}
         try:
             rows: list[RunSummary] | Exception = collect(root, self._cache)
+            words = self._jobs.words(rows)
         except Exception as exc:  # an unreadable root must not leave the list blank forever
             rows = exc
         try:
-            self.app.call_from_thread(self._rows_arrived, rows)
+            self.app.call_from_thread(self._rows_arrived, rows, words)
         except RuntimeError:
             pass  # the app is gone
 
-    def _rows_arrived(self, rows) -> None:
+    def _rows_arrived(self, rows, words=None) -> None:
         self._polling = False
         if not self.is_attached:
             return
         self.polls += 1
+        self.job_words = words or {}
         if isinstance(rows, Exception):
             self.notify(f"cannot read the runs in {self.root}: {rows}", severity="error", timeout=8)
         else:
@@ -184,7 +194,7 @@ class RunsScreen(RunsActions, Screen):
         old_keys = [r.key for r in self.rows]
         new_keys = [r.key for r in rows]
         self.marked &= set(new_keys)
-        cells = [row_cells(r, r.key in self.marked) for r in rows]
+        cells = [row_cells(r, r.key in self.marked, self.job_words.get(r.key)) for r in rows]
         width = self.app.size.width
         if len(rows) + 1 > table.size.height > 0:  # a vertical scrollbar takes its share
             width -= table.styles.scrollbar_size_vertical
@@ -241,6 +251,8 @@ class RunsScreen(RunsActions, Screen):
             w.update("")
             return
         lines = [str(r.path)]
+        if r.key in self.job_words:
+            lines.append(self.job_words[r.key].detail)
         if r.root_cause:
             lines.append(f"why: {r.root_cause}" if r.status.ended_well else f"root cause: {r.root_cause}")
             w.set_class(r.status.went_wrong, "-failed")
