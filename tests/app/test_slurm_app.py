@@ -149,3 +149,30 @@ async def test_f5_submits_the_runs_list_shows_it_pending_and_the_monitor_follows
         await wait_until(pilot, lambda: app.screen.id == "runs" and f"SLURM job {job['job_id']}: COMPLETED" in
                          screen_text(app), 60, "the Runs list to say SLURM's end of the job")
         assert app.screen.query_one(DataTable).get_row_at(0)[0].plain == "finished"
+
+
+async def test_what_slurm_would_refuse_is_refused_on_f5_at_its_field(tmp_path, presets_dir, slurm_cluster):
+    """A partition sinfo does not list, more nodes than the partition has: one line each, on F5, before
+    anything is submitted, with the focus on the field to change."""
+    path = _tiny_preset(presets_dir)
+    data = yaml.safe_load(path.read_text())
+    data["slurm"]["partition"] = "nope"
+    path.write_text(yaml.safe_dump(data))
+    app = make_app(tmp_path, preset=path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await wait_until(pilot, lambda: screen.form.slurm_why == "", 60, "sinfo's partitions")
+        await pick(pilot, "f-where", "slurm")
+        part = screen.query_one("#f-slurm-partition", Select)
+        assert part.value == "nope" and "nope (not in sinfo)" in [str(label) for label, _ in part._options]
+        await pilot.press("f5")
+        await wait_until(pilot, lambda: app.said("Cannot submit: slurm.partition: no partition 'nope'"), 60,
+                         "the refusal")
+        assert app.focused.id == "f-slurm-partition"
+        await pick(pilot, "f-slurm-partition", "")  # cluster default: debug, 2 nodes
+        await type_into(pilot, "f-nodes-num_nodes", "3")
+        await pilot.press("f5")
+        await wait_until(pilot, lambda: app.said("Cannot submit: nodes.num_nodes: 3 nodes, but partition debug has 2"),
+                         60, "the refusal")
+        assert app.focused.id == "f-nodes-num_nodes" and app.screen is screen
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
