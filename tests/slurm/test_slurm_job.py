@@ -268,3 +268,30 @@ def test_an_exported_script_run_starts_in_the_folder_it_was_exported_from(tmp_pa
     cfg = cfgmod.from_dict({"strategy": "script", "script": {"path": "t.py"}, "nodes": {"num_nodes": 2}})
     text = export.sbatch(cfg)
     assert f"\n  cwd: {tmp_path}\n" in text and cfg.script.cwd == ""
+
+
+def test_node_1_killed_whole_in_a_job_is_node_0s_root_cause_within_10_s(tmp_path, jobs):
+    """SIGKILL to node 1's supervisor and its rank mid-run (what a node taken away looks like from
+    node 0; the cluster's nodes are this machine's processes, so they can be killed here): node 0
+    ends failed within 10 s naming node 1 (n2), its own rank's gloo error only as what followed."""
+    import psutil
+
+    rd, job = submit(small_cfg(name="sj-lost", **{**TWO_NODES, "train.max_steps": 100000, "train.epochs": 1000,
+                                                  "train.log_every_n_steps": 1}), tmp_path, jobs)
+    deadline = time.monotonic() + JOB_S
+    while not any(e["kind"] == "step" and e["step"] >= 3 for e in node_events(rd, 1)):
+        assert time.monotonic() < deadline and rd.final_status() is None, what_happened(rd, job)
+        time.sleep(0.2)
+    sup = psutil.Process(RunDir(rd.path / "node1").supervisor_pid())
+    whole = [sup, *sup.children(recursive=True)]
+    for p in whole:
+        p.kill()
+    killed = time.monotonic()
+    while rd.final_status() is None and time.monotonic() - killed < 60:
+        time.sleep(0.1)
+    took = time.monotonic() - killed
+    final = rd.final_status()
+    assert final is not None and final["status"] == "failed", what_happened(rd, job)
+    assert final["root_cause"].startswith("node 1 (n2) lost at "), final["root_cause"]
+    assert "gloo" not in final["root_cause"].split("; as a result: ", 1)[0].lower()
+    assert took < 10, f"node 0 ended {took:.1f} s after node 1 was killed"
