@@ -78,6 +78,7 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
     # Short descriptions: the footer must hold them all at 80 columns (the palette says more).
     BINDINGS = [
         Binding("f5,ctrl+r", "launch", "Launch"),
+        Binding("f5,ctrl+r", "submit", "Submit"),  # where SLURM: the same key, said as what it does
         Binding("ctrl+o,f3", "load_preset", "Load"),
         Binding("ctrl+s,f4", "save_preset", "Save"),
         Binding("ctrl+g", "sections", "Sections"),
@@ -105,6 +106,7 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         self.hw = Hardware(gpu_count=None)
         self.gpus_loaded = False
         self.memory: tuple[dict, list[str]] | None = None  # (the form it was estimated for, its lines)
+        self._slurm_shown = False  # where the key bar's F5 says Submit
 
     def compose(self):
         self._initial = self._read_initial()
@@ -190,8 +192,23 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         self.gpus_loaded = True
         self.revalidate()
 
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action in ("launch", "submit"):
+            try:
+                slurm = self.form.to_slurm
+            except Exception:  # not composed yet
+                slurm = False
+            return slurm == (action == "submit")
+        return True
+
+    def action_submit(self) -> None:
+        self.action_launch()  # it reads where itself
+
     # ------------------------------------------------------------------ validation and summary
     def on_config_form_edited(self, event: ConfigForm.Edited) -> None:
+        if self.form.to_slurm != self._slurm_shown:
+            self._slurm_shown = self.form.to_slurm
+            self.refresh_bindings()  # F5 says Launch or Submit
         self.revalidate()
 
     def revalidate(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from textual.widgets import DataTable, Select
 
+from screen_helpers import screen_text
 from test_configure import make_app, presets_dir, ready, type_into  # noqa: F401  (presets_dir: a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +70,10 @@ async def test_without_slurm_the_choice_says_why_and_f5_refuses(tmp_path, preset
         labels = dict((v, str(label)) for label, v in where._options)
         assert labels["slurm"].startswith("SLURM (unavailable: no sinfo/sbatch on PATH"), labels
         assert not screen.form.is_shown("slurm.partition")
+        assert screen_text(app).splitlines()[-1].startswith("f5 Launch ")
         await pick(pilot, "f-where", "slurm")
         assert screen.form.is_shown("slurm.partition") and screen.form.is_shown("slurm.time")
+        assert screen_text(app).splitlines()[-1].startswith("f5 Submit "), screen_text(app)
         await pilot.press("f5")
         await pilot.pause(0.3)
         assert app.said("Cannot submit: where: SLURM cannot be used from here: no sinfo/sbatch on PATH"), app.messages
@@ -124,8 +127,6 @@ async def test_f5_submits_the_runs_list_shows_it_pending_and_the_monitor_follows
         await pilot.press("r")  # the Runs list
         runs = await wait_until(pilot, lambda: app.screen if app.screen.id == "runs" and app.screen.loaded
                                 else None, 60, "the Runs list")
-        from screen_helpers import screen_text
-
         table = runs.query_one(DataTable)
         await wait_until(pilot, lambda: table.row_count and table.get_row_at(0)[0].plain == "pending (JobHeldUser)",
                          30, "the Runs list to show the job PENDING with its reason")
