@@ -87,7 +87,7 @@ def wait_to_run(run, ints, attached: bool) -> bool:
     """Say SLURM's state while the job waits, each change once; False when the user left (Ctrl-C on
     attach detaches; on run/launch it cancels the waiting job: there is nothing to checkpoint yet).
     ints: the CLI's Ctrl-C counter."""
-    from ..engine.slurm import cluster
+    from ..engine.runs import control
 
     job, said = run.slurm["job_id"], None
     while run.final_status() is None:
@@ -102,7 +102,7 @@ def wait_to_run(run, ints, attached: bool) -> bool:
             ints.handled = ints.count
             if attached:
                 return False
-            cluster.cancel(job)
+            control.cancel_job(run)  # recorded stopped, killed: the user's choice, exit 130
             print(f"cancelled SLURM job {job} while it waited", flush=True)
         time.sleep(PENDING_POLL_S)
     st = run.job_state()

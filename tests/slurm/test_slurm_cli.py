@@ -136,9 +136,22 @@ def torchdeck(*args, cwd, env=None, timeout=RUN_S):
 
 
 def popen(*args, cwd):
+    """torchdeck ARGS in the background; its output lines come through `proc.lines` (a reader thread:
+    a read that blocks cannot miss a deadline)."""
+    import queue
+    import threading
+
     cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
-    return subprocess.Popen(cmd + list(args), cwd=cwd, env=dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs")),
+    proc = subprocess.Popen(cmd + list(args), cwd=cwd, env=dict(os.environ, TORCHDECK_RUNS=str(Path(cwd) / "runs")),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    proc.lines = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            proc.lines.put(line)
+        proc.lines.put(None)
+    threading.Thread(target=pump, daemon=True).start()
+    return proc
 
 
 @pytest.fixture
@@ -222,16 +235,20 @@ def test_launch_slurm_runs_a_users_script_on_two_nodes(runs):
 
 
 def read_until(proc, text: str, seen: list[str], timeout: float = RUN_S) -> None:
-    """Lines of proc's output until one holds `text` (reading blocks: the deadline is the test's)."""
+    """proc's output lines until one holds `text`; AssertionError with what was seen at the deadline."""
+    import queue
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+    while True:
+        try:
+            line = proc.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {text!r} in {timeout:g} s: {''.join(seen)[-3000:]}") from None
+        if line is None:
             raise AssertionError(f"output ended before {text!r}: {''.join(seen)[-3000:]}")
         seen.append(line)
         if text in line:
             return
-    raise AssertionError(f"no {text!r} in {timeout:g} s: {''.join(seen)[-3000:]}")
 
 
 def test_attach_shows_pending_then_running_then_finished(runs):
@@ -253,6 +270,24 @@ def test_attach_shows_pending_then_running_then_finished(runs):
         attach.kill()
     listed = torchdeck("runs", cwd=runs, timeout=120)
     assert "finished" in listed.stdout, listed.stdout
+
+
+def test_ctrl_c_on_a_waiting_job_cancels_it(runs):
+    """Nothing of it runs yet, so there is nothing to checkpoint: the first Ctrl-C cancels the job."""
+    import signal
+
+    proc, seen = popen("run", "tiny2.yaml", "--slurm", "--sbatch-arg=--hold", cwd=runs), []
+    try:
+        read_until(proc, "PENDING (JobHeldUser)", seen, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        read_until(proc, "cancelled SLURM job", seen, timeout=120)
+        assert proc.wait(timeout=120) == 130, "".join(seen)
+    finally:
+        proc.kill()
+    run = the_run(runs)
+    job = json.loads((run / "slurm.json").read_text())["job_id"]
+    assert cluster.job_state(job).state == "CANCELLED"
+    assert json.loads((run / "status.json").read_text())["killed"] is True
 
 
 def test_stop_ends_a_slurm_run_stopped_with_a_checkpoint(runs):
