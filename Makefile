@@ -19,11 +19,12 @@ run: $(STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist): in one process it kept one of CI's 2 cores idle (30 CPU
 # minutes in 31), its tests waiting on subprocesses, grace periods and timeouts. Each file's tests stay in one
-# process, in order (--dist loadfile). TEST_WORKERS=0: one process.
+# process, in order (--dist loadfile), and the longest files start first (tests/conftest.py's LONGEST;
+# xdist's own order, most tests first, left the longest to the end). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -16,3 +16,11 @@ def test_every_test_file_has_its_own_basename():
         where[path.name].append(str(path.relative_to(TESTS)))
     twice = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert not twice, f"rename one of each: {twice}"
+
+
+def test_the_files_started_first_exist():
+    """tests/conftest.py's LONGEST names files by path: a renamed one would silently start last."""
+    from tests.conftest import LONGEST
+
+    gone = [path for path in LONGEST if not (TESTS.parent / path).is_file()]
+    assert not gone, f"tests/conftest.py LONGEST names files that are not there: {gone}"
