@@ -125,7 +125,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         def go():
             out = C.run_script("bench.baselines.plain_cifar", [str(data_root), "--ranks", str(RANKS), "--steps",
                                                                str(s["steps"]), "--batch-size", str(s["batch"])]
-                               + (["--batched"] if batched else []) + (["--pin"] if pin else []))
+                               + (["--batched"] if batched else []) + (["--pin"] if pin else []), forked=quick)
             marks = [tuple(m) for m in out["marks"]]
             return {"samples_per_s": C.throughput(marks, per_step, s["warm"]), "data_s": out["t_data"] - out["t_ready"],
                     "wall_s": marks[-1][1] - out["t_launch"]}
@@ -163,7 +163,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
              f"{C.fmt(e_tp / pp_tp if e_tp and pp_tp else None)}")
     if quick:
         text += ("\nquick: torchdeck and the plain script only, memory sampled during torchdeck's timed run "
-                 "(batch fetch, --pin and the memory runs: full run)")
+                 "(batch fetch, --pin and the memory runs: full run)\n" + C.FORKED_NOTE)
     return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "plain": pl, "plain_batched": pb, "plain_pinned": pp,
             "memory": mem, "ratio": ratio, "ratio_paired": paired,
             "targets": [{"what": "cifar-shaped engine/plain throughput", "value": ratio, "target": f">= {TARGET}",

@@ -111,25 +111,97 @@ def console(name: str, module: str) -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", module]
 
 
-def run_script(module: str, args: list[str], timeout: float = 600, env: dict | None = None) -> dict:
-    """Run `python -m module args` and parse the JSON object it prints last."""
+def run_script(module: str, args: list[str], timeout: float = 600, env: dict | None = None,
+               forked: bool = False, imports: tuple[str, ...] = ()) -> dict:
+    """Run `python -m module args` and parse the JSON object it prints last.
+
+    forked (a --quick run only): the script is forked from a process that has imported torch
+    (fork_script), and its ranks are forked from it (baselines.start_ranks) instead of each importing
+    torch afresh; its training is the same code, its start-up is not a user's."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
     e.update(env or {})
     for attempt in (1, 2):
         t_launch = time.time()
-        p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                           timeout=timeout, env=e, cwd=str(ROOT))
+        if forked:
+            p = fork_script(module, args, timeout, env or {}, imports)
+        else:
+            p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                               timeout=timeout, env=e, cwd=str(ROOT))
         # A plain script's gloo teardown now and then aborts a rank at exit ("terminate called
         # without an active exception", SIGABRT) after it measured: run that repetition again.
         if p.returncode == 0 or attempt == 2 or "terminate called without an active exception" not in p.stderr:
             break
         print(f"({module}: a rank aborted at exit; repetition run again)", file=sys.stderr, flush=True)
     if p.returncode != 0:
-        raise RuntimeError(f"{module} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"{module} failed ({p.returncode}{', forked' if forked else ''}):\n{p.stderr[-2000:]}")
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["t_launch"] = t_launch
     return out
+
+
+# What a forked script and its ranks would otherwise import each: torch._dynamo is what the first
+# optimizer or DDP pulls in, as much again as torch itself.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torch.utils.data",
+           "torchdeck.engine.data", "torchdeck.engine.models"]
+
+
+FORKED_NOTE = ("quick: the plain scripts and their ranks forked from a process that imported torch "
+               "(their start-up is not a user's)")
+
+
+def fork_script(module: str, args: list[str], timeout: float, env: dict,
+                imports: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`python -m module args` forked from a multiprocessing fork server that imported PRELOAD once
+    for this process (the smoke run starts ~15 baseline processes; each import costs ~4 CPU-s on
+    2 cores). imports: more modules the script's ranks use (deepspeed), imported before it runs.
+    Returns what subprocess.run would (returncode, stdout, stderr)."""
+    import multiprocessing as mp
+    import signal
+
+    from bench.baselines import RANK_START_ENV
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (the first call)
+    with tempfile.TemporaryDirectory(prefix="torchdeck-bench-fork-") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        proc = ctx.Process(target=_forked_main, args=(module, list(args), {**env, RANK_START_ENV: "fork"},
+                                                      tuple(imports), str(out), str(err)), name=module)
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the script and the ranks it forked
+            except ProcessLookupError:
+                pass
+            proc.join()
+            raise subprocess.TimeoutExpired([module, *args], timeout)
+        code = proc.exitcode if proc.exitcode >= 0 else 128 - proc.exitcode
+        text = lambda f: f.read_text(errors="replace") if f.exists() else ""  # not there: it died before
+        return subprocess.CompletedProcess([module, *args], code, text(out), text(err))
+
+
+def _forked_main(module: str, args: list[str], env: dict, imports: tuple[str, ...], out: str, err: str) -> None:
+    """In the forked child: its own process group, stdout and stderr to files (the ranks it forks
+    inherit them), the environment and argv the script would have had, then the script as __main__."""
+    import importlib
+    import runpy
+
+    os.setsid()
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.update(env)
+    os.chdir(ROOT)
+    for name in imports:
+        importlib.import_module(name)
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def script_result(out: dict, samples_per_step: int, warm_steps: int) -> dict:

@@ -35,7 +35,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
             out = C.run_script("bench.baselines.plain_ddp",
                                ["--ranks", str(RANKS), "--steps", str(steps), "--batch-size",
                                 str(s["batch"]), "--train-size", str(s["train"]), "--threads", threads]
-                               + (["--batched"] if batched else []))
+                               + (["--batched"] if batched else []), forked=quick)
             r = C.script_result(out, per_step, warm)
             r["threads"] = out.get("threads")
             return r
@@ -63,7 +63,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
              f"torchdeck/naive {C.fmt(vs_naive)} (target > 1: {C.verdict(vs_naive, 1.0)}); "
              f"torchdeck/batch-fetch plain (framework overhead alone) {C.fmt(e_tp / b_tp if e_tp and b_tp else None)}")
     if quick:
-        text += "\nquick: torchdeck and the plain script only (naive and batch-fetch scripts: full run)"
+        text += "\nquick: torchdeck and the plain script only (naive and batch-fetch scripts: full run)\n" + C.FORKED_NOTE
     return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "plain": pl, "naive": nv, "plain_batched": pb,
             "ratio_plain": vs_plain, "ratio_naive": vs_naive,
             "targets": [

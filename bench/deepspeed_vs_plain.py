@@ -45,7 +45,7 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
             out = C.run_script("bench.baselines.plain_deepspeed",
                                ["--ranks", str(RANKS), "--steps", str(steps), "--batch-size", str(s["batch"]),
                                 "--train-size", str(s["train"]), "--stage", "2", "--data", data]
-                               + (["--batched"] if batched else []))
+                               + (["--batched"] if batched else []), forked=quick, imports=("deepspeed",))
             r = C.script_result(out, per_step, warm)
             r["threads"] = out.get("threads")
             return r
@@ -71,7 +71,7 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
     text += (f"\ntorchdeck/plain {C.fmt(ratio)} (target >= {TARGET}: {C.verdict(ratio, TARGET)}); "
              f"torchdeck/batch-fetch plain {C.fmt(e_tp / b_tp if e_tp and b_tp else None)}")
     if quick:
-        text += "\nquick: torchdeck and the plain script only (batch fetch and the tutorial as written: full run)"
+        text += "\nquick: torchdeck and the plain script only (batch fetch and the tutorial as written: full run)\n" + C.FORKED_NOTE
     return {"engine": eng, "plain": pl, "plain_batched": pb, "tutorial": tut, "ratio": ratio,
             "ratio_batched": e_tp / b_tp if e_tp and b_tp else None, "text": text}
 

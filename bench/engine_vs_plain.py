@@ -29,7 +29,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     def plain(batched=False):
         out = C.run_script("bench.baselines.plain_loop",
                            ["--steps", str(s["steps"]), "--batch-size", str(s["batch"]),
-                            "--train-size", str(s["train"])] + (["--batched"] if batched else []))
+                            "--train-size", str(s["train"])] + (["--batched"] if batched else []), forked=quick)
         return C.script_result(out, s["batch"], s["warm"])
 
     eng, pl, pb = C.alternate(reps, engine, plain, lambda: plain(batched=True))
@@ -53,6 +53,8 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     text += (f"\nvs tutorial loop: ratio of medians {C.fmt(ratio)}, median of paired ratios {C.fmt(pair)} "
              f"(target >= {TARGET}: {C.verdict(ratio, TARGET)})"
              f"\nvs batch-fetch loop (framework overhead alone): {C.fmt(overhead)}, paired {C.fmt(pair_b)}")
+    if quick:
+        text += "\n" + C.FORKED_NOTE
     return {"name": NAME, "text": text, "sizes": s, "reps": reps,
             "engine": eng, "plain": pl, "plain_batched": pb, "ratio": ratio, "paired_ratio": pair,
             "ratio_vs_batched": overhead, "paired_ratio_vs_batched": pair_b,

@@ -55,7 +55,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         def go():
             out = C.run_script("bench.baselines.plain_imagefolder",
                                [str(folder), "--mode", mode, "--epochs", str(epochs), "--ranks", str(RANKS),
-                                "--batch-size", str(s["batch"])] + (["--batched"] if batched else []))
+                                "--batch-size", str(s["batch"])] + (["--batched"] if batched else []), forked=quick)
             return _result(out["t_launch"], out["t_ready"], out["t_end"], epochs * out["train_samples"],
                            out["val_acc"], [tuple(m) for m in out["marks"]], per_step, s["warm"])
         return go
@@ -94,7 +94,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
              f"{C.verdict(ratio, TARGET)}); val accuracy gap {C.fmt(acc_gap)} (target <= 0.01: "
              f"{C.verdict(acc_gap, 0.01, higher_is_better=False)})")
     if quick:
-        text += "\nquick: torchdeck cache auto and the decode-once script only (the others: full run)"
+        text += "\nquick: torchdeck cache auto and the decode-once script only (the others: full run)\n" + C.FORKED_NOTE
     return {"name": NAME, "text": text, "sizes": s, "reps": reps, "engine": eng, "decode_once": once,
             "decode_once_batched": batched, "tutorial": tutorial, "streamed": streamed,
             "ratio": ratio, "ratio_paired": paired, "acc_gap": acc_gap,

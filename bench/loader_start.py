@@ -45,7 +45,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
             out = C.run_script("bench.baselines.plain_imagefolder",
                                [str(folder), "--mode", "tutorial", "--epochs", str(s["epochs"]), "--ranks",
                                 str(RANKS), "--batch-size", str(s["batch"]), "--mark-every", "1"]
-                               + (["--worker-start", start] if start else []))
+                               + (["--worker-start", start] if start else []), forked=quick)
             wall = out["t_end"] - out["t_launch"]
             return {"wall_s": wall, "first_step_s": out["marks"][0][1] - out["t_launch"],
                     "samples_per_s": samples / wall, "val_acc": out["val_acc"]}
@@ -74,6 +74,6 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                    ["what", "first step s", "wall s", "samples/s", "val acc", "vs plain forked", "runs wall s"], rows)
     text += f"\ntorchdeck auto/plain forked {C.fmt(ratio)} (paired {C.fmt(paired)}; no target)"
     if quick:
-        text += "\nquick: torchdeck auto and the plain script with forked workers only (the others: full run)"
+        text += "\nquick: torchdeck auto and the plain script with forked workers only (the others: full run)\n" + C.FORKED_NOTE
     return {"name": NAME, "text": text, "sizes": s, "reps": reps, "auto": auto, "fork": fork, "spawn": spawn,
             "plain": plain, "plain_fork": plain_fork, "ratio": ratio, "paired": paired, "targets": []}

@@ -102,12 +102,12 @@ def main(argv=None) -> None:
     ap.add_argument("--pin", action="store_true", help="bind rank r to its own cores (before its group forms)")
     a = ap.parse_args(argv)
 
-    import torch.multiprocessing as mp
+    from bench.baselines import start_ranks  # mp.spawn (a --quick run: forked)
 
     fd, out_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
-        mp.spawn(worker, args=(a, _free_port(), out_path), nprocs=a.ranks, join=True)
+        start_ranks(worker, (a, _free_port(), out_path), a.ranks)
         with open(out_path) as fh:
             print(json.dumps(json.load(fh)))
     finally:

@@ -60,6 +60,11 @@ def test_bench_quick_runs_every_benchmark(quick):
     full = not data["quick"]  # what a quick run leaves out (its text says "quick: ... only") is checked on a full run
     assert full or all("quick:" in res[n]["text"] for n in ("ddp_vs_plain", "monitoring_cost", "scaling",
                                                             "imagefolder_vs_plain", "cifar_vs_plain", "loader_start"))
+    # issue 36: a quick run is 2 at a time, its plain scripts forked (and says so); startup's stays a real start
+    assert full or data["jobs"] == 2 and all(
+        "forked from a process that imported torch" in res[n]["text"] for n in (
+            "engine_vs_plain", "ddp_vs_plain", "imagefolder_vs_plain", "cifar_vs_plain", "loader_start"))
+    assert "forked" not in res["startup"]["text"]
 
     evp = res["engine_vs_plain"]
     assert _positive(evp["ratio"])
@@ -153,7 +158,7 @@ def test_bench_quick_deepspeed(quick):
     full = not data["quick"]
     # quick mode: one stage with the model (the full run adds ddp, zero, 1, 2 and the tiny-model runs)
     assert len(mem) == 5 if full else list(mem) == ["deepspeed ZeRO-3"]
-    assert full or "quick:" in ds["text"]
+    assert full or "quick:" in ds["text"] and "forked from a process that imported torch" in ds["text"]
     assert all(_positive(m) for v in mem.values() for m in v["peak_rss_mb"])
     if full:
         assert all(_positive(m) for v in mem.values() for m in v["tiny_model_peak_rss_mb"] + v["model_mb"])
