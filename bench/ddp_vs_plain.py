@@ -12,8 +12,8 @@ RANKS = 2
 
 
 def sizes(quick: bool) -> dict:
-    return dict(steps=12, warm=4, batch=32, train=1024) if quick else \
-        dict(steps=200, warm=40, batch=64, train=16384)
+    return dict(steps=12, warm=4, batch=32, train=1024, val=64) if quick else \
+        dict(steps=200, warm=40, batch=64, train=16384, val=2048)  # val: generated, not used (no eval)
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
@@ -21,7 +21,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     root = C.tmpdir(NAME)
     per_step = s["batch"] * RANKS
     cfg = C.engine_config(strategy="ddp", devices=RANKS, backend="gloo",
-                          data={"train_size": s["train"]},
+                          data={"train_size": s["train"], "val_size": s["val"]},
                           train={"batch_size": s["batch"], "max_steps": s["steps"]})
 
     def engine():
@@ -34,7 +34,8 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         def go():
             out = C.run_script("bench.baselines.plain_ddp",
                                ["--ranks", str(RANKS), "--steps", str(steps), "--batch-size",
-                                str(s["batch"]), "--train-size", str(s["train"]), "--threads", threads]
+                                str(s["batch"]), "--train-size", str(s["train"]), "--val-size", str(s["val"]),
+                                "--threads", threads]
                                + (["--batched"] if batched else []), forked=quick)
             r = C.script_result(out, per_step, warm)
             r["threads"] = out.get("threads")

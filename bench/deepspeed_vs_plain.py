@@ -23,15 +23,15 @@ HIDDEN = 2048  # mlp width for the memory job
 
 
 def sizes(quick: bool) -> dict:
-    return dict(steps=12, warm=4, batch=32, train=1024, tutorial_steps=20, mem_steps=3) if quick else \
-        dict(steps=200, warm=40, batch=64, train=16384, tutorial_steps=60, mem_steps=30)
+    return dict(steps=12, warm=4, batch=32, train=1024, val=64, tutorial_steps=20, mem_steps=3) if quick else \
+        dict(steps=200, warm=40, batch=64, train=16384, val=2048, tutorial_steps=60, mem_steps=30)
 
 
 def _throughput(s: dict, reps: int, quick: bool) -> dict:
     root = C.tmpdir(NAME)
     per_step = s["batch"] * RANKS
     cfg = C.engine_config(strategy="deepspeed", devices=RANKS, backend="gloo", deepspeed={"stage": 2},
-                          data={"train_size": s["train"]},
+                          data={"train_size": s["train"], "val_size": s["val"]},
                           train={"batch_size": s["batch"], "max_steps": s["steps"]})
 
     def engine():
@@ -44,7 +44,8 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
         def go():
             out = C.run_script("bench.baselines.plain_deepspeed",
                                ["--ranks", str(RANKS), "--steps", str(steps), "--batch-size", str(s["batch"]),
-                                "--train-size", str(s["train"]), "--stage", "2", "--data", data]
+                                "--train-size", str(s["train"]), "--val-size", str(s["val"]), "--stage", "2",
+                                "--data", data]
                                + (["--batched"] if batched else []), forked=quick, imports=("deepspeed",))
             r = C.script_result(out, per_step, warm)
             r["threads"] = out.get("threads")

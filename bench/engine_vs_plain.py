@@ -12,15 +12,16 @@ TARGET = 0.99
 
 
 def sizes(quick: bool) -> dict:
-    # quick: a few steps past a short warm-up, enough for a throughput figure; start-up dominates anyway
-    return dict(steps=12, warm=4, batch=32, train=1024) if quick else \
-        dict(steps=300, warm=50, batch=64, train=8192)
+    # quick: a few steps past a short warm-up, enough for a throughput figure; start-up dominates anyway.
+    # val: generated and not used by either side (no eval); 2048 synthetic samples cost each process ~1 CPU-s
+    return dict(steps=12, warm=4, batch=32, train=1024, val=64) if quick else \
+        dict(steps=300, warm=50, batch=64, train=8192, val=2048)
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
     s = sizes(quick)
     root = C.tmpdir(NAME)
-    cfg = C.engine_config(data={"train_size": s["train"]},
+    cfg = C.engine_config(data={"train_size": s["train"], "val_size": s["val"]},
                           train={"batch_size": s["batch"], "max_steps": s["steps"]})
 
     def engine():
@@ -29,7 +30,8 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     def plain(batched=False):
         out = C.run_script("bench.baselines.plain_loop",
                            ["--steps", str(s["steps"]), "--batch-size", str(s["batch"]),
-                            "--train-size", str(s["train"])] + (["--batched"] if batched else []), forked=quick)
+                            "--train-size", str(s["train"]), "--val-size", str(s["val"])]
+                           + (["--batched"] if batched else []), forked=quick)
         return C.script_result(out, s["batch"], s["warm"])
 
     eng, pl, pb = C.alternate(reps, engine, plain, lambda: plain(batched=True))

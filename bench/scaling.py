@@ -73,8 +73,10 @@ def run(quick: bool = False, reps: int = 3) -> dict:
     root = C.tmpdir(NAME)
     reps = min(reps, 3)
     steps, warm = (12, 4) if quick else (120, 40)
-    # quick: the 2-rank run only, the measuring is the same for one rank (engine_vs_plain runs one)
+    # quick: the 2-rank run only, the measuring is the same for one rank (engine_vs_plain runs one),
+    # on a smaller set (each rank generates it: 6144 samples cost ~2.5 CPU-s)
     batches = [] if quick else [16, 64, 256]
+    data = {"train_size": 2048, "val_size": 64} if quick else {"train_size": 4096}
     by_batch, by_ranks = [], []
     for b in batches:
         cfg = C.engine_config(data={"train_size": 4096}, train={"batch_size": b, "max_steps": steps})
@@ -82,7 +84,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
         by_batch.append((b, rs))
     if by_batch:
         by_ranks.append((1, dict(by_batch)[64]))  # one rank at batch 64 is the batch-64 row
-    cfg = C.engine_config(strategy="ddp", devices=2, backend="gloo", data={"train_size": 4096},
+    cfg = C.engine_config(strategy="ddp", devices=2, backend="gloo", data=data,
                           train={"batch_size": 64, "max_steps": steps})
     by_ranks.append((2, [_measure(cfg, root, 128, warm) for _ in range(reps)]))
     med = lambda rs, k: C.median([r[k] for r in rs])
@@ -96,5 +98,5 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                     [[n, (med(rs, "step_s") or 0) * 1e3, med(rs, "samples_per_s"), med(rs, "peak_rss_mb_per_rank"),
                       med(rs, "peak_rss_mb_all_ranks"), med(rs, "events_mb_per_hour")] for n, rs in by_ranks])
     if quick:
-        text += "\nquick: 2 ranks only (the batch sizes and 1 rank: full run)"
+        text += "\nquick: 2 ranks only, 2048 samples (the batch sizes and 1 rank: full run)"
     return {"name": NAME, "text": text, "by_batch": by_batch, "by_ranks": by_ranks, "targets": []}
