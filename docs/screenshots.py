@@ -122,10 +122,17 @@ def _show_eight(run_dir):
                 break
             await pilot.pause(0.05)
         assert screen.run_state.events == n_events, (screen.run_state.events, n_events)
+        # The picture must not depend on timing: the sampler (one sample, then an hour's wait) is
+        # stopped and its sample dropped, so the history is exactly this minute whenever it came.
+        screen.workers.cancel_group(screen, "monitor-samples")
+        await pilot.pause(0.2)
+        screen.gpu_history.by_index.clear()
         for k in range(60):  # a minute of history, as if sampled once a second
             screen.gpu_history.add(_eight_gpus(k))
         screen.repaint()
         await pilot.pause(1.3)  # the plots redraw at most once a second
+        screen.query_one("#mon-log").scroll_end(animate=False, immediate=True)  # its tail, not a deferred scroll
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause(0.2)
 
     return run_before

@@ -160,7 +160,7 @@ def test_form_sections_by_keys_at_80x24(term):
     term.keys("C-g")
     term.wait_for("Go to section", timeout=20)
     settle(0.5)
-    term.keys("5")
+    term.keys("6")  # 2 is Where (this host or SLURM)
     screen = wait_for_top(term, "Optimization")
     assert "Essentials" not in screen and "optimizer" in screen, screen
     term.keys("C-Down")
