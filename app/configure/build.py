@@ -41,6 +41,7 @@ class FormBuilding:
             widgets = [w for f in later for w in self._field_widgets(f)]
             await self._w[group_id(GROUPS[0])].mount_all(widgets)
             self._mounted_paths.update(f.path for f in later)
+            self.slurm_again()
             if self.screen.is_current and self.screen.focused is None:
                 self.screen.focus_next()  # the first field, as auto-focus would have chosen at mount
             self._edited()
@@ -91,6 +92,7 @@ class FormBuilding:
         # that had no parent yet (MountError at start-up).
         self._mounted_paths.update(f.path for f in FIELDS if f.group == group)
         self.mounted_groups.add(group)
+        self.slurm_again()
         self._edited()  # the screen re-applies problems and visibility to the new fields
 
     def _field_widgets(self, f: Field) -> list:

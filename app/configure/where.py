@@ -68,6 +68,12 @@ class WhereField:
             where.value = value
         self.show_partition(self.value_of("slurm.partition") if "slurm.partition" in BY_PATH else "")
 
+    def slurm_again(self) -> None:
+        """sinfo's answer put into widgets mounted since: it can arrive while their section is being
+        mounted, when set_slurm found them not mounted yet (the partition list stayed empty)."""
+        if self.slurm_why is not None:
+            self.set_slurm(self.slurm_partitions, self.slurm_why)
+
     def show_partition(self, value) -> None:
         """Put `value` into the partition list (a partition sinfo does not know is kept, and named)."""
         f = BY_PATH.get("slurm.partition")
