@@ -602,11 +602,16 @@ def cmd_stop(args) -> int:
         if final is None:
             print(f"still running after {args.wait:g} s")
             return EXIT_FAILED
-        print(f"run {final.get('status')}")
-        from ..engine.rundir.status import Status
-
-        return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
+        return _stopped_exit(final)
     return EXIT_OK
+
+
+def _stopped_exit(final: dict) -> int:
+    """What `torchdeck stop --wait` says and exits with once the run ended (a local or a SLURM run)."""
+    print(f"run {final.get('status')}")
+    from ..engine.rundir.status import Status
+
+    return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
 
 
 def _stop_job(args, run) -> int:
@@ -628,10 +633,7 @@ def _stop_job(args, run) -> int:
     if final is None:
         print(f"SLURM job {job} is cancelled; its nodes are ending it")
         return EXIT_OK
-    print(f"run {final.get('status')}")
-    from ..engine.rundir.status import Status
-
-    return EXIT_OK if Status.of_final(final.get("status")).ended_well else EXIT_FAILED
+    return _stopped_exit(final)
 
 
 def cmd_stacks(args) -> int:

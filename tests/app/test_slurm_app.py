@@ -19,16 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZE = (80, 24)
 
 
-def _cluster_fixture():
-    """tests/slurm/conftest.py's session fixture, taken into this module (pytest finds fixtures in a
-    test module's namespace; conftest files of sibling folders it does not read)."""
+def _slurm_fixtures():
+    """tests/slurm/conftest.py's fixtures, taken into this module (pytest finds fixtures in a test
+    module's namespace; conftest files of sibling folders it does not read)."""
     spec = importlib.util.spec_from_file_location("slurm_conftest", ROOT / "tests" / "slurm" / "conftest.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.slurm_cluster
+    return mod.slurm_cluster, mod.jobs
 
 
-slurm_cluster = _cluster_fixture()
+slurm_cluster, jobs = _slurm_fixtures()
 
 
 async def wait_until(pilot, cond, timeout: float, what: str):
@@ -94,14 +94,6 @@ def _tiny_preset(folder: Path) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path
 
-
-@pytest.fixture
-def jobs(slurm_cluster):
-    """The jobs a test submitted, cancelled at its end however it ends (the two nodes are shared)."""
-    ids: list[str] = []
-    yield ids
-    for j in ids:
-        subprocess.run(["scancel", str(j)], capture_output=True, timeout=30)
 
 
 @pytest.mark.slow

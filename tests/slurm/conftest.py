@@ -30,3 +30,13 @@ def slurm_cluster():
     conf = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
     os.environ["SLURM_CONF"] = conf
     return conf
+
+
+@pytest.fixture
+def jobs(slurm_cluster):
+    """The ids of the jobs a test submitted: cancelled at its end, whatever happened (the two nodes are
+    shared by every SLURM test)."""
+    ids: list[str] = []
+    yield ids
+    for job in ids:
+        subprocess.run(["scancel", str(job)], capture_output=True, timeout=60)

@@ -26,15 +26,6 @@ def wait_for(cond, timeout: float = 120.0, interval: float = 0.3, what: str = "t
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-@pytest.fixture
-def jobs(slurm_cluster):
-    """Job ids a test submitted: cancelled at its end, passed or not (the two nodes are shared)."""
-    ids: list[str] = []
-    yield ids
-    for j in ids:
-        subprocess.run(["scancel", str(j)], capture_output=True, timeout=30)
-
-
 def test_a_held_job_is_pending_then_running_then_over(jobs, tmp_path):
     job = cluster.sbatch(_wrap(tmp_path, "sleep 60"), cwd=tmp_path, extra=["--hold"])
     jobs.append(job)

@@ -60,15 +60,6 @@ def boom(info, at=3, rank="1"):
 '''
 
 
-@pytest.fixture
-def jobs(slurm_cluster):
-    """The ids of the jobs a test submitted: cancelled at its end, whatever happened."""
-    submitted: list[str] = []
-    yield submitted
-    for job in submitted:
-        subprocess.run(["scancel", job], capture_output=True, timeout=60)
-
-
 def submit(cfg: dict, tmp_path: Path, jobs: list) -> tuple[RunDir, str]:
     """The run directory as submission makes it (config.yaml, origin.json, job.sbatch), then sbatch."""
     config = cfgmod.from_dict(cfg)
