@@ -59,6 +59,46 @@ def is_timeout(err: dict) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+def when(err: dict) -> float:
+    """An error's time for ordering them: its `t`, or 0 where it has none a number (as if sent first)."""
+    t = err.get("t", 0)
+    return t if isinstance(t, (int, float)) and not isinstance(t, bool) and t == t else 0
+
+
+class FirstErrors:
+    """The ranks' error events an attempt's outcome is decided from, bounded however many come (a
+    run of days whose ranks log a recoverable error every step sends millions): each rank's
+    earliest error and its earliest timeout, and `seen`, the count of all. What the root cause reads
+    (the earliest error, the ranks that reported one, whether one timed out) is the same as from
+    every error: the earliest of all is some rank's earliest, ties going to the first to arrive."""
+
+    def __init__(self):
+        self._kept: dict = {}  # (rank, timed out?) -> (arrival number, event)
+        self.seen = 0
+
+    def add(self, err: dict) -> None:
+        self.seen += 1
+        rank = err.get("rank")
+        try:
+            hash(rank)
+        except TypeError:
+            rank = repr(rank)
+        key = (rank, is_timeout(err))
+        had = self._kept.get(key)
+        if had is None or when(err) < when(had[1]):
+            self._kept[key] = (self.seen, err)
+
+    def clear(self) -> None:
+        self._kept, self.seen = {}, 0
+
+    def __iter__(self):
+        """The kept errors in the order they came (a copy: the ranks' reader adds while others read)."""
+        return iter([err for _, err in sorted(list(self._kept.values()), key=lambda kept: kept[0])])
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
 def _timeout_cause(err: dict, timeout_s, stuck: list[int], where: dict | None = None) -> str:
     """Name the setting that ended the wait, and the ranks that never arrived and where they were
     (`where`: rank -> place, from the stacks taken before they were stopped): a user sees a
@@ -94,9 +134,9 @@ class Outcome:
         self.quote: tuple | None = None  # (local rank, exit code, last lines of its log): _quoted
 
     def decide(self, codes, died_first, reported, stopping: bool, write_failure: str | None,
-               errors: list) -> tuple[Status, str | None]:
+               errors) -> tuple[Status, str | None]:
         """(status, cause) from the ranks' exit codes; `stopping`: a stop was asked (here, or on
-        another node: the ranks then leave the stop file); `errors`: the ranks' error events."""
+        another node: the ranks then leave the stop file); `errors`: the ranks' error events (FirstErrors, or every one)."""
         ok = all(c == 0 for c in codes)
         if write_failure:  # the ranks were stopped gracefully; say whether that went through
             return Status.FAILED, self._write_failure_cause(write_failure, ok, codes, errors)
@@ -112,7 +152,7 @@ class Outcome:
     def _write_failure_cause(write_failure: str, ok: bool, codes, errors) -> str:
         if ok:
             return f"{write_failure}; the run was stopped after a final checkpoint"
-        errors = sorted(errors, key=lambda e: e.get("t", 0))  # seen, if not written
+        errors = sorted(errors, key=when)  # seen, if not written
         then = (f"rank {errors[0].get('rank')}: {errors[0].get('exception')}: {errors[0].get('message')}"
                 if errors else f"the ranks exited with codes {codes} (the disk may be full for them too)")
         return f"{write_failure}; while stopping, {then}"
@@ -122,7 +162,7 @@ class Outcome:
         earliest error event (later ones are usually peers losing their connection), else the
         first rank to exit badly."""
         base = self.base
-        errors = sorted(errors, key=lambda e: e.get("t", 0))
+        errors = sorted(errors, key=when)
         reporting = {e.get("rank") for e in errors}
         for i in died_first:
             code = codes[i]

@@ -12,6 +12,7 @@ from .. import events
 from ..metrics import KINDS as METRIC_KINDS
 from ..rundir.layout import RunDir
 from ..runs.view import RunView, checkpoint
+from .outcome import FirstErrors
 
 FLUSH_GAP_S = 0.05  # events.jsonl is flushed once per burst of lines, and at most this often
 IDLE_POLL_S = 1.0  # the writer's wait for a line with nothing to flush (stop() wakes it)
@@ -28,7 +29,7 @@ class EventWriter(threading.Thread):
         self.path, self.q = Path(path), q
         self.fh = open(path, "a", buffering=1 << 20)
         self.lock = threading.Lock()
-        self.errors: list[dict] = []
+        self.errors = FirstErrors()  # what the root cause needs of the ranks' errors, bounded
         self.done = threading.Event()
         self._ending = threading.Event()  # stop(): drain what is there, then end
         self.count = 0  # lines taken
@@ -96,7 +97,7 @@ class EventWriter(threading.Thread):
             self.count += 1
             if ev is not None:
                 if kind == "error":
-                    self.errors.append(ev)
+                    self.errors.add(ev)
                 self.view.feed(ev)  # every event, as a reader folds them (an unknown one is counted)
             elif line.strip():
                 self.malformed += 1

@@ -15,7 +15,7 @@ TRACEBACK_LINES = 5000  # lines of a rank's tracebacks kept to leave its log's c
 class Logs:
     """RunView's log reducers (a mixin: they read and write the view's fields)."""
 
-    def _log(self, t, level, rank, text, detail="") -> None:
+    def _log(self, t, level, rank, text, detail="") -> LogLine:
         line = LogLine(t, level, rank, text, detail, self.log_seq + 1)
         if self.logs and t < self.logs[-1].t:
             bisect.insort_right(self.logs, line, key=lambda ln: ln.t)
@@ -25,6 +25,7 @@ class Logs:
         if len(self.logs) > LOG_LINES:
             del self.logs[:len(self.logs) - LOG_LINES]
         self.log_seq += 1
+        return line
 
     def _on_checkpoint(self, ev, t) -> None:
         self._log(t, "info", ev.get("rank") if ev.get("rank") is None else rank_of(ev.get("rank")),
@@ -49,8 +50,8 @@ class Logs:
         if len(seen) > TRACEBACK_LINES:  # a live run that keeps failing: its memory stays flat
             seen.clear()
         seen.update(ln.rstrip() for ln in detail.splitlines())
-        self._log(t, "error", rank, text, detail)
-        self.errors.append(next(ln for ln in reversed(self.logs) if ln.seq == self.log_seq))
+        # itself, not looked up in the log: one older than the whole log is out of it at once
+        self.errors.append(self._log(t, "error", rank, text, detail))
         if len(self.errors) > ERRORS_KEPT:
             del self.errors[ERRORS_KEPT // 2]
         if rank is not None:
