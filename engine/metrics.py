@@ -94,8 +94,6 @@ class _TBWriter:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 tag = f"rank{ev.get('rank')}/{key}" if kind == "step" else f"epoch/{key}"
                 values.append(self._Summary.Value(tag=tag, simple_value=float(v)))
-        if kind == "epoch_end" and ev.get("rank") not in (0, None):
-            return  # epoch figures are reduced over the ranks: every rank sends the same ones
         if values:
             self._w.add_event(self._Event(wall_time=float(ev.get("t") or 0.0), step=int(ev.get("step") or 0),
                                           summary=self._Summary(value=values)))

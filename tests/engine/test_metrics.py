@@ -1,8 +1,13 @@
 """metrics.csv beside events.jsonl, TensorBoard when installed (or one line saying it is not),
-and `torchdeck metrics` rebuilding both from a past run."""
+and `torchdeck metrics` rebuilding both from a past run. TensorBoard is in the test extra: its
+files are read back by TensorBoard's own reader, and 'not installed' is the interpreter's own
+answer with the package hidden (sys.modules[name] = None: find_spec None, import fails)."""
 from __future__ import annotations
 
 import csv
+import io
+import json
+import sys
 
 import pytest
 
@@ -33,27 +38,77 @@ def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys)
         assert (r["kind"], int(r["rank"]), int(r["step"])) == (e["kind"], e["rank"], e["step"])
         key = "loss" if e["kind"] == "step" else "val_loss"
         assert float(r[key]) == e[key]
-    notes = [e["message"] for e in evs if e["kind"] == "log" and "tensorboard" in e["message"]]
-    if metrics.tensorboard_available():
-        assert not notes and any(rd.tensorboard_dir.glob("events.out.tfevents.*"))
-    else:  # Lightning's fallback: say so once, keep the CSV
-        assert notes == [metrics.TB_MISSING]
-        assert metrics.TB_MISSING in proc.stdout  # supervisor.log, when launched
+    assert not [e for e in evs if e["kind"] == "log" and "tensorboard" in e["message"]]
+    # the live TensorBoard files hold what metrics.csv holds: the same tags, steps and values
+    assert _tb_scalars(rd.tensorboard_dir) == _csv_scalars(rows)
+    assert set(_tb_scalars(rd.tensorboard_dir)) == {f"rank{r}/{k}" for r in (0, 1) for k in _STEP_TAGS} | {
+        f"epoch/{k}" for k in ("train_loss", "train_acc", "val_loss", "val_acc")}
 
     out = tmp_path / "again.csv"
     assert cli_main(["metrics", str(run), "--csv", str(out)]) == 0
     assert out.read_text() == rd.metrics_path.read_text()
     assert f"{len(want)} metric rows" in capsys.readouterr().out
-    code = cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb")])
-    if metrics.tensorboard_available():
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    # rebuilt from events.jsonl: TensorBoard files that say what `metrics --csv -` says
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert f"{len(want)} metric rows written to {tmp_path / 'tb'}" in capsys.readouterr().out
+    assert cli_main(["metrics", str(run), "--csv", "-"]) == 0
+    printed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(printed) == len(rows) and _tb_scalars(tmp_path / "tb") == _csv_scalars(printed)
 
-        acc = EventAccumulator(str(tmp_path / "tb"))
-        acc.Reload()
-        losses = [s.value for s in acc.Scalars("rank1/loss")]
-        assert code == 0 and losses == pytest.approx([float(r["loss"]) for r in rows if r["kind"] == "step" and r["rank"] == "1"], rel=1e-6)  # float32
-    else:
-        assert code == 2 and "tensorboard package is not installed" in capsys.readouterr().err
+
+_STEP_TAGS = ("loss", "accuracy", "lr", "samples_per_s", "data_wait_s", "compute_s")  # tokens_per_s: LMs only
+
+
+def _tb_scalars(logdir) -> dict:
+    """{tag: [(step, value)]} as TensorBoard's own reader loads the folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: every point, not a sample
+    acc.Reload()
+    return {tag: [(s.step, pytest.approx(s.value, rel=1e-6)) for s in acc.Scalars(tag)]  # float32 in the file
+            for tag in acc.Tags()["scalars"]}
+
+
+def _csv_scalars(rows) -> dict:
+    """What TensorBoard should show for metrics.csv rows (docs/runs.md): a step row's numbers as
+    rankN/<column>, an epoch's as epoch/<column>; the task's own ({name: value} columns) as
+    rankN/<name>, epoch/train_<name>, epoch/val_<name>."""
+    out: dict = {}
+    for r in rows:
+        step = r["kind"] == "step"
+        group = f"rank{r['rank']}/" if step else "epoch/"
+        named = {k: r[k] for k in (_STEP_TAGS + ("tokens_per_s",) if step else
+                                   ("train_loss", "train_acc", "val_loss", "val_acc")) if r[k] != ""}
+        for col, prefix in ((("metrics", ""),) if step else (("train_metrics", "train_"), ("val_metrics", "val_"))):
+            named.update({prefix + k: v for k, v in json.loads(r[col] or "{}").items()})
+        for k, v in named.items():
+            out.setdefault(group + k, []).append((int(r["step"]), float(v)))
+    return out
+
+
+def test_without_tensorboard_a_run_and_metrics_say_so_once(tmp_path, monkeypatch, capsys):
+    """Lightning's fallback: the run says so once (supervisor.log, a warning on its plan) and keeps
+    the CSV; `metrics --tensorboard` stops with what to do."""
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine.supervisor.loop import _open_metrics
+    from torchdeck.engine.supervisor.writer import EventWriter
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if never installed
+    assert not metrics.tensorboard_available()
+    run = tmp_path / "r"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg(**{"logging.tensorboard": True})), run / "config.yaml")
+    (run / "events.jsonl").write_text("")
+    rd, writer = RunDir(run), EventWriter(run / "events.jsonl", None)
+    try:
+        assert _open_metrics(writer, cfgmod.load(run / "config.yaml"), rd) == metrics.TB_MISSING
+    finally:
+        writer.close()
+    assert capsys.readouterr().out == metrics.TB_MISSING + "\n"
+    assert rd.metrics_path.is_file() and not rd.tensorboard_dir.exists()
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb")]) == 2
+    assert "tensorboard package is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "tb").exists()
 
 
 def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
@@ -86,3 +141,30 @@ def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
             rows = list(csv.DictReader(fh))
         assert [(r["kind"], r["epoch"]) for r in rows] == [("step", "1"), ("epoch_end", "1"),
                                                            ("step", "2"), ("epoch_end", "2")], path
+
+
+def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys):
+    """A loss callable's extras and perplexity (engine/sums.py) have names only the run knows: each
+    is its own tag beside the fixed ones, with the steps and values of the CSV's JSON columns."""
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from tests.run_events import ev
+
+    run = tmp_path / "lm-run"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg()), run / "config.yaml")
+    evs = [ev("step", 1, rank=r, epoch=0, step=10, loss=4.0 + r, tokens_per_s=900.0 + r, metrics={"ppl": 54.6 + r})
+           for r in (0, 1)]
+    evs += [ev("epoch_end", 2, rank=r, epoch=0, step=10, train_loss=4.0, val_loss=3.9, train_metrics={"ppl": 54.6},
+               val_metrics={"ppl": 49.4, "aux": 0.25}) for r in (0, 1)]
+    evs += [ev("step", 3, rank=0, epoch=1, step=20, loss=3.5, metrics={"ppl": 33.1, "aux": 0.5})]
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in evs))
+
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb"), "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    got = _tb_scalars(tmp_path / "tb")
+    assert got == _csv_scalars(rows)
+    assert got["rank0/ppl"] == [(10, 54.6), (20, 33.1)] and got["rank1/ppl"] == [(10, 55.6)]
+    assert got["rank0/aux"] == [(20, 0.5)] and got["rank1/tokens_per_s"] == [(10, 901.0)]
+    assert got["epoch/train_ppl"] == [(10, 54.6)] and got["epoch/val_ppl"] == [(10, 49.4)]
+    assert got["epoch/val_aux"] == [(10, 0.25)]  # one epoch end: rank 1's copy is not a second point
