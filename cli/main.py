@@ -728,6 +728,16 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def _fresh_tensorboard_dir(tb: Path) -> None:
+    """--tensorboard DIR must be a folder without event files: TensorBoard reads every file in it,
+    so a second export there would show each step twice."""
+    if tb.exists() and not tb.is_dir():
+        raise UsageError(f"--tensorboard {tb}: that is a file; TensorBoard writes a folder of event files: give a folder")
+    if any(tb.glob("*tfevents*")):
+        raise UsageError(f"--tensorboard {tb}: that folder already holds TensorBoard event files, and TensorBoard "
+                         "would show each step twice; give a new folder or delete them first")
+
+
 def cmd_metrics(args) -> int:
     from ..engine import metrics
 
@@ -737,6 +747,8 @@ def cmd_metrics(args) -> int:
     if args.tensorboard and not metrics.tensorboard_available():
         raise UsageError("--tensorboard: the tensorboard package is not installed (pip install tensorboard); "
                          "--csv works without it")
+    if args.tensorboard:
+        _fresh_tensorboard_dir(Path(args.tensorboard))
     to_stdout = args.csv == "-"  # as for most tools: the CSV on stdout, for a pipe (| head, pandas)
     sink = metrics.convert(run.events_path, Path(args.csv) if args.csv and not to_stdout else None,
                            Path(args.tensorboard) if args.tensorboard else None,

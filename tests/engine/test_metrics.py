@@ -54,6 +54,13 @@ def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys)
     assert cli_main(["metrics", str(run), "--csv", "-"]) == 0
     printed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(printed) == len(rows) and _tb_scalars(tmp_path / "tb") == _csv_scalars(printed)
+    # the same folder again would hold two files and TensorBoard would show every step twice
+    files = list((tmp_path / "tb").iterdir())
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb")]) == 2
+    assert "already holds TensorBoard event files" in capsys.readouterr().err
+    assert cli_main(["metrics", str(run), "--tensorboard", str(out)]) == 2  # a file, not a folder
+    assert "that is a file" in capsys.readouterr().err
+    assert list((tmp_path / "tb").iterdir()) == files and out.read_text() == rd.metrics_path.read_text()
 
 
 _STEP_TAGS = ("loss", "accuracy", "lr", "samples_per_s", "data_wait_s", "compute_s")  # tokens_per_s: LMs only
