@@ -4,6 +4,7 @@ thing that feeds a RunView.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -188,6 +189,13 @@ class OutputTail:
 # ----------------------------------------------------------------------------- the follower
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def resumed_chain(run: RunDir, depth: int = 20) -> list[tuple[RunDir, int]]:
     """(earlier run, step it was resumed at) for each run this one continues, oldest first."""
     out, here = [], run
@@ -199,6 +207,20 @@ def resumed_chain(run: RunDir, depth: int = 20) -> list[tuple[RunDir, int]]:
         here = RunDir(Path(old))
         out.append((here, found[0]))
     return out[::-1]
+
+
+def history_view(chain: list[tuple[RunDir, int]], stop=None) -> RunView | None:
+    """A view holding the earlier parts' curves of a resumed run (resumed_chain), as each of its
+    readers starts, before this run's own events; None where `stop()` came true before the end."""
+    view = RunView()
+    for old, step in chain:
+        evs = iter_events(old.events_path)
+        if stop is not None:
+            evs = itertools.takewhile(lambda _: not stop(), evs)
+        view.add_history(evs, step, old.name)
+        if stop is not None and stop():
+            return None
+    return view
 
 
 class Follower:
@@ -225,12 +247,13 @@ class Follower:
         got = checkpoint.load(self.run.events_path, self._history) if use_checkpoint else None
         self.from_checkpoint = got is not None  # the view started from view.ckpt.json
         self._save_checkpoint = use_checkpoint and (history or not resumed_chain(self.run, 1))
+        self._history_bytes = 0  # the earlier parts read: a first pass over them is worth a checkpoint too
         if got is not None:
             self.view, offset, malformed = got
             self.events.start_at(offset, malformed)
             return
-        for old, step in chain:
-            self.view.add_history(iter_events(old.events_path), step, old.name)
+        self.view = history_view(chain)
+        self._history_bytes = sum(_size(old.events_path) for old, _ in chain)
 
     @property
     def skipped(self) -> int:
@@ -281,7 +304,7 @@ class Follower:
         n = self.events.feed(self.view.feed, stop=self.stop)
         if self._save_checkpoint and not (self.stop is not None and self.stop()):
             self._save_checkpoint = False  # the first pass, before anything but events is in the view
-            if (self.events.offset or 0) - (start or 0) >= LEAVE_BYTES:
+            if (self.events.offset or 0) - (start or 0) + self._history_bytes >= LEAVE_BYTES:
                 self._leave_checkpoint()
         return n
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import events
 from ..metrics import KINDS as METRIC_KINDS
 from ..rundir.layout import RunDir
+from ..runs.follow import EventTail, history_view, resumed_chain
 from ..runs.view import RunView, checkpoint
 from .outcome import FirstErrors
 
@@ -19,6 +20,7 @@ IDLE_POLL_S = 1.0  # the writer's wait for a line with nothing to flush (stop() 
 _WAKE = object()  # stop()'s wake-up marker in an in-process queue
 DRAIN_POLL_S = 0.2  # once the ranks are gone: an empty queue for this long is drained
 CHECKPOINT_EVERY_S = 5.0  # view.ckpt.json: a reader of a run of days folds only the events after it
+HISTORY_WAIT_S = 10.0  # close(): how long a resumed run's last checkpoint waits for its earlier parts' curves
 
 
 class EventWriter(threading.Thread):
@@ -44,7 +46,17 @@ class EventWriter(threading.Thread):
         self.checkpoints = 0
         self._checkpoint_t = time.monotonic()
         self._checkpoint_at = -1  # `written` at the last checkpoint
-        self._resumed: bool | None = None
+        chain = resumed_chain(RunDir(self.path.parent))  # a resumed run: its readers' views start with these
+        self._history = [(old.name, step) for old, step in chain]
+        self._history_ready = threading.Event()  # the view holds the history (at once where there is none)
+        self._history_stop = threading.Event()
+        self._history_thread = None
+        if chain:
+            self._history_thread = threading.Thread(target=self._load_history, args=(chain,), name="view-history",
+                                                    daemon=True)
+            self._history_thread.start()
+        else:
+            self._history_ready.set()
 
     def _guarded(self, fn, *args) -> None:
         with self.lock:
@@ -193,15 +205,40 @@ class EventWriter(threading.Thread):
         if self.ident is not None:
             self.join(timeout)
 
+    def _load_history(self, chain) -> None:
+        """A resumed run's readers start with the earlier parts' curves, then fold its events: its
+        checkpoint must hold the same. That view is made here, off the ranks' path (a run of days
+        before it may take a minute to read): the history, then this run's file read back; under
+        the lock it catches up to what is written and becomes the writer's view. Until then no
+        checkpoint is written (a reader of the run reads the history itself, as before)."""
+        try:
+            view = history_view(chain, stop=self._history_stop.is_set)
+            if view is None:
+                return
+            tail = EventTail(self.path)
+            tail.feed(view.feed, stop=self._history_stop.is_set)  # most of it, outside the lock
+            with self.lock:
+                if self.write_error is not None or self._history_stop.is_set():
+                    return
+                self.fh.flush()
+                if os.fstat(self.fh.fileno()).st_size != self.written:
+                    return  # another process appended: no checkpoint of this file (see checkpoint())
+                tail.feed(view.feed)
+                if tail.offset != self.written:
+                    return
+                self.view, self.malformed = view, tail.malformed
+                self._history_ready.set()
+        except Exception as exc:  # a cache: whatever goes wrong never touches the run
+            checkpoint.log.warning("no view checkpoint of this resumed run: %s", exc)
+
     def checkpoint(self) -> bool:
         """view.ckpt.json of every event written so far (the view's state is copied under the lock,
-        written out after it). Not for a resumed run (its readers add the earlier parts' curves
-        first: the first one writes it), nor where another process appended to the file."""
+        written out after it), with a resumed run's history as its readers have it (_load_history);
+        not where another process appended to the file."""
         self._checkpoint_t = time.monotonic()
-        if self._resumed is None:
-            self._resumed = bool(RunDir(self.path.parent).origin().get("resumed_from"))
         with self.lock:
-            if self._resumed or self.write_error is not None or self.written == self._checkpoint_at:
+            if (not self._history_ready.is_set() or self.write_error is not None
+                    or self.written == self._checkpoint_at):
                 return False
             try:
                 self.fh.flush()
@@ -211,7 +248,7 @@ class EventWriter(threading.Thread):
                 return False
             self._checkpoint_at = self.written
             try:
-                state = checkpoint.state(self.view, self.written, malformed=self.malformed)
+                state = checkpoint.state(self.view, self.written, self._history, malformed=self.malformed)
             except Exception as exc:  # a cache: whatever it cannot hold never touches the run
                 checkpoint.log.warning("no view checkpoint: %s", exc)
                 return False
@@ -221,6 +258,9 @@ class EventWriter(threading.Thread):
         return True
 
     def close(self) -> None:
+        if self._history_thread is not None:
+            self._history_thread.join(HISTORY_WAIT_S)
+            self._history_stop.set()  # still reading the earlier parts: the run's first reader will
         if self.write_error is None:
             self.checkpoint()  # the run's last state: attach and the Monitor of a finished run read nothing after it
         self._guarded(self.fh.flush)

@@ -26,6 +26,7 @@ from torchdeck.engine.runs import follow as follow_mod
 from torchdeck.engine.runs.follow import Follower
 from torchdeck.engine.runs.view import checkpoint as ck
 from torchdeck.engine.rundir.layout import RunDir
+from torchdeck.engine.supervisor import EventWriter
 from tests.engine.helpers import ROOT, Run, ddp_cfg, wait_for
 
 pytestmark = pytest.mark.slow
@@ -141,15 +142,16 @@ def test_the_recorded_runs_are_of_every_kind(recorded):
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_supervisors_checkpoint_plus_the_tail_equals_every_event(recorded, kind, tmp_path):
     """The supervisor's view.ckpt.json (its last: the run's end) is the view of every event it
-    wrote; cut back to any earlier line it still gives the whole view with the lines after it."""
+    wrote; a resumed run's holds the earlier part's curves first, as its readers' views do."""
     rd = _copy(recorded[kind], tmp_path)
     whole = _state(_events_view(rd, use_checkpoint=False).view)
-    if kind == "resumed":  # its readers add the loop run's curves first: the first reader leaves it one
-        assert not ck.path_of(rd.events_path).exists()
-        return
+    history = json.loads(ck.path_of(rd.events_path).read_text())["history"]
+    assert bool(history) == (kind == "resumed"), history
     f = _events_view(rd)
     assert f.from_checkpoint and _state(f.view) == whole
-    assert ck.load(rd.events_path)[1] == rd.events_path.stat().st_size  # written after the run's last event
+    assert ck.load(rd.events_path, f._history)[1] == rd.events_path.stat().st_size  # after the run's last event
+    if kind == "resumed":  # what it starts from is the loop run's curve and this run's events
+        assert f.view.start_step and f.view.steps.points[0][0] < f.view.start_step
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -224,13 +226,47 @@ def test_an_older_run_without_a_checkpoint_opens_as_before_and_then_gets_one(rec
     assert again.from_checkpoint and _state(again.view) == whole
 
 
-def test_a_resumed_runs_first_reader_leaves_a_checkpoint_with_its_history(recorded, tmp_path, monkeypatch):
-    """A resumed run's view starts with the run it continues; its checkpoint holds that history, and
-    a reader that does not add it (a comparison's row) neither uses nor overwrites it."""
+def test_a_resumed_runs_supervisor_checkpoints_as_it_goes(recorded, tmp_path):
+    """The supervisor of a resumed run checkpoints as it goes, as any run's does: its view gets the
+    earlier part's curves (read off the ranks' path, then this run's file read back) before its
+    first checkpoint, so one taken mid-run plus the events after it is the view of every event."""
     rd = _copy(recorded["resumed"], tmp_path)
     whole = _state(_events_view(rd, use_checkpoint=False).view)
-    monkeypatch.setattr(follow_mod, "LEAVE_BYTES", 0)
-    Follower(rd, outputs=False).read()
+    lines = rd.events_path.read_bytes().decode().splitlines()
+    for p in (rd.events_path, ck.path_of(rd.events_path), ck.summary_path_of(rd.events_path)):
+        p.unlink()
+    writer = EventWriter(rd.events_path, None)  # as its supervisor made it: the same run directory
+    half = len(lines) // 2
+    try:
+        for line in lines[:half]:
+            writer.take(line)
+        writer.flush_taken()
+        wait_for(writer._history_ready.is_set, 60, "the writer's view to get the earlier part's curves")
+        assert writer.checkpoint()
+        for line in lines[half:]:
+            writer.take(line)
+        writer.flush_taken()
+    finally:
+        writer.fh.close()  # not close(): that checkpoints the end
+    f = _events_view(rd)
+    assert f.from_checkpoint and f.events._pos == rd.events_path.stat().st_size
+    assert ck.load(rd.events_path, f._history)[1] == sum(len(x.encode()) + 1 for x in lines[:half])
+    assert _state(f.view) == whole
+
+
+def test_a_resumed_runs_first_reader_leaves_a_checkpoint_with_its_history(recorded, tmp_path, monkeypatch):
+    """A resumed run without a checkpoint (written before supervisors wrote one for it) is read with
+    the run it continues first; the first reader leaves a checkpoint holding that history when the
+    history alone was long, and a reader that does not add it (a comparison's row) neither uses nor
+    overwrites it."""
+    rd = _copy(recorded["resumed"], tmp_path)
+    ck.path_of(rd.events_path).unlink()
+    whole = _state(_events_view(rd, use_checkpoint=False).view)
+    own, history = rd.events_path.stat().st_size, recorded["loop"].events_path.stat().st_size
+    monkeypatch.setattr(follow_mod, "LEAVE_BYTES", own + history // 2)  # its own events alone: too short
+    first = Follower(rd, outputs=False)
+    first.read()
+    assert not first.from_checkpoint and first.events.offset == own
     assert json.loads(ck.path_of(rd.events_path).read_text())["history"]
     f = _events_view(rd)
     assert f.from_checkpoint and _state(f.view) == whole
