@@ -10,15 +10,21 @@ knows, and may first appear mid-run: they go in JSON columns (`metrics` for a st
 `train_metrics` and `val_metrics` for an epoch end, {name: value}; empty when none), so the header
 never changes and every row keeps the same columns. The
 supervisor feeds it live from its event writer; `torchdeck metrics RUN` rebuilds both from a past
-run's events.jsonl. No torch (the supervisor of a CPU run never imports it): TensorBoard files are
-written with the `tensorboard` package itself, an optional extra; without it the run says so once
-and keeps the CSV, as Lightning falls back to its CSV logger.
+run's events.jsonl. No torch (the supervisor of a CPU run never imports it): TensorBoard files hold
+the `tensorboard` package's own Event protos (an optional extra), framed here a batch at a time
+(masked_crc32c); without the package the run says so once and keeps the CSV, as Lightning falls
+back to its CSV logger.
 """
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
+import os
+import socket
+import struct
+import time
 from pathlib import Path
 
 from .events import epoch_number
@@ -71,17 +77,69 @@ def tensorboard_available() -> bool:
         return False
 
 
+_TB_BATCH = 4096  # records framed and written at a time (~1 MB): their checksums are one numpy pass
+_tb_files = itertools.count()
+
+
+_CRC_TABLE: list[int] = []  # CRC-32C (Castagnoli) of each byte value, built on first use
+
+
+def _crc_table() -> list[int]:
+    if not _CRC_TABLE:
+        for byte in range(256):
+            c = byte
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1  # the polynomial, bit-reversed
+            _CRC_TABLE.append(c)
+    return _CRC_TABLE
+
+
+def _mask(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def masked_crc32c(chunks: list[bytes]) -> list[int]:
+    """TFRecord's masked CRC-32C of each chunk (what TensorBoard's reader checks). Many chunks at
+    once: one numpy step a byte position (the tensorboard package's own is a Python loop a byte:
+    80 % of an export's time, a day's 8-rank run being 6.9 M records); a few (a live run's flush):
+    that loop, cheaper than numpy's setup."""
+    table = _crc_table()
+    if len(chunks) < 32:
+        out = []
+        for chunk in chunks:
+            crc = 0xFFFFFFFF
+            for b in chunk:
+                crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+            out.append(_mask(crc ^ 0xFFFFFFFF))
+        return out
+    import numpy as np
+
+    lens = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+    valid = np.arange(int(lens.max())) < lens[:, None]
+    data = np.zeros(valid.shape, np.uint8)
+    data[valid] = np.frombuffer(b"".join(chunks), np.uint8)  # row-major: each chunk's bytes in its row
+    lookup, crc = np.array(table, np.uint32), np.full(len(chunks), 0xFFFFFFFF, np.uint32)
+    for i in range(valid.shape[1]):
+        crc = np.where(valid[:, i], lookup[(crc ^ data[:, i]) & 0xFF] ^ (crc >> 8), crc)
+    crc ^= np.uint32(0xFFFFFFFF)
+    return (((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)).tolist()  # uint32: wraps as the mask does
+
+
 class _TBWriter:
-    """TensorBoard scalars through the tensorboard package's own event file writer (no torch)."""
+    """TensorBoard scalars: the tensorboard package's Event protos, framed as TFRecords here
+    (length, its masked CRC, the event, its CRC) a batch at a time (masked_crc32c). No torch."""
 
     def __init__(self, logdir: Path):
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         logdir.mkdir(parents=True, exist_ok=True)
         self._Event, self._Summary = Event, Summary
-        self._w = EventFileWriter(str(logdir))
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_tb_files)}"
+        self._fh = open(logdir / name, "wb")
+        self._pending: list[bytes] = []
+        self._put(Event(wall_time=time.time(), file_version="brain.Event:2"))  # version 2: no purge on a step back
+        self.flush()
 
     def add(self, ev: dict) -> None:
         kind = ev["kind"]
@@ -95,14 +153,29 @@ class _TBWriter:
                 tag = f"rank{ev.get('rank')}/{key}" if kind == "step" else f"epoch/{key}"
                 values.append(self._Summary.Value(tag=tag, simple_value=float(v)))
         if values:
-            self._w.add_event(self._Event(wall_time=float(ev.get("t") or 0.0), step=int(ev.get("step") or 0),
-                                          summary=self._Summary(value=values)))
+            self._put(self._Event(wall_time=float(ev.get("t") or 0.0), step=int(ev.get("step") or 0),
+                                  summary=self._Summary(value=values)))
+
+    def _put(self, event) -> None:
+        self._pending.append(event.SerializeToString())
+        if len(self._pending) >= _TB_BATCH:
+            self.flush()
 
     def flush(self) -> None:
-        self._w.flush()
+        if not self._pending:
+            return
+        records, self._pending = self._pending, []
+        heads = [struct.pack("<Q", len(r)) for r in records]
+        head_crcs, crcs = masked_crc32c(heads), masked_crc32c(records)
+        self._fh.write(b"".join(h + struct.pack("<I", hc) + r + struct.pack("<I", c)
+                                for h, hc, r, c in zip(heads, head_crcs, records, crcs)))
+        self._fh.flush()
 
     def close(self) -> None:
-        self._w.close()
+        try:
+            self.flush()
+        finally:
+            self._fh.close()
 
 
 class MetricsSink:

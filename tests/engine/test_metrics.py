@@ -150,9 +150,11 @@ def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
                                                            ("step", "2"), ("epoch_end", "2")], path
 
 
-def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys):
+def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys, monkeypatch):
     """A loss callable's extras and perplexity (engine/sums.py) have names only the run knows: each
-    is its own tag beside the fixed ones, with the steps and values of the CSV's JSON columns."""
+    is its own tag beside the fixed ones, with the steps and values of the CSV's JSON columns.
+    Records go out two at a time here, so that batches join up in the file (a day's run: 1,700 batches)."""
+    monkeypatch.setattr(metrics, "_TB_BATCH", 2)
     from torchdeck.engine import config as cfgmod
     from torchdeck.engine import events
     from tests.run_events import ev
@@ -175,3 +177,23 @@ def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys)
     assert got["rank0/aux"] == [(20, 0.5)] and got["rank1/tokens_per_s"] == [(10, 901.0)]
     assert got["epoch/train_ppl"] == [(10, 54.6)] and got["epoch/val_ppl"] == [(10, 49.4)]
     assert got["epoch/val_aux"] == [(10, 0.25)]  # one epoch end: rank 1's copy is not a second point
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (file,) = (tmp_path / "tb").iterdir()
+    assert file.name.startswith("events.out.tfevents.")
+    assert next(EventFileLoader(str(file)).Load()).file_version == "brain.Event:2"  # as tensorboard's own writer
+
+
+def test_tfrecord_checksums_are_the_ones_tensorboard_checks():
+    """Our CRC-32C against the tensorboard package's own, byte by byte, on chunks of every length
+    an event has (and none: the empty chunk), many at once and a few."""
+    import random
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    rng = random.Random(7)
+    chunks = [bytes(rng.randrange(256) for _ in range(n)) for n in range(0, 400, 3)] + [b"\xff" * 8, b""]
+    rng.shuffle(chunks)
+    assert metrics.masked_crc32c(chunks) == [masked_crc32c(c) for c in chunks]  # numpy's way: many at once
+    assert metrics.masked_crc32c(chunks[:5]) == [masked_crc32c(c) for c in chunks[:5]]  # a few: a loop
+    assert metrics.masked_crc32c([]) == []
