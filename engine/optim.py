@@ -25,10 +25,14 @@ def build_optimizer(cfg, strategy, model):
             return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         raise ValueError(f"optimizer.name: unknown optimizer {o.name!r}")
 
-    params_fn.optimizer_class = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam,
-                                 "adamw": torch.optim.AdamW}[o.name]
+    params_fn.optimizer_class = optimizer_class(cfg)
     params_fn.optimizer_kwargs = _optimizer_kwargs(o)
     return strategy.make_optimizer(params_fn, model)
+
+
+def optimizer_class(cfg):
+    """torch's class for optimizer.name (None for a name the config refuses)."""
+    return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(cfg.optimizer.name)
 
 
 def _optimizer_kwargs(o) -> dict:

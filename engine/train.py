@@ -101,6 +101,18 @@ def node_share(ctx, run_dir, device) -> NodeShare | None:
                      dist.barrier, agree)
 
 
+def without_dynamo(cfg):
+    """train.compile off: nothing in the rank is compiled, so its optimizer and DDP go without
+    importing torch._dynamo (engine/nodynamo.py), a second or two of CPU per rank."""
+    from . import nodynamo
+    from .optim import optimizer_class
+
+    if not nodynamo.goes_without(cfg):
+        return contextlib.nullcontext()
+    nodynamo.prepare([c for c in (optimizer_class(cfg),) if c is not None])
+    return nodynamo.ddp_without_dynamo()
+
+
 @dataclass
 class Position:
     """Where training is: optimizer steps done, epoch, micro-batches of that epoch consumed."""
@@ -130,8 +142,9 @@ class Trainer:
         self.sampler, self.loader, self.prep, self.val_prep = data.sampler, data.loader, data.prep, data.val_prep
         self.workers, self.worker_start, self.forks_workers = data.workers, data.worker_start, data.forks_workers
         self.micro_per_epoch, self.steps_per_epoch, self.total_steps = self._count_steps(len(data.inner))
-        self.model, self.optimizer, self.scheduler, self.precision = strategy.setup(
-            model, ctx, self.total_steps, self.steps_per_epoch)
+        with without_dynamo(cfg):
+            self.model, self.optimizer, self.scheduler, self.precision = strategy.setup(
+                model, ctx, self.total_steps, self.steps_per_epoch)
         self.comm = CommClock.attach(self.model, self.device)
         # Strategy calls get the wrapped module; only the forward goes through the compiled one.
         self.forward_model = torch.compile(self.model) if t.compile else self.model

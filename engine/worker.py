@@ -258,8 +258,9 @@ def leave_group(rank: int, world_size: int, clean: bool) -> None:
 
 
 def _prewarm() -> None:
-    """torch._dynamo takes seconds to import, and the first DDP or optimizer construction needs
-    it: import it while the rank waits for the others and builds its data."""
+    """torch._dynamo takes seconds to import, and torch.compile, FSDP and DeepSpeed need it: import
+    it while the rank waits for the others and builds its data (the other ranks of our loop go
+    without it: engine/nodynamo.py)."""
     try:
         import torch._dynamo  # noqa: F401
     except Exception:  # the main thread will meet the same error where it matters
@@ -357,8 +358,11 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
     """Everything a rank does once its environment (MASTER_ADDR etc.) is set. True: stopped on request."""
     import torch.distributed as dist
 
-    prewarm = threading.Thread(target=_prewarm, name="prewarm", daemon=True)
-    prewarm.start()
+    from .nodynamo import goes_without
+
+    prewarm = None if goes_without(job.cfg) else threading.Thread(target=_prewarm, name="prewarm", daemon=True)
+    if prewarm is not None:
+        prewarm.start()
 
     from .strategies import get_strategy
     from .train import Trainer
@@ -384,7 +388,7 @@ def train_rank(job: RankJob, emit, stop_requested=lambda: False) -> bool:
                  message=f"{trainer.info.name}: {len(trainer.train_ds)} train samples ({trainer.data_note()}), "
                          f"{trainer.steps_per_epoch} steps/epoch; "
                          + preflight.length(cfg, steps=trainer.steps_per_epoch).said())
-        if trainer.forks_workers:
+        if trainer.forks_workers and prewarm is not None:
             # data.worker_start fork: Python 3.11's fork hangs the child when another thread is
             # starting or ending its thread state at that moment (the child waits for the
             # interpreter's thread-list lock before re-creating it). The prewarm thread ends around

@@ -303,7 +303,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("parts: what a rank is built from", (
         "engine.strategies", "engine.hardware", "engine.sources", "engine.cache", "engine.text",
         "engine.data", "engine.models", "engine.batch", "engine.losses", "engine.sums", "engine.optim",
-        "engine.checkpoint",
+        "engine.checkpoint", "engine.nodynamo",
         "engine.launch", "engine.nodes", "engine.metrics")),
     ("checks: a config judged before anything starts", ("engine.preflight", "engine.memory", "engine.export",
                                                         "engine.slurm.script")),
