@@ -117,7 +117,7 @@ def _real(name: str = ""):
 
 class _Utils:
     def get_optimize_ddp_mode(self):
-        return "ddp_optimizer"
+        return _real("utils").get_optimize_ddp_mode() if loaded() else "ddp_optimizer"
 
     def __getattr__(self, name):
         return getattr(_real("utils"), name)
@@ -125,8 +125,8 @@ class _Utils:
 
 class _Stand:
     """What DDP's constructor reads of torch._dynamo: its optimize_ddp mode, at the default
-    (dynamo's config can only have been changed by importing dynamo). Anything else imports
-    the real one (which then takes its place on torch)."""
+    while dynamo is not loaded (its config can only be changed by importing it). Anything else,
+    or anything once dynamo is loaded, is the real one's (which then takes its place on torch)."""
 
     utils = _Utils()
 
