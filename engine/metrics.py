@@ -34,6 +34,7 @@ COLUMNS = ("t", "kind", "rank", "epoch", "step", "loss", "accuracy", "lr", "samp
            "tokens_per_s", "metrics", "train_metrics", "val_metrics")
 JSON_COLUMNS = ("metrics", "train_metrics", "val_metrics")  # {name: value}, as JSON in one cell
 KINDS = ("step", "epoch_end")
+_SESSION_KINDS = ("restart", "run_started")  # the ranks start (again): steps may be redone (TensorBoard)
 # what each kind plots in TensorBoard, under which tag (step figures per rank: ranks differ)
 _TB_TAGS = {"step": ("loss", "accuracy", "lr", "samples_per_s", "tokens_per_s", "data_wait_s", "compute_s"),
             "epoch_end": ("train_loss", "train_acc", "val_loss", "val_acc")}
@@ -44,7 +45,7 @@ TB_MISSING = ("logging.tensorboard: the tensorboard package is not installed (pi
 
 def wanted(line: str) -> bool:
     """Cheap test on a serialized event before parsing it (the writer thread sees every line)."""
-    return '"kind":"step"' in line or '"kind":"epoch_end"' in line
+    return any(f'"kind":"{kind}"' in line for kind in (*KINDS, *_SESSION_KINDS))
 
 
 def row(ev: dict) -> list | None:
@@ -130,11 +131,12 @@ class _TBWriter:
     (length, its masked CRC, the event, its CRC) a batch at a time (masked_crc32c). No torch."""
 
     def __init__(self, logdir: Path):
-        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         logdir.mkdir(parents=True, exist_ok=True)
-        self._Event, self._Summary = Event, Summary
+        self._Event, self._Summary, self._SessionLog = Event, Summary, SessionLog
+        self._started = False  # this session's start, written at its first step (_session_start)
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_tb_files)}"
         self._fh = open(logdir / name, "wb")
         self._pending: list[bytes] = []
@@ -153,8 +155,23 @@ class _TBWriter:
                 tag = f"rank{ev.get('rank')}/{key}" if kind == "step" else f"epoch/{key}"
                 values.append(self._Summary.Value(tag=tag, simple_value=float(v)))
         if values:
-            self._put(self._Event(wall_time=float(ev.get("t") or 0.0), step=int(ev.get("step") or 0),
-                                  summary=self._Summary(value=values)))
+            t, step = float(ev.get("t") or 0.0), int(ev.get("step") or 0)
+            if not self._started:
+                self._session_start(t, step)
+            self._put(self._Event(wall_time=t, step=step, summary=self._Summary(value=values)))
+
+    def restart(self) -> None:
+        """The ranks start again (our loop from its checkpoint, a script at steps of its own) and
+        redo steps: a session starts at the next one (the CSV keeps both attempts: every event)."""
+        self._started = False
+
+    def _session_start(self, t: float, step: int) -> None:
+        """TensorBoard's own sign of a restart: its readers drop the points at `step` and after
+        that came before. Written at every session's first step: a requeued run's supervisor
+        writes a second file in the same folder, and TensorBoard's plugin reader takes the first
+        start it sees as no restart."""
+        self._started = True
+        self._put(self._Event(wall_time=t, step=step, session_log=self._SessionLog(status=self._SessionLog.START)))
 
     def _put(self, event) -> None:
         self._pending.append(event.SerializeToString())
@@ -206,6 +223,8 @@ class MetricsSink:
         self.rows = 0
 
     def add(self, ev: dict) -> None:
+        if self._tb is not None and isinstance(ev, dict) and ev.get("kind") in _SESSION_KINDS:
+            self._tb.restart()  # a restart, or a requeued run's supervisor (SLURM): the same events.jsonl
         r = row(ev)
         if r is None:
             return

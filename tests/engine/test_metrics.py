@@ -197,3 +197,57 @@ def test_tfrecord_checksums_are_the_ones_tensorboard_checks():
     assert metrics.masked_crc32c(chunks) == [masked_crc32c(c) for c in chunks]  # numpy's way: many at once
     assert metrics.masked_crc32c(chunks[:5]) == [masked_crc32c(c) for c in chunks[:5]]  # a few: a loop
     assert metrics.masked_crc32c([]) == []
+
+
+def test_after_a_restart_tensorboard_shows_the_redone_steps_once(tmp_path, capsys):
+    """A restart resumes our loop at its checkpoint (step 20 here) and redoes steps 30-40: the CSV
+    keeps every event, TensorBoard drops the lost attempt's points after the checkpoint (its own
+    session-start sign), so a curve does not run back over itself."""
+    from torchdeck.engine import config as cfgmod
+    from torchdeck.engine import events
+    from tests.run_events import ev
+
+    run = tmp_path / "restarted"
+    run.mkdir()
+    cfgmod.save(cfgmod.from_dict(small_cfg()), run / "config.yaml")
+    evs = [ev("step", i, rank=0, epoch=0, step=s, loss=loss) for i, (s, loss) in enumerate([(10, 3.0), (20, 2.0), (30, 1.5)])]
+    evs += [ev("restart", 4, rank=None, attempt=1, max_restarts=2, cause="rank 1 failed", lost_s=1.0, resume_step=20,
+               checkpoint="ckpt-00000020.pt")]
+    evs += [ev("step", 5 + i, rank=0, epoch=0, step=s, loss=loss) for i, (s, loss) in enumerate([(30, 1.25), (40, 1.0)])]
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in evs))
+
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb"), "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["step"], r["loss"]) for r in rows] == [("10", "3.0"), ("20", "2.0"), ("30", "1.5"), ("30", "1.25"),
+                                                      ("40", "1.0")]
+    assert _tb_scalars(tmp_path / "tb")["rank0/loss"] == [(10, 3.0), (20, 2.0), (30, 1.25), (40, 1.0)]
+    assert _tb_plugin_scalars(tmp_path / "tb", "rank0/loss") == [(10, 3.0), (20, 2.0), (30, 1.25), (40, 1.0)]
+
+    # a requeued run's second supervisor (SLURM): a second file in the run's folder, resumed at 20
+    live = tmp_path / "live"
+    for attempt in (evs[:3], evs[4:]):
+        sink = metrics.MetricsSink(None, live)
+        for e in attempt:
+            sink.add(e)
+        sink.close()
+    assert len(list(live.iterdir())) == 2
+    assert _tb_scalars(live)["rank0/loss"] == [(10, 3.0), (20, 2.0), (30, 1.25), (40, 1.0)]
+    assert _tb_plugin_scalars(live, "rank0/loss") == [(10, 3.0), (20, 2.0), (30, 1.25), (40, 1.0)]
+    # and rebuilt from that run's one events.jsonl, where each supervisor began with run_started
+    again = [ev("run_started", 0, run="restarted"), *evs[:3], ev("run_started", 4, run="restarted"), *evs[4:]]
+    (run / "events.jsonl").write_text("".join(events.dumps(e) + "\n" for e in again))
+    assert cli_main(["metrics", str(run), "--tensorboard", str(tmp_path / "tb2")]) == 0
+    assert _tb_scalars(tmp_path / "tb2")["rank0/loss"] == [(10, 3.0), (20, 2.0), (30, 1.25), (40, 1.0)]
+
+
+def _tb_plugin_scalars(logdir, tag) -> list:
+    """[(step, value)] as the TensorBoard server reads the folder without its Rust data server
+    (--load_fast=false: the plugin event multiplexer, which keeps a first session start)."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.util import tensor_util
+
+    mux = pem.EventMultiplexer(tensor_size_guidance={"scalars": 0})
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    return [(e.step, pytest.approx(float(tensor_util.make_ndarray(e.tensor_proto)), rel=1e-6))
+            for e in mux.Tensors(".", tag)]
