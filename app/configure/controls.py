@@ -3,7 +3,9 @@ Switch that says on/off in words, a message row measured by its real width) and 
 fields and sections."""
 from __future__ import annotations
 
+from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.widgets import Input, Select, Static, Switch
 
 
@@ -14,6 +16,13 @@ def slug(path: str) -> str:
 
 def group_id(group: str) -> str:
     return "grp-" + group.split()[0].lower()
+
+
+def show(widget: Static, content) -> None:
+    """Static.update lays the whole screen out again (~200 widgets here); the form is re-checked
+    on every key, and most of what it shows is the same as before: only a change is drawn."""
+    if widget.content != content:
+        widget.update(content)
 
 
 class FormSelect(Select):
@@ -35,6 +44,11 @@ class FormInput(Input):
         def __init__(self, input: "FormInput") -> None:
             super().__init__()
             self.input = input
+
+    # Textual's Input sets its scrollable width to the text's on every key, and that width asks for
+    # a layout of the whole screen. A field's box is the form's (1 row, the grid's width), never
+    # the text's, and the cursor scrolls by the width itself: no layout needed for it.
+    virtual_size = Reactive(Size(0, 0), layout=False)
 
     def restricted(self) -> None:
         super().restricted()

@@ -8,7 +8,7 @@ import copy
 from textual.widgets import Input, SelectionList
 from textual.widgets.selection_list import Selection
 
-from .controls import FormSelect, group_id
+from .controls import FormSelect, group_id, show
 from .fields import BY_PATH, format_value, parse_text
 
 _GiB = 1024.0
@@ -153,7 +153,7 @@ class DevicesField:
             text = f"no GPU list: {self.gpu_reason}" if self.gpus_known else "looking for GPUs…"
         else:
             text = "space: pick/unpick a GPU" if mode == "many" else ""
-        note.update(text)
+        show(note, text)
         note.set_class("devices" in self.problems, "-error")
         note.set_class("devices" not in self.problems and text in (self.refused.get("devices"),
                                                                    self._warnings.get("devices")), "-warning")

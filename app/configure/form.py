@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import Input, Select, SelectionList, Static, Switch
 
 from .build import FormBuilding
-from .controls import FieldMessage, FormInput, group_id, slug
+from .controls import FieldMessage, FormInput, group_id, show, slug
 from .devices import DevicesField
 from .fields import BY_PATH, CUSTOM, FIELDS, GROUPS, Field, format_value, get_path, parse_text, set_path
 from .follow import StrategyFollowing
@@ -190,25 +190,24 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, WhereField, Vert
             why = problems.get(f.path)
             warn = warnings.get(f.path) if why is None else None
             shown = why is not None or f.shown(self.value_of)
-            parts = self._parts(f)
-            for w in parts:
-                w.display = shown
+            # Each widget's display is set once, to its final value: shown then hidden again
+            # in one pass is a new layout of the whole screen on every key.
+            text = note = ""
+            if f.kind != "devices":
+                hint = _batch_hint(strategy) if f.path == "train.batch_size" else f.hint
+                note = self.refused.get(f.path)  # a key just refused: said until the next edit
+                text = note or why or warn or hint
+            for w in self._parts(f):
+                if w.id not in _SHOWN_BY_DEVICES:  # a message with nothing to say hides
+                    w.display = shown and (bool(text) or not w.id.startswith("msg-"))
                 w.set_class(why is not None, "-invalid")
                 w.set_class(warn is not None, "-warning")
-            if f.kind == "devices":
-                continue
-            hint = f.hint
-            if f.path == "train.batch_size":
-                hint = _batch_hint(strategy)
-            note = self.refused.get(f.path)  # a key just refused: said until the next edit
-            if why is not None or warn is not None or hint or note:
+            if text:
                 msg = self._message_widget(f)
-                msg.update(note or why or warn or hint)
+                show(msg, text)
                 msg.set_class(why is not None, "-error")
                 msg.set_class(why is None and (warn is not None or note is not None), "-warning")
                 msg.display = shown
-            elif "msg-" + slug(f.path) in self._w:  # a fixed error on a field without a hint
-                self._w["msg-" + slug(f.path)].display = False
         for group in self.mounted_groups:
             shown = any(why for f in FIELDS if f.group == group for why in [f.path in problems or f.shown(self.value_of)])
             self._w[group_id(group) + "-title"].display = shown
@@ -270,6 +269,10 @@ class ConfigForm(FormBuilding, DevicesField, StrategyFollowing, WhereField, Vert
             old, self._last_strategy = self._last_strategy, event.value
             self._follow_strategy(event.value, old)
         self._edited()
+
+
+# the GPU list and the note under devices: update_devices shows them by the devices mode
+_SHOWN_BY_DEVICES = ("f-devices-gpus", "gpu-note")
 
 
 def _batch_hint(strategy) -> str:

@@ -13,6 +13,7 @@ from textual.widgets import Static
 
 from . import summary
 from ..keybar import KeyBar
+from .controls import show
 from .actions import PresetActions, RunActions, preset_label, preset_source
 from .fields import BY_PATH, FIELDS
 from .form import ConfigForm
@@ -230,11 +231,11 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
         self.warnings = dict(preflight.advice(self.cfg)) if self.cfg is not None else {}
         self.form.show_problems(problems, self.warnings)
         warn = self.query_one("#warnings", Static)
-        warn.update("\n".join(f"warning: {k}: {v}" for k, v in self.warnings.items()))
+        show(warn, "\n".join(f"warning: {k}: {v}" for k, v in self.warnings.items()))
         warn.display = bool(self.warnings)
         stray = [f"{k or 'preset'}: {v}" for k, v in problems.items() if k not in BY_PATH]
         box = self.query_one("#problems", Static)
-        box.update("\n".join(stray))
+        show(box, "\n".join(stray))
         box.display = bool(stray)
         self._update_bar()
         s = self.query_one("#summary", Static)
@@ -243,24 +244,24 @@ class ConfigureScreen(PresetActions, RunActions, SectionNavigation, Screen):
             self.memory = None  # estimated for another form: gone with the first edit
         mem = self.memory[1] if self.memory is not None else []
         if not problems:
-            s.update("\n".join([summary.describe(self.cfg)] + mem))
+            show(s, "\n".join([summary.describe(self.cfg)] + mem))
             body = "\n".join(summary.describe_lines(self.cfg) + mem)
         else:
-            s.update(summary.problems_line(problems))
+            show(s, summary.problems_line(problems))
             body = "invalid: " + summary.problems_line(problems)
-        side.update(Content.assemble(("Run", "bold"), "\n", body))  # the body as plain text: brackets stay
+        show(side, Content.assemble(("Run", "bold"), "\n", body))  # the body as plain text: brackets stay
         for w in (s, side):
             w.set_class(bool(problems), "-invalid")
         self._update_sections()
         cmd = summary.headless_command(self.preset_name or "PRESET.yaml", data, self.base, slurm=slurm)
-        self.query_one("#command", Static).update("$ " + cmd)
+        show(self.query_one("#command", Static), "$ " + cmd)
 
     def _update_bar(self) -> None:
         mark = "  [b]● modified[/b]" if self.modified else ""
         src = f" ({self.preset_source})" if self.preset_source else ""
         if self.preset_source == "deleted":
             src, mark = "", "  [b]● deleted: Ctrl+S saves the form[/b]"
-        self.query_one("#preset-bar", Static).update(
+        show(self.query_one("#preset-bar", Static),
             f"[b]torchdeck[/b] · Configure · preset [b]{self.preset_name or '-'}[/b]{src}{mark}")
 
     def action_runs(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from .fields import BY_PATH, GROUPS
-from .controls import group_id
+from .controls import group_id, show
 
 
 class SectionNavigation:
@@ -33,7 +33,7 @@ class SectionNavigation:
             elif not shown:
                 text = f"[dim]{text} –[/dim]"
             lines.append(" " + text)
-        self.query_one("#sections", Static).update("\n".join(lines))
+        show(self.query_one("#sections", Static), "\n".join(lines))
 
     def on_resize(self, event) -> None:
         """Wide: sections and summary at the side. A class on the screen (Textual breakpoints)
