@@ -87,6 +87,7 @@ class EventWriter(threading.Thread):
                     self._write_flush(text)
                 except OSError as exc:
                     self.write_error = exc
+            self._to_metrics("add", ev)  # a restart: TensorBoard's curves start a new session there
 
     def _write_flush(self, text: str) -> None:
         self.fh.write(text)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from torchdeck.engine import metrics
 from torchdeck.engine.events import read_all
 from torchdeck.engine.models import mlp
 from torchdeck.engine.runs import control
@@ -40,7 +41,7 @@ def kinds(run_dir, kind):
 def test_a_rank_killed_at_step_60_resumes_from_the_newest_checkpoint_with_the_same_weights(tmp_path):
     marker = tmp_path / "killed"
     cfg = ddp_cfg(**{"train.epochs": 10, "train.max_steps": 80, "train.log_every_n_steps": 10,
-                     "checkpoint.every_n_steps": 10, "train.max_restarts": 2,
+                     "checkpoint.every_n_steps": 10, "train.max_restarts": 2, "logging.tensorboard": True,
                      "model": {"name": "tests.engine.test_restarts:killer", "kwargs": {"marker": str(marker)}}})
     r = run_supervised(tmp_path / "restarted", cfg, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -54,6 +55,13 @@ def test_a_rank_killed_at_step_60_resumes_from_the_newest_checkpoint_with_the_sa
     evs = read_all(tmp_path / "restarted" / "events.jsonl")
     after = [e["step"] for e in evs[evs.index(restart):] if e["kind"] == "step" and e["rank"] == 0]
     assert after[0] == 60 and after[-1] == 80  # from the checkpoint of step 50 on, not from the start
+    if metrics.tensorboard_available():  # the live TensorBoard files: the attempt after the restart is a
+        # session of its own from its first step (TensorBoard drops the lost attempt's points past it)
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        starts = [e.step for f in sorted((tmp_path / "restarted" / "tensorboard").iterdir())
+                  for e in EventFileLoader(str(f)).Load() if e.HasField("session_log") and e.session_log.status == 1]
+        assert starts == [10, 60], starts
     r = run_supervised(tmp_path / "straight", cfg, timeout=300)  # the marker is there: nothing is killed
     assert r.returncode == 0, r.stdout + r.stderr
     assert not kinds(tmp_path / "straight", "restart")
