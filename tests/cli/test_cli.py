@@ -43,7 +43,10 @@ def tiny(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
+def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny, capsys, monkeypatch):
+    """run, eval, resume and run --resume, each a real `torchdeck` process once; eval's other
+    references and refusals are the same command's main in this process (each eval process
+    costs a torch import)."""
     r = torchdeck("run", str(tiny), "--set", "train.max_steps=5", "--set", "name=tiny-set", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     (run,) = run_dirs(tmp_path / "runs")
@@ -67,14 +70,16 @@ def test_run_tiny_config_end_to_end_with_overrides(tmp_path, tiny):
     acc = float(r.stdout.split("accuracy ")[1].split("%")[0])
     val_acc = [e["val_acc"] for e in evs if e["kind"] == "epoch_end"][-1]
     assert acc == pytest.approx(100 * val_acc, abs=0.01)  # same model, same val set as the run saw
-    r = torchdeck("eval", str(run / "config.yaml"), cwd=tmp_path)
-    assert r.returncode == 2 and "not a loadable torchdeck checkpoint" in r.stderr
-    assert "Traceback" not in r.stderr
+    monkeypatch.setenv("TORCHDECK_RUNS", str(tmp_path / "runs"))  # as torchdeck() sets it
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["eval", str(run / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "not a loadable torchdeck checkpoint" in err and "Traceback" not in err
     for ref in (str(run), "latest", run.name):  # a run: its newest checkpoint
-        r2 = torchdeck("eval", ref, cwd=tmp_path)
-        assert r2.returncode == 0 and f"checkpoint {ckpt}" in r2.stdout, (ref, r2.stdout + r2.stderr)
-    r = torchdeck("eval", "no-such-run", cwd=tmp_path)
-    assert r.returncode == 2 and "no such checkpoint file or run" in r.stderr
+        code, out = cli.main(["eval", ref]), capsys.readouterr()
+        assert code == 0 and f"checkpoint {ckpt}" in out.out, (ref, out)
+    assert cli.main(["eval", "no-such-run"]) == 2
+    assert "no such checkpoint file or run" in capsys.readouterr().err
 
     # resume: a new run from the old one's newest checkpoint, with more steps; its curve continues
     r = torchdeck("resume", "latest", "--set", "train.max_steps=8", cwd=tmp_path)
@@ -203,8 +208,14 @@ def test_validate_gpu_preset_says_why_it_cannot_run_here(capsys):
         assert code == 0, err
 
 
-def test_env_report(tmp_path):
-    r = torchdeck("env", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def env_report(tmp_path_factory):
+    """One real `torchdeck env` (it imports torch: ~2 CPU-s), read by every test of what it says."""
+    return torchdeck("env", cwd=tmp_path_factory.mktemp("env"))
+
+
+def test_env_report(env_report):
+    r = env_report
     assert r.returncode == 0, r.stderr
     for key in ("- torchdeck: 0.1.0", "- python: ", "- torch: ", "- textual: ", "- CUDA available: ",
                 "nccl", "mpi", "- GPUs (NVML): ", "- CPUs: "):
@@ -656,7 +667,7 @@ def test_resuming_a_run_with_nothing_left_is_refused_before_anything_starts(tmp_
     assert (step, cfg.train.epochs) == (30, 2)
 
 
-def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed(tmp_path, tiny):
+def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed(tmp_path, tiny, env_report):
     """Issue 27: `torchdeck export --torchrun` wrote `--run-dir "runs/..."` whatever TORCHDECK_RUNS
     said (its runs then missing from `torchdeck runs`), and `torchdeck env` did not say DeepSpeed's
     version."""
@@ -667,7 +678,7 @@ def test_exported_commands_put_runs_under_torchdeck_runs_and_env_names_deepspeed
     assert f'--run-dir "{tmp_path / "elsewhere"}/$(date' in r.stdout, r.stdout  # --run-root still wins
     r = torchdeck("export", str(tiny), "--sbatch", cwd=tmp_path)
     assert 'TD_ROOT="${TORCHDECK_RUNS:-$SLURM_SUBMIT_DIR/runs}"' in r.stdout, r.stdout  # read in the job
-    r = torchdeck("env", cwd=tmp_path)
+    r = env_report
     import importlib.util
 
     from importlib.metadata import version
