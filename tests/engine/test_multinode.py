@@ -229,11 +229,12 @@ def test_master_waiting_for_a_node_that_never_comes_fails_within_the_timeout(tmp
 @pytest.mark.slow
 def test_ifname_reaches_gloo_and_a_missing_interface_is_named(tmp_path):
     """nodes.ifname becomes GLOO_SOCKET_IFNAME in the ranks: `lo` trains; an interface this host
-    does not have stops before the rendezvous with its name and the ones that exist."""
+    does not have stops before the rendezvous with its name and the ones that exist (each rank
+    checks it: one rank shows it)."""
     ok = small_cfg(strategy="ddp", devices=2, **{"train.max_steps": 2, "nodes.master_port": 0, "nodes.ifname": "lo"})
     proc = run_supervised(tmp_path / "lo", ok)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    bad = dict(ok, nodes={**ok["nodes"], "ifname": "nosuch0"})
+    bad = dict(ok, devices=1, nodes={**ok["nodes"], "ifname": "nosuch0"})
     proc = run_supervised(tmp_path / "bad", bad)
     assert proc.returncode == 1
     cause = json.loads((tmp_path / "bad" / "status.json").read_text())["root_cause"]
