@@ -105,23 +105,6 @@ def node_events(rd: RunDir, node: int) -> list[dict]:
     return [e for e in events.read_all(rd.events_path) if (e.get("node_rank") or 0) == node]
 
 
-def test_a_preset_runs_one_supervisor_per_node_and_node_0_gathers_both(tmp_path, jobs):
-    rd, job = submit(small_cfg(name="sj-ddp", **TWO_NODES), tmp_path, jobs)
-    final = wait_ended(rd, job)
-    assert final["status"] == "finished", what_happened(rd, job)
-    node1 = RunDir(rd.path / "node1")
-    assert node1.final_status()["status"] == "finished"
-    starts = {e["node_rank"]: e["host"] for d in (rd, node1) for e in events.read_all(d.events_path)
-              if e["kind"] == "run_started"}
-    assert starts == {0: "n1", 1: "n2"}, starts  # one supervisor per node, each on its own node
-    theirs = node_events(rd, 1)
-    assert {e["rank"] for e in theirs if e["kind"] == "step"} == {1}, what_happened(rd, job)
-    assert any(e["kind"] == "node_sample" and e.get("host") == "n2" for e in theirs)
-    assert any(e["kind"] == "rank_exited" and e["rank"] == 1 for e in theirs)
-    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": 4}))
-    assert_same_weights(final_model(rd.path)["model"], final_model(tmp_path / "one")["model"])
-
-
 def test_a_user_script_runs_one_supervisor_per_node(tmp_path, jobs):
     (tmp_path / "train.py").write_text(RANK_SCRIPT)
     cfg = {"name": "sj-script", "strategy": "script", "devices": 1, "nodes": {"num_nodes": 2},
@@ -202,9 +185,12 @@ def test_the_slurm_section_takes_time_limits_as_sbatch_does():
     assert [f for f, _ in cfgmod.validate(cfg)] == ["slurm.time", "slurm.sbatch_args[1]"]
 
 
-def test_the_exported_script_runs_unchanged(tmp_path, jobs):
+def test_the_exported_script_runs_unchanged_one_supervisor_per_node_and_node_0_gathers_both(tmp_path, jobs):
     """`torchdeck export --sbatch` > job.sbatch; sbatch job.sbatch: the job makes its own run directory
-    under the submit folder's runs/ (no TORCHDECK_RUNS), named by the job id, and runs as submitted ones do."""
+    under the submit folder's runs/ (no TORCHDECK_RUNS), named by the job id, and runs as submitted ones do:
+    one supervisor per node, each on its own node, node 0 gathering node 1's steps, samples and exits,
+    and the weights of one process. (A submitted preset's job script is the same batch_script; the
+    submitted runs below, failing, requeued and lost, run through it too.)"""
     import os
 
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(small_cfg(name="sj-export", **TWO_NODES)))
@@ -227,9 +213,18 @@ def test_the_exported_script_runs_unchanged(tmp_path, jobs):
     assert made.name.endswith(f"-sj-export-job{job}"), made
     rd = RunDir(made)
     assert (rd.final_status() or {}).get("status") == "finished", out + what_happened(rd, job)
-    assert RunDir(made / "node1").final_status()["status"] == "finished"
-    assert {e["rank"] for e in node_events(rd, 1) if e["kind"] == "step"} == {1}
+    node1 = RunDir(made / "node1")
+    assert node1.final_status()["status"] == "finished"
+    starts = {e["node_rank"]: e["host"] for d in (rd, node1) for e in events.read_all(d.events_path)
+              if e["kind"] == "run_started"}
+    assert starts == {0: "n1", 1: "n2"}, starts  # one supervisor per node, each on its own node
+    theirs = node_events(rd, 1)
+    assert {e["rank"] for e in theirs if e["kind"] == "step"} == {1}, what_happened(rd, job)
+    assert any(e["kind"] == "node_sample" and e.get("host") == "n2" for e in theirs)
+    assert any(e["kind"] == "rank_exited" and e["rank"] == 1 for e in theirs)
     assert json.loads(rd.origin_path.read_text())["cwd"] == str(tmp_path)  # the submit folder
+    run_in_process(tmp_path / "one", small_cfg(**{"train.batch_size": 32, "train.max_steps": 4}))
+    assert_same_weights(final_model(made)["model"], final_model(tmp_path / "one")["model"])
 
 
 def test_a_node_that_cannot_start_its_supervisor_says_why_in_the_run(tmp_path):
