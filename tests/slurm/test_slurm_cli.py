@@ -282,7 +282,13 @@ def test_ctrl_c_on_a_waiting_job_cancels_it(runs):
 
 
 def test_stop_ends_a_slurm_run_stopped_with_a_checkpoint(runs):
-    out = torchdeck("run", "tiny2.yaml", "--slurm", "--nodes", "2", "--detach", "--set", "train.epochs=50",
+    """The ranks' steps sleep 50 ms (usermodels:slow): a run that only waits for its stop need not
+    spend the CPU of four ranks training flat out until it comes."""
+    from tests.engine.helpers import USER_MODELS
+
+    (runs / "usermodels.py").write_text(USER_MODELS)
+    out = torchdeck("run", "tiny2.yaml", "--slurm", "--nodes", "2", "--detach", "--set", "train.epochs=500",
+                    "--set", "model.name=usermodels:slow",
                     "--set", "checkpoint.every_epoch=false", cwd=runs)  # the one checkpoint: the stop's
     assert out.returncode == 0, (out.stdout, out.stderr)
     run = the_run(runs)
