@@ -2,8 +2,9 @@
 
 Runs every benchmark in one invocation (baselines and torchdeck side by side, alternating),
 prints a table per benchmark and a summary of the targets; --json writes all the numbers.
---quick runs them 2 at a time (--jobs): it proves they run, and its numbers disturb each other;
-a full run is one at a time.
+--quick runs them 3 at a time (--jobs): it proves they run, and its numbers disturb each other;
+a full run is one at a time. (3 on 2 cores: while one lane's processes start, rendezvous or
+poll, a core would idle; a third lane is there to fill it, with the same CPU spent.)
 """
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ import traceback
 ORDER = ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app", "scaling", "imagefolder_vs_plain",
          "cifar_vs_plain", "startup", "first_frame", "deepspeed_vs_plain", "compare_overhead", "loader_start", "launch_vs_torchrun", "lm_vs_plain", "gpu",
          "fleet", "long_run"]
-# Rough seconds of each quick run on 2 cores (issue 36: CPU-seconds measured, rounded), to share
-# them out between the lanes
-QUICK_COST = {"deepspeed_vs_plain": 35, "startup": 20, "monitoring_cost": 18, "loader_start": 17,
-              "engine_vs_plain": 13, "imagefolder_vs_plain": 12, "ddp_vs_plain": 9, "cifar_vs_plain": 9,
-              "scaling": 8, "app": 6, "first_frame": 4, "events_rate": 2}
+# Rough CPU-seconds of each quick run on 2 cores (issue 36: measured per process after fe17b83,
+# plain scripts and loader workers included, rounded), to share them out between the lanes
+QUICK_COST = {"deepspeed_vs_plain": 28, "startup": 13, "loader_start": 13, "monitoring_cost": 12,
+              "engine_vs_plain": 8, "imagefolder_vs_plain": 6, "cifar_vs_plain": 5, "ddp_vs_plain": 5,
+              "scaling": 5, "app": 5, "first_frame": 4, "events_rate": 1}
 # Run in this order in one lane: loader_start reads the PNG folder imagefolder_vs_plain wrote
 TOGETHER = [("imagefolder_vs_plain", "loader_start")]
 
@@ -92,11 +93,11 @@ def run_here(names: list[str], quick: bool, reps: int) -> tuple[dict, list[str]]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition, 2 at a time: proves they run")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition, 3 at a time: proves they run")
     ap.add_argument("--json", metavar="PATH", help="write every number to this JSON file")
     ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ORDER)}")
     ap.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default 3; --quick 1)")
-    ap.add_argument("--jobs", type=int, default=0, help="benchmarks run at a time (--quick only; default 2)")
+    ap.add_argument("--jobs", type=int, default=0, help="benchmarks run at a time (--quick only; default 3)")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.only.split(",") if n.strip()] or ORDER
     unknown = [n for n in names if n not in ORDER]
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         ap.error(f"--jobs {a.jobs} runs benchmarks side by side, each disturbing the others' numbers: "
                  "only with --quick (a full run is one at a time)")
     reps = a.reps or (1 if a.quick else 3)
-    jobs = a.jobs or (2 if a.quick else 1)
+    jobs = a.jobs or (3 if a.quick else 1)
     t0 = time.monotonic()
     head = "quick" + (f", {jobs} at a time" if jobs > 1 else "") if a.quick else "full"
     env = {}

@@ -60,8 +60,8 @@ def test_bench_quick_runs_every_benchmark(quick):
     full = not data["quick"]  # what a quick run leaves out (its text says "quick: ... only") is checked on a full run
     assert full or all("quick:" in res[n]["text"] for n in ("ddp_vs_plain", "monitoring_cost", "scaling",
                                                             "imagefolder_vs_plain", "cifar_vs_plain", "loader_start"))
-    # issue 36: a quick run is 2 at a time, its plain scripts forked (and says so); startup's stays a real start
-    assert full or data["jobs"] == 2 and all(
+    # issue 36: a quick run is 3 at a time, its plain scripts forked (and says so); startup's stays a real start
+    assert full or data["jobs"] == 3 and all(
         "forked from a process that imported torch" in res[n]["text"] for n in (
             "engine_vs_plain", "ddp_vs_plain", "imagefolder_vs_plain", "cifar_vs_plain", "loader_start"))
     assert "forked" not in res["startup"]["text"]
