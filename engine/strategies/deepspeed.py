@@ -121,6 +121,41 @@ def pin_ninja() -> str | None:
     return folder
 
 
+_MUON = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
+_STAND_IN = "torchdeck's stand-in: no Muon optimizer in this rank (strategies/deepspeed.py skip_muon)"
+
+
+def skip_muon(ds_config: dict) -> bool:
+    """Spare a rank whose optimizer is not Muon the import of DeepSpeed's Muon modules, 2 CPU-s.
+
+    DeepSpeed 0.19 imports them at initialize and at every ZeRO step only to ask whether the
+    optimizer is a MuonWithAuxAdam; importing them torch.compile's three kernels, which loads
+    torch._inductor and triton. DeepSpeed builds a Muon only for an optimizer of type "muon" (and
+    torchdeck hands it no optimizer of its own), so for any other type the answer is no whichever
+    class it checks against: the rank gets stand-ins, a class nothing is an instance of and a
+    muon_update that loads the real modules if it were ever called. Not where they are loaded."""
+    opt = ds_config.get("optimizer")
+    if str(opt.get("type", "") if isinstance(opt, dict) else "").lower() == "muon":
+        for m in _MUON:  # a Muon run after another run in this process: the real modules
+            if getattr(sys.modules.get(m), "__doc__", None) == _STAND_IN:
+                del sys.modules[m]
+        return False
+    if any(m in sys.modules for m in _MUON):
+        return False
+    import types
+
+    def muon_update(*args, **kwargs):
+        for m in _MUON:
+            sys.modules.pop(m, None)
+        return importlib.import_module(_MUON[1]).muon_update(*args, **kwargs)
+
+    stand = [types.ModuleType(m, _STAND_IN) for m in _MUON]
+    stand[0].MuonWithAuxAdam = type("MuonWithAuxAdam", (), {})
+    stand[1].muon_update = muon_update
+    sys.modules.update((m.__name__, m) for m in stand)
+    return True
+
+
 # ----------------------------------------------------------------------------- ds_config
 
 
@@ -440,7 +475,9 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         from . import _deepspeed
 
         pin_ninja()  # before init_distributed and initialize, which JIT-build DeepSpeed's CPU ops
-        return _deepspeed.setup(model, ctx, resolve(ctx.cfg, ctx.world_size), total_steps, steps_per_epoch)
+        resolved = resolve(ctx.cfg, ctx.world_size)
+        skip_muon(resolved.ds_config)
+        return _deepspeed.setup(model, ctx, resolved, total_steps, steps_per_epoch)
 
     def unwrap(self, model):
         return getattr(model, "module", model)
