@@ -19,10 +19,16 @@ def group_id(group: str) -> str:
 
 
 def show(widget: Static, content) -> None:
-    """Static.update lays the whole screen out again (~200 widgets here); the form is re-checked
-    on every key, and most of what it shows is the same as before: only a change is drawn."""
-    if widget.content != content:
-        widget.update(content)
+    """Static.update lays the whole screen out again (~200 widgets here), and the form is
+    re-checked on every key: the same words are not drawn again, and new words that take the
+    rows the widget has now (the command line, the summary) are drawn in place."""
+    if widget.content == content:
+        return
+    rows, width = widget.content_size.height, widget.content_size.width
+    widget.update(content, layout=False)
+    auto_width = widget.styles.width is not None and widget.styles.width.is_auto
+    if auto_width or not width or widget.visual.get_height(widget.styles, width) != rows:
+        widget.refresh(layout=True)  # another size: the screen is laid out again
 
 
 class FormSelect(Select):
