@@ -60,7 +60,7 @@ LONG_EPOCHS = 100_000
 async def form_mounted(pilot, app):
     """The Configure form beneath mounts its groups after the first paint: leaving (or covering it)
     while a Select of it is still mounting makes Textual fail at exit (NoMatches '#label')."""
-    await until(pilot, lambda: app.configure_screen.form.complete, 10, "the form mounted")
+    await until(pilot, lambda: app.configure_screen.form.complete, 60, "the form mounted")  # 10 s: short at load 15
 
 
 def launch(tmp_path, **over):
