@@ -20,8 +20,19 @@ from tests.engine.helpers import LEFT_WITHIN_S, LONG, _as_in_a_terminal, assert_
 pytestmark = pytest.mark.slow
 
 
+def slow_preset(tmp_path):
+    """preset()'s run with ranks that sleep 50 ms a training step (usermodels:slow): a test that only
+    waits to stop the run need not pay for two ranks training flat out until it does."""
+    from tests.engine.helpers import USER_MODELS
+
+    (tmp_path / "usermodels.py").write_text(USER_MODELS)
+    p = preset(tmp_path)
+    p.write_text(p.read_text().replace("model: {name: mlp, hidden: 32}", "model: {name: 'usermodels:slow'}"))
+    return p
+
+
 def test_graceful_stop_with_torchdeck_stop(tmp_path):
-    r = subprocess.run(cli_cmd() + ["run", str(preset(tmp_path)), "--detach"], cwd=tmp_path,
+    r = subprocess.run(cli_cmd() + ["run", str(slow_preset(tmp_path)), "--detach"], cwd=tmp_path,
                        env=env_for(tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "torchdeck attach" in r.stdout
@@ -43,7 +54,7 @@ def test_graceful_stop_with_torchdeck_stop(tmp_path):
 
 
 def test_ctrl_c_in_torchdeck_run_stops_gracefully(tmp_path):
-    proc, log = start_cli(tmp_path, "run", str(preset(tmp_path)))
+    proc, log = start_cli(tmp_path, "run", str(slow_preset(tmp_path)))
     run = the_run(tmp_path)
     wait_for(lambda: steps_seen(run), 120, "training steps")
     pids = list(rank_pids(run).values()) + [run.supervisor_pid()]
