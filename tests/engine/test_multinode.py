@@ -146,8 +146,13 @@ def test_two_node_supervisors_form_one_job_equal_to_one_process(tmp_path):
 @pytest.mark.slow
 def test_stop_on_node_0_stops_every_node(tmp_path):
     """A stop asked on the main node reaches the other node's ranks through the stop agreement:
-    both nodes end within the bound, rank 0 checkpoints, and nothing of either run is left."""
+    both nodes end within the bound, rank 0 checkpoints, and nothing of either run is left. The
+    ranks sleep 50 ms a step (usermodels:slow): they only wait for the stop, not at full speed."""
+    from tests.engine.helpers import USER_MODELS
+
+    (tmp_path / "usermodels.py").write_text(USER_MODELS)
     cfg = small_cfg(strategy="ddp", devices=1, **{
+        "model.name": "usermodels:slow",
         "train.max_steps": 0, "train.epochs": 10 ** 6, "nodes.num_nodes": 2,
         "nodes.master_port": free_port(), "nodes.timeout_s": 60})
     preset = write_preset(tmp_path / "long.yaml", cfg)
