@@ -15,15 +15,15 @@ import contextlib
 import sys
 
 DYNAMO = "torch._dynamo"
-# Strategies whose own code imports dynamo anyway: FSDP2 (its DTensors' sharding rules run fake
-# tensors, which read dynamo's config) and DeepSpeed (its ZeRO optimizer check imports a module
-# that compiles at import). Their ranks import it ahead, while waiting for the others.
-IMPORT_ANYWAY = ("fsdp", "deepspeed")
 
 
 def goes_without(cfg) -> bool:
-    """Whether a rank of our loop for this config can go without torch._dynamo."""
-    return not cfg.train.compile and cfg.strategy not in IMPORT_ANYWAY
+    """Whether a rank of our loop for this config can go without torch._dynamo: nothing compiles,
+    and its strategy's own code does not import dynamo anyway (Strategy.imports_dynamo: those ranks
+    import it ahead, while waiting for the others)."""
+    from .strategies import get_strategy
+
+    return not cfg.train.compile and not get_strategy(cfg.strategy).imports_dynamo
 
 
 def loaded() -> bool:

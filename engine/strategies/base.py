@@ -47,6 +47,7 @@ class Strategy:
     compared_by_default = False  # ticked in the app's Compare dialog
     own_launcher = False  # True: exported for its own launcher too (deepspeed's hostfile and commands)
     checkpoint_dirs = False  # True: its checkpoints are directories (every rank writes a part)
+    imports_dynamo = False  # True: its own code imports torch._dynamo even with nothing compiled (nodynamo.py)
     channels_last_weights = True  # False: it flattens or byte-views the weights, which need plain layout
 
     # ------------------------------------------------------------ config side (no torch)

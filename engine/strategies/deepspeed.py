@@ -406,6 +406,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     owns the optimizer step (ZeRO partitioning, clipping, loss scaling) and its own checkpoints."""
 
     name = "deepspeed"
+    imports_dynamo = True  # DeepSpeed's own code imports it (its engine and ZeRO optimizers)
     summary = "DeepSpeed ZeRO (stages 0-3, CPU offload)"
     order = 80
     section = "deepspeed"

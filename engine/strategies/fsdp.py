@@ -12,6 +12,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     over ranks, so training matches DDP step for step."""
 
     name = "fsdp"
+    imports_dynamo = True  # its DTensors' sharding rules run fake tensors, which read dynamo's config
     summary = "FSDP2 fully_shard per block and at the root"
     order = 60
     section = "fsdp"
