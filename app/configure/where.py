@@ -64,6 +64,8 @@ class WhereField:
         if WHERE in self._mounted_paths:
             where = self._w[BY_PATH[WHERE].wid]
             value = where.value
+            if value not in WHERE_CHOICES:  # mounted this turn: its value is not set yet (Select.NULL)
+                value = self.where_initial
             where.set_options([(self.choice_label(c), c) for c in WHERE_CHOICES])
             where.value = value
         self.show_partition(self.value_of("slurm.partition") if "slurm.partition" in BY_PATH else "")
