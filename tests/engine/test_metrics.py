@@ -17,7 +17,12 @@ from torchdeck.engine.events import read_all
 from torchdeck.engine.rundir.layout import RunDir
 from tests.engine.helpers import run_supervised, small_cfg
 
+# a venv made before tensorboard joined the test extra: these skip, naming it, as test_tasks' do
+needs_tb = pytest.mark.skipif(not metrics.tensorboard_available(),
+                              reason="tensorboard is not installed (pip install -e '.[test]' brings it)")
 
+
+@needs_tb
 def test_a_run_writes_metrics_csv_live_and_metrics_converts_it(tmp_path, capsys):
     run = tmp_path / "runs" / "m"
     cfg = small_cfg(strategy="ddp", devices=2, **{"train.eval_every_epoch": True, "train.max_steps": 0,
@@ -150,6 +155,7 @@ def test_metrics_csv_counts_epochs_from_1_live_and_rebuilt(tmp_path, capsys):
                                                            ("step", "2"), ("epoch_end", "2")], path
 
 
+@needs_tb
 def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys, monkeypatch):
     """A loss callable's extras and perplexity (engine/sums.py) have names only the run knows: each
     is its own tag beside the fixed ones, with the steps and values of the CSV's JSON columns.
@@ -184,6 +190,7 @@ def test_a_tasks_own_metrics_are_tensorboard_tags_of_their_own(tmp_path, capsys,
     assert next(EventFileLoader(str(file)).Load()).file_version == "brain.Event:2"  # as tensorboard's own writer
 
 
+@needs_tb
 def test_tfrecord_checksums_are_the_ones_tensorboard_checks():
     """Our CRC-32C against the tensorboard package's own, byte by byte, on chunks of every length
     an event has (and none: the empty chunk), many at once and a few."""
@@ -199,6 +206,7 @@ def test_tfrecord_checksums_are_the_ones_tensorboard_checks():
     assert metrics.masked_crc32c([]) == []
 
 
+@needs_tb
 def test_after_a_restart_tensorboard_shows_the_redone_steps_once(tmp_path, capsys):
     """A restart resumes our loop at its checkpoint (step 20 here) and redoes steps 30-40: the CSV
     keeps every event, TensorBoard drops the lost attempt's points after the checkpoint (its own
