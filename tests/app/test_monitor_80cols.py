@@ -75,7 +75,9 @@ def test_flow_breaks_lines_only_between_items():
 def rows_of(app, title: str) -> list[str]:
     """The lines inside a bordered pane, found by its title."""
     lines = screen_text(app).splitlines()
-    start = next(i for i, ln in enumerate(lines) if f"─ {title} " in ln)
+    start = next((i for i, ln in enumerate(lines) if f"─ {title} " in ln), None)
+    if start is None:  # not drawn (yet)
+        return []
     out = []
     for ln in lines[start + 1:]:
         if ln.lstrip().startswith("╰"):
@@ -93,16 +95,21 @@ async def test_the_balance_line_and_the_fleet_rows_are_whole_at_80_columns(app, 
     run, n_events, last = fleet_run(tmp_path, seconds=8)
     async with app.run_test(size=(80, 40)) as pilot:  # 40 rows: the nodes pane in view too
         screen = await open_monitor(pilot, run, n_events, last + 0.5)
+        title = "nodes: ranks and GPUs (n opens one)"
+        for _ in range(600):  # under load the panes are painted after open_monitor's pause
+            if len(rows_of(app, "ranks")) > 1 and any(ln.startswith("▸  17 ") for ln in rows_of(app, title)):
+                break
+            await pilot.pause(0.05)
         ranks = rows_of(app, "ranks")
         assert not any(ln.endswith("…") for ln in ranks), ranks
         assert "rank 203 (node 25) holds the others back: 95% compute" in ranks, ranks
         assert any(ln.startswith("rank 5 (node 0) waits ") and ln.endswith("% in the all-reduce") for ln in ranks), ranks
         assert ranks[1] == "256 ranks on 32 nodes  ·  samples/s min 352, median 636, max 640", ranks
-        nodes = rows_of(app, "nodes: ranks and GPUs (n opens one)")
+        nodes = rows_of(app, title)
         assert not any(ln.endswith("…") for ln in nodes), nodes
-        five = next(ln for ln in nodes if ln.startswith("▸   5 "))
-        assert five.endswith("g3 84°C data wait, hot GPU"), five  # the wait and the GPU are in their columns
-        assert next(ln for ln in nodes if ln.startswith("▸  17 ")).endswith("slow 20%, idle GPUs"), nodes
+        five = next((ln for ln in nodes if ln.startswith("▸   5 ")), "")
+        assert five.endswith("g3 84°C data wait, hot GPU"), nodes  # the wait and the GPU are in their columns
+        assert next((ln for ln in nodes if ln.startswith("▸  17 ")), "").endswith("slow 20%, idle GPUs"), nodes
 
 
 def test_node_flags_at_80_columns_keep_whole_words_and_count_the_rest():
@@ -120,6 +127,10 @@ async def test_a_one_node_balance_line_and_the_rate_spread_say_their_units(app, 
     run, n_events = make_run(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_monitor(pilot, run, n_events, NOW)
+        for _ in range(600):  # under load the pane is painted after open_monitor's pause
+            if any("holds the others back" in ln for ln in rows_of(app, "ranks")):
+                break
+            await pilot.pause(0.05)
         ranks = rows_of(app, "ranks")
         assert ranks[-2:] == ["rank 1 holds the others back: 73% compute", "rank 0 waits 30% in the all-reduce"], ranks
         # without all-reduce timings the spread of the rates: a unit on each rate (it said `1,010/s`)
