@@ -5,7 +5,7 @@ A worker takes the next file when it is nearly done with its own, so the suite e
 file started ends. xdist's own order (most tests first) puts files of one to four long tests (the
 smoke benchmarks, the SLURM cluster, the docs examples) near the end, where one of them can leave
 the other worker idle. Longest first, the many short files fill the gaps at the end (simulated on
-measured `--durations=0` times: the two workers end within 5 s of each other instead of 20-60 s).
+measured `--durations=0` times: the workers end within 5 s of each other instead of 20-60 s; with 3, within 25 s).
 A file missing from LONGEST only starts later, in collection order; tests/test_suite_files.py
 checks that each one named exists.
 """
