@@ -82,8 +82,10 @@ def test_a_slurm_that_does_not_answer_is_not_a_job_that_ended(slurm_cluster, tmp
                                                      "output": str(run.path / "slurm-99999999.out")}))
     old = time.time() - 600  # submitted long ago, quiet since
     os.utime(run.config_path, (old, old))
-    away = tmp_path / "away.conf"  # the same cluster, a port nobody listens on
-    away.write_text(Path(slurm_cluster).read_text().replace("SlurmctldPort=6917", "SlurmctldPort=6999"))
+    away = tmp_path / "away.conf"  # the same cluster, a port nobody listens on; MessageTimeout=1: squeue
+    # says 'Unable to contact slurm controller' at once instead of after 18 s of retries (the default 10)
+    away.write_text(Path(slurm_cluster).read_text().replace("SlurmctldPort=6917", "SlurmctldPort=6999")
+                    + "MessageTimeout=1\n")
     monkeypatch.setenv("SLURM_CONF", str(away))
     assert run.status().live and run.final_status() is None
     monkeypatch.setenv("SLURM_CONF", slurm_cluster)
