@@ -37,9 +37,12 @@ def worker(rank, a, port, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(a.ranks))
-    from torchdeck.engine.strategies.deepspeed import pin_ninja
+    from torchdeck.engine.strategies.deepspeed import pin_ninja, skip_shm_op
 
-    pin_ninja()  # the ninja torchdeck's ranks build with: DeepSpeed's CPU op is built once for both
+    pin_ninja()  # the ninja torchdeck's ranks build with: a JIT-built op is built once for both
+    # as torchdeck's ranks do: the op serves DeepSpeed inference only (the steps are the same either
+    # way), and its g++ build would cost this script's first start a CPU-minute that torchdeck's is spared
+    skip_shm_op()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

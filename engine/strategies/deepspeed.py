@@ -68,44 +68,35 @@ def installed() -> bool:
         return False
 
 
-SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU accelerator builds it at init_distributed (ShareMemCommBuilder)
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU accelerator JIT-builds it at init_distributed (ShareMemCommBuilder)
 
 
-def cpu_op_cached() -> bool:
-    """Whether DeepSpeed's CPU op is built already on this host: shipped compiled inside the
-    package, or in torch's extensions cache, where DeepSpeed's JIT build leaves it
-    ($TORCH_EXTENSIONS_DIR/NAME, else ~/.cache/torch_extensions/py<version>_<accelerator>/NAME)."""
-    spec = importlib.util.find_spec("deepspeed")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if any((Path(folder) / "ops" / "comm").glob(f"{SHM_OP}_op*.so")):
-            return True
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root:
-        return any(Path(root).expanduser().glob(f"{SHM_OP}/{SHM_OP}*.so"))
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
-    return any(cache.glob(f"py{sys.version_info.major}{sys.version_info.minor}*_*/{SHM_OP}/{SHM_OP}*.so"))
+def skip_shm_op() -> bool:
+    """Tell DeepSpeed not to build its shared-memory op in a training rank on its CPU accelerator.
 
+    DeepSpeed 0.19 compiles deepspeed_shm_comm with g++ in every init_distributed unless
+    deepspeed.ops.__compatible_ops__ marks it unbuildable: a CPU-minute on a host's first DeepSpeed
+    run (cached afterwards), while the Monitor said 'building the model'. Only inference_all_reduce,
+    DeepSpeed inference's tensor-parallel all-reduce, uses it; training's all_reduce, all_gather and
+    reduce_scatter go through torch.distributed. A user's own script (torchdeck launch) still builds
+    it. Returns whether it was marked (no: another accelerator, which has no such op)."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
-def cpu_op_note(cfg) -> list[tuple[str, str]]:
-    """The first DeepSpeed run on a CPU host spends a minute or so compiling its op with g++ while
-    the Monitor says 'building the model': say so, once, while the op is not yet cached. (With a
-    GPU, DeepSpeed picks its CUDA accelerator, which needs no such op, unless DS_ACCELERATOR=cpu.)"""
-    accel = os.environ.get("DS_ACCELERATOR")
-    on_cpu = accel == "cpu" or (not accel and not Path("/dev/nvidiactl").exists())
-    if cfg.accelerator != "cpu" or not on_cpu or not installed() or cpu_op_cached():
-        return []
-    return [("info", f"DeepSpeed is building its CPU op (first use on this host, cached afterwards): {SHM_OP}, "
-                     "compiled with g++ while the ranks build the model, about a minute")]
+    if get_accelerator().device_name() != "cpu":
+        return False
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False
+    return True
 
 
 def pin_ninja() -> str | None:
     """Put the ninja that DeepSpeed requires (the `ninja` wheel, in this Python's environment) first
-    on this process's PATH, so its JIT builds run one ninja whoever started the run. torch runs
-    whichever `ninja` PATH finds, and two ninja versions hash the same compile command differently
-    (1.11's .ninja_log v5 against the wheel's 1.13, v7): a run from a shell with the venv's bin on
-    PATH and one without (the suite's own DeepSpeed tests against those that put .venv/bin first)
-    each took the other's deepspeed_shm_comm objects for stale and rebuilt them, 25 s to 3 minutes
-    each time. Returns the folder put first, or None where PATH already finds it (or there is none)."""
+    on this process's PATH, so its JIT builds (cpu_adam for an offloaded Adam on a GPU, ...) run one
+    ninja whoever started the run. torch runs whichever `ninja` PATH finds, and two ninja versions
+    hash the same compile command differently (1.11's .ninja_log v5 against the wheel's 1.13, v7): a
+    run from a shell with the venv's bin on PATH and one without each took the other's objects for
+    stale and rebuilt them (deepspeed_shm_comm's, before skip_shm_op: 25 s to 3 minutes each time).
+    Returns the folder put first, or None where PATH already finds it (or there is none)."""
     try:
         import ninja
     except ImportError:
@@ -468,14 +459,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         apply(cfg, r)
         if run_dir is not None:  # a run starting (validate passes none)
             write_generated(r.ds_config, run_dir)
-            return r.notes() + cpu_op_note(cfg)
         return r.notes()
 
     # ------------------------------------------------------------ runtime (torch, deepspeed)
     def setup(self, model, ctx, total_steps: int, steps_per_epoch: int):
         from . import _deepspeed
 
-        pin_ninja()  # before init_distributed and initialize, which JIT-build DeepSpeed's CPU ops
+        pin_ninja()  # before init_distributed and initialize, which may JIT-build DeepSpeed's ops
+        skip_shm_op()
         resolved = resolve(ctx.cfg, ctx.world_size)
         skip_muon(resolved.ds_config)
         return _deepspeed.setup(model, ctx, resolved, total_steps, steps_per_epoch)
