@@ -79,6 +79,13 @@ class TorchdeckApp(App):
             gc.freeze()
             gc.enable()
 
+    def update_styles(self, node, animate: bool = True) -> None:
+        """Textual restyles a node on every class change, even one made in its constructor, before
+        it is mounted; mounting styles it anyway. The form's compact Inputs and Selects (~70) were
+        each matched against the whole stylesheet once more for nothing: ~15 % of a Configure start."""
+        if node is self or node.is_attached:
+            super().update_styles(node, animate)
+
     # ------------------------------------------------------------------ screens
     def get_default_screen(self) -> Screen:
         """The Configure screen is the base screen: one screen styled on start, not two."""
