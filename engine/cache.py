@@ -143,11 +143,13 @@ def start_said(method: str | None) -> str:
 
 
 # usercode installs the user's folders (from the environment) where workers unpickle their data set
-SERVER_PRELOAD = ["torch", "torchvision.datasets", "torchvision.transforms", "torchdeck.engine.data",
-                  "torchdeck.engine.usercode"]
+SERVER_PRELOAD = ["torch", "torchdeck.engine.data", "torchdeck.engine.usercode"]
+# A user's data set (package.module:callable) is often torchvision's: its workers find it imported.
+# Not for an image folder (engine.data reads it without torchvision, whose import brings torch._dynamo).
+USER_SET_PRELOAD = ["torchvision.datasets", "torchvision.transforms"]
 
 
-def start_worker_server(start: dict) -> None:
+def start_worker_server(start: dict, user_set: bool = False) -> None:
     """Start the fork server now (when the workers start from one), with torch and the data modules
     preloaded, off the rank's bound cores: it imports them while the rank builds its model."""
     if start.get("multiprocessing_context") != "forkserver":
@@ -157,7 +159,7 @@ def start_worker_server(start: dict) -> None:
 
     from . import affinity
 
-    multiprocessing.set_forkserver_preload(SERVER_PRELOAD)
+    multiprocessing.set_forkserver_preload(SERVER_PRELOAD + (USER_SET_PRELOAD if user_set else []))
     with affinity.unbound():
         forkserver.ensure_running()
 

@@ -1,7 +1,7 @@
 """Data sets for a run: a built-in synthetic set, torchvision sets, ImageFolder or a user callable;
 and the loader that feeds a rank's training loop from them (TrainData).
 
-Imported only by workers, so torch and torchvision are imported at the top. Every failure a user
+Imported only by workers, so torch is imported at the top (torchvision only where a set needs it). Every failure a user
 can cause (missing files, no network, a bad import path) becomes one DataError with a message
 that names the data set and says what to do, never a raw traceback.
 """
@@ -382,19 +382,11 @@ def _image_folder(root: str, image_size: int, use_cache: bool, share: NodeShare 
         raise DataError(f"imagefolder {base}: train/ and val/ have different class folders "
                         f"({classes} vs {val_classes}); give both the same classes")
     info = DataInfo(3, len(classes), image_size, f"imagefolder:{base}")
-    if use_cache:  # no torchvision needed (its import alone takes seconds)
+    if use_cache:
         return (_decoded(train, image_size, share, "train"),
                 _decoded(val, image_size, share, "val") if val is not None else None, info)
-    import torchvision.datasets as tvd
-    import torchvision.transforms as T
-
-    norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    size = [T.Resize((image_size, image_size))]
-    aug = ([T.RandomCrop(image_size, padding=crop_padding(image_size))] if "crop" in augment else []) + \
-          ([T.RandomHorizontalFlip()] if "flip" in augment else [])
-    train = tvd.ImageFolder(str(train_dir), transform=T.Compose(size + aug + norm))
-    val = tvd.ImageFolder(str(val_dir), transform=T.Compose(size + norm)) if val_dir else None
-    return train, val, info
+    return (FolderImages(train, classes, image_size, augment),
+            FolderImages(val, classes, image_size) if val is not None else None, info)
 
 
 def list_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -416,27 +408,61 @@ def list_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None, split: str) -> ImageTensors:
-    """Every image decoded (and resized, as transforms.Resize does with PIL) once into uint8, each
-    local rank decoding its share into the node's one copy, with its own threads."""
+def read_image(path: str, size: int):
+    """One picture as RGB uint8 (H, W, C), resized to size x size as transforms.Resize does with PIL."""
     import numpy as np
     from PIL import Image
 
+    try:
+        with open(path, "rb") as fh:
+            img = Image.open(fh).convert("RGB")
+    except Exception as exc:
+        raise DataError(f"imagefolder: cannot read {path}: {type(exc).__name__}: {exc}") from None
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.BILINEAR)
+    return np.asarray(img)
+
+
+class FolderImages(Dataset):
+    """An image folder read one picture at a time (data.cache none, or over the budget): the files,
+    order and floats of torchvision's ImageFolder through Resize, [RandomCrop with zero padding,
+    RandomHorizontalFlip,] ToTensor and Normalize, their random draws made the same way; without
+    importing torchvision, which pulls torch._dynamo into the rank and its loader workers' server
+    (seconds of CPU each, for reading pictures)."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], size: int, augment: str = "none"):
+        self.samples, self.classes, self.size = samples, classes, size
+        self.targets = [c for _, c in samples]
+        self.crop, self.flip = "crop" in augment, "flip" in augment
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        x = torch.from_numpy(read_image(path, self.size).copy()).permute(2, 0, 1)
+        if self.crop:
+            pad, n = crop_padding(self.size), self.size
+            x = F.pad(x, (pad, pad, pad, pad))
+            top = torch.randint(0, 2 * pad + 1, size=(1,)).item()
+            left = torch.randint(0, 2 * pad + 1, size=(1,)).item()
+            x = x[:, top:top + n, left:left + n]
+        if self.flip and torch.rand(1) < 0.5:
+            x = x.flip(-1)
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        return x.float().div_(255).sub_(mean).div_(std), label
+
+
+def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None, split: str) -> ImageTensors:
+    """Every image decoded (and resized, as transforms.Resize does with PIL) once into uint8, each
+    local rank decoding its share into the node's one copy, with its own threads."""
     n, per = len(samples), 3 * size * size
 
     def fill(buf: torch.Tensor, part: int, parts: int) -> None:
         images = buf.numpy().reshape(n, 3, size, size)
 
         def one(i: int) -> None:
-            path = samples[i][0]
-            try:
-                with open(path, "rb") as fh:
-                    img = Image.open(fh).convert("RGB")
-            except Exception as exc:
-                raise DataError(f"imagefolder: cannot read {path}: {type(exc).__name__}: {exc}") from None
-            if img.size != (size, size):
-                img = img.resize((size, size), Image.BILINEAR)
-            images[i] = np.asarray(img).transpose(2, 0, 1)
+            images[i] = read_image(samples[i][0], size).transpose(2, 0, 1)
 
         mine = range(part, n, parts)
         threads = torch.get_num_threads()
@@ -615,7 +641,7 @@ class TrainData:
         self._start = cache.worker_start(d.worker_start, self.workers)
         self.worker_start = self._start.get("multiprocessing_context")  # None: the platform's default
         self.forks_workers = self.worker_start == "fork"  # (worker_start is None without workers)
-        cache.start_worker_server(self._start)  # it imports torch while this rank builds its model
+        cache.start_worker_server(self._start, ":" in d.dataset)  # it imports torch while this rank builds its model
 
     def open_loader(self, inner, emit) -> None:
         """The loader over the strategy's sampler `inner` (None: one process's order), wrapped so a

@@ -167,3 +167,41 @@ def start_data(cfg):
     global _BUILT_IN
     _BUILT_IN = os.getpid()
     return _WorkerSet(os.environ["PROBE_OUT"], "start", _how_started), None, _INFO
+
+
+# ----------------------------------------------------------------------------- what a rank imported
+
+HEAVY = ("torch._dynamo", "torchvision")  # seconds of CPU to import
+
+
+def modules_present(names, out) -> None:
+    """In a process forked from a fork server: which of `names` it was born with (put on `out`)."""
+    import sys
+
+    out.put([n for n in names if n in sys.modules])
+
+
+def modules_model(info, out: str) -> torch.nn.Module:
+    """The mlp; each forward writes to OUT which of HEAVY the rank has loaded so far, and (asked
+    once) which the fork server its loader workers come from holds: a process forked from it tells."""
+    import json
+    import multiprocessing as mp
+    import sys
+
+    net = mlp(info, 16)
+    seen: dict = {}
+
+    def before(mod, args):
+        if "server" not in seen:
+            ctx = mp.get_context("forkserver")  # the rank's one server, that its workers came from
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=modules_present, args=(HEAVY, q))
+            p.start()
+            seen["server"] = q.get()
+            p.join()
+        seen["rank"] = [n for n in HEAVY if n in sys.modules]
+        with open(out, "w") as fh:
+            json.dump(seen, fh)
+
+    net.register_forward_pre_hook(before)
+    return net

@@ -37,22 +37,37 @@ def cfg_for(**data) -> cfgmod.RunConfig:
     return cfgmod.from_dict({"data": data})
 
 
-def test_decoded_folder_equals_torchvision_per_image_path(tmp_path):
-    """Same files, same order, same floats: resize (PIL bilinear), ToTensor, Normalize."""
+def tv_folder_set(folder: Path, size: int, augment: str = "none"):
+    """torchvision's per-image path for a folder, as a user's script reads it: the reference."""
     import torchvision.datasets as tvd
+    import torchvision.transforms as T
 
+    from torchdeck.engine.data import IMAGENET_MEAN, IMAGENET_STD, crop_padding
+
+    aug = ([T.RandomCrop(size, padding=crop_padding(size))] if "crop" in augment else []) + \
+          ([T.RandomHorizontalFlip()] if "flip" in augment else [])
+    return tvd.ImageFolder(str(folder), transform=T.Compose(
+        [T.Resize((size, size))] + aug + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]))
+
+
+def test_decoded_folder_equals_torchvision_per_image_path(tmp_path):
+    """Same files, same order, same floats, cached or streamed: resize (PIL bilinear), ToTensor, Normalize."""
     pngs(tmp_path / "train", nested=True)
     pngs(tmp_path / "val", per_class=2)
     cached, cval, info = build_datasets(cfg_for(dataset="imagefolder", root=str(tmp_path), image_size=16))
     streamed, sval, info2 = build_datasets(cfg_for(dataset="imagefolder", root=str(tmp_path), image_size=16,
                                                    cache="none"))
-    assert isinstance(cached, ImageTensors) and isinstance(streamed, tvd.ImageFolder) and info == info2
-    assert [p for p, _ in list_folder(tmp_path / "train")[1]] == [p for p, _ in streamed.samples]
+    ref, rval = tv_folder_set(tmp_path / "train", 16), tv_folder_set(tmp_path / "val", 16)
+    assert isinstance(cached, ImageTensors) and not isinstance(streamed, ImageTensors) and info == info2
+    assert [p for p, _ in list_folder(tmp_path / "train")[1]] == [p for p, _ in ref.samples] == \
+        [p for p, _ in streamed.samples]
+    assert streamed.classes == ref.classes and streamed.targets == ref.targets
     assert cached.tensors[0].dtype == torch.uint8 and cached.tensors[0].shape == (18, 3, 16, 16)
-    for a, b in ((cached, streamed), (cval, sval)):
-        assert len(a) == len(b)
+    for a, b, r in ((cached, streamed, ref), (cval, sval, rval)):
+        assert len(a) == len(b) == len(r)
         for i in range(len(a)):
-            assert torch.equal(a[i][0], b[i][0]) and int(a[i][1]) == b[i][1]
+            assert torch.equal(a[i][0], r[i][0]) and int(a[i][1]) == r[i][1]
+            assert torch.equal(b[i][0], r[i][0]) and b[i][1] == r[i][1]
     # A batch through the loop's path (bytes gathered, then BatchPrep) is the same as per image.
     prep = BatchPrep(cached)
     idx = torch.tensor([3, 0, 17, 9])
@@ -193,12 +208,21 @@ def test_batch_prep_draws_the_same_crops_for_the_same_batch_and_others_for_other
 
 
 def test_streamed_folder_augments_per_image(tmp_path):
-    import torchvision.transforms as T
-
-    pngs(tmp_path)
-    train, _, _ = build_datasets(cfg_for(dataset="imagefolder", root=str(tmp_path), cache="none", augment="crop+flip"))
-    kinds = [type(t) for t in train.transform.transforms]
-    assert T.RandomCrop in kinds and T.RandomHorizontalFlip in kinds
+    """Random crop after zero padding and horizontal flip, drawn per image from torch's generator as
+    torchvision's RandomCrop and RandomHorizontalFlip draw them: the same pictures for the same seed."""
+    pngs(tmp_path, size=(32, 32))
+    cfg = cfg_for(dataset="imagefolder", root=str(tmp_path), cache="none", image_size=32, augment="crop+flip")
+    train, _, _ = build_datasets(cfg)
+    ref = tv_folder_set(tmp_path, 32, "crop+flip")
+    plain = build_datasets(cfg_for(dataset="imagefolder", root=str(tmp_path), cache="none", image_size=32))[0]
+    seen = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        ours = [train[i][0] for i in range(4)]
+        torch.manual_seed(seed)
+        assert all(torch.equal(x, ref[i][0]) for i, x in enumerate(ours))
+        seen.add(tuple(bool(torch.equal(x, plain[i][0])) for i, x in enumerate(ours)))
+    assert seen != {(True,) * 4}  # it does augment
 
 
 # ----------------------------------------------------------------------------- loader defaults

@@ -5,6 +5,7 @@ that imported torch once (forking the rank itself can hang on Python 3.11). Real
 each worker writes down how it began."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -71,3 +72,24 @@ def test_fork_on_windows_and_unknown_values_are_refused(monkeypatch):
     monkeypatch.setattr(sys, "platform", "win32")
     with pytest.raises(cfgmod.ConfigError, match="data.worker_start: fork is not available on Windows; use auto or spawn"):
         cfgmod.from_dict(small_cfg(**{"data.worker_start": "fork"}))
+
+
+@linux
+@pytest.mark.timeout(300)
+def test_an_image_folder_rank_and_its_workers_server_do_not_import_torchvision_or_dynamo(tmp_path):
+    """A folder read every epoch (data.cache none) by workers from a fork server: the rank reads the
+    pictures and the server preloads without torchvision, whose import brings torch._dynamo (seconds
+    of CPU in each, on every start). Checked in a real run, after its optimizer steps."""
+    from tests.engine.test_cache import pngs
+
+    root = pngs(tmp_path / "pngs", per_class=8, size=(16, 16))
+    out = tmp_path / "seen.json"
+    cfg = small_cfg(**{"model.name": "tests.engine.probes:modules_model", "model.kwargs": {"out": str(out)},
+                       "data.dataset": "imagefolder", "data.root": str(root), "data.image_size": 16,
+                       "data.cache": "none", "data.num_workers": 1, "data.augment": "crop+flip",
+                       "train.batch_size": 4, "train.max_steps": 3})
+    proc = run_supervised(tmp_path / "run", cfg)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    evs = read_all(tmp_path / "run" / "events.jsonl")
+    assert any(e["kind"] == "log" and "forked from a fork server" in e["message"] for e in evs)
+    assert json.loads(out.read_text()) == {"server": [], "rank": []}
