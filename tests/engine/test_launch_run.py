@@ -221,7 +221,9 @@ def test_rank_1_raising_fails_the_run_naming_rank_1_and_the_line(tmp_path):
 
 
 def test_a_hanging_rank_gets_the_watchdogs_stacks_on_its_own(tmp_path):
-    script = ddp_script(tmp_path, before="if rank == 1 and step == 30: time.sleep(3600)  # hang here",
+    # step 80 (a step >= 20 ms, a step event each 0.2 s): the 5 step windows the slow rule needs
+    # are measured by then, so the watchdog dumps 2 s into the hang, not at the stale rule's 10 s
+    script = ddp_script(tmp_path, before="if rank == 1 and step == 80: time.sleep(3600)  # hang here",
                         after="time.sleep(0.02)")
     script.write_text(script.read_text().replace("range(2)", "range(100)"))
     run = launch(tmp_path, script_cfg(tmp_path, script))
@@ -349,7 +351,8 @@ def test_the_watchdogs_stack_request_skips_a_rank_that_has_not_said_ready(tmp_pa
 
     from torchdeck.engine.supervisor import EventWriter, Watchdog
 
-    run = control.start(script_cfg(tmp_path, ddp_script(tmp_path), devices=1), root=tmp_path / "runs")
+    # a run directory is all the watchdog needs: no supervisor or rank started (they cost a run)
+    run = RunDir.create(script_cfg(tmp_path, ddp_script(tmp_path), devices=1), tmp_path / "runs")
     writer = EventWriter(run.events_path, queue.Queue())  # not started: its view is what it was fed
     watchdog = Watchdog(run, writer.write, script=True)
     rank = subprocess.Popen(["sleep", "30"])  # a rank still starting: default action for SIGUSR2
