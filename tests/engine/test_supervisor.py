@@ -114,9 +114,9 @@ def test_second_stop_request_kills(tmp_path, runs):
 def test_ranks_that_do_not_exit_after_a_stop_are_killed_after_the_grace_period(tmp_path, runs):
     """A step longer than the grace period (a hung data source, a huge batch): the ranks never reach
     the stop agreement, so the supervisor kills them the grace period after the request, says why,
-    and leaves nothing behind. The grace period is the supervisor's STOP_GRACE_S, set to 6 s for this
+    and leaves nothing behind. The grace period is the supervisor's STOP_GRACE_S, set to 3 s for this
     run (30 s by default: the suite waited it out)."""
-    grace = 6.0
+    grace = 3.0
     r = Run(tmp_path, ddp_cfg(**{"model.name": "usermodels:slow", "model.kwargs": {"sleep": grace + 60},
                                  "train.max_steps": 0, "train.epochs": 50}), stop_grace_s=grace)
     runs.append(r)
@@ -251,10 +251,11 @@ WRITER_AFTER_A_KILLED_SENDER = """
 import multiprocessing, os, signal, sys, time
 from torchdeck.engine.supervisor import EventWriter
 
-def hold_the_write_lock(q):
+def hold_the_write_lock(q, held):
     q.put("an event that goes out")
     time.sleep(0.5)
     q._wlock.acquire()  # as a rank does around each send: SIGKILLed inside it, it never lets go
+    held.set()
     time.sleep(600)
 
 if __name__ == "__main__":
@@ -262,9 +263,13 @@ if __name__ == "__main__":
     q = ctx.Queue()
     w = EventWriter(sys.argv[1], q)
     w.start()
-    rank = ctx.Process(target=hold_the_write_lock, args=(q,))
+    held = ctx.Event()
+    rank = ctx.Process(target=hold_the_write_lock, args=(q, held))
     rank.start()
-    time.sleep(3)
+    assert held.wait(60), "the rank never took the lock"
+    deadline = time.monotonic() + 60  # the event sent before the lock was taken, written
+    while w.count < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
     os.kill(rank.pid, signal.SIGKILL)
     rank.join()
     w.stop()
