@@ -68,7 +68,7 @@ class SectionNavigation:
 
     def go_to_section(self, group: str, tries: int = 0) -> None:
         """Focus a section's first field with its title in view."""
-        if group not in self.form.mounted_groups:  # mounted one per refresh after the first frame
+        if group not in self.form.mounted_groups:  # mounted after the first frame
             if tries < 200:
                 self.set_timer(0.05, lambda: self.go_to_section(group, tries + 1))
             return

@@ -518,10 +518,11 @@ async def test_a_revalidation_while_a_section_mounts_reads_the_loaded_values(tmp
     async def mount_all(self, widgets, *args, **kwargs):
         widgets = list(widgets)
         result = real(self, widgets, *args, **kwargs)
-        # a later section's title and grid (the first one comes with the screen's compose)
-        if widgets[1:] and widgets[1].has_class("group") and widgets[1].id != "grp-essentials":
-            interrupted.append(widgets[1].id)
-            self.screen.revalidate()  # its widgets are created, not mounted yet
+        # later sections' titles and grids (the first one comes with the screen's compose)
+        grids = [w.id for w in widgets if w.has_class("group") and w.id != "grp-essentials"]
+        if grids:
+            interrupted.extend(grids)
+            self.screen.revalidate()  # their widgets are created, not mounted yet
         return await result
 
     monkeypatch.setattr(ConfigForm, "mount_all", mount_all)
