@@ -67,7 +67,9 @@ def test_compare_cpu_ddp_fsdp_zero_and_a_skipped_dp(tmp_path):
 @pytest.mark.slow
 def test_the_stop_file_stops_the_running_strategy_and_starts_no_more(tmp_path):
     """What s on the Compare screen does to a `torchdeck compare` in a terminal."""
-    (tmp_path / "tiny.yaml").write_text(TINY)
+    # a step event from every step: the stop comes after the first one, not after a whole epoch of
+    # 8 steps and its evaluation (10 steps at compare's log_every_n_steps), trained for nothing
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("seed: 3}", "seed: 3, log_every_n_steps: 1}"))
     env = dict(os.environ, TORCHDECK_RUNS=str(tmp_path / "runs"))
     cmd = [str(TORCHDECK)] if TORCHDECK.exists() else [sys.executable, "-m", "torchdeck.cli"]
     p = subprocess.Popen(cmd + ["compare", "tiny.yaml", "--strategies", "cpu,ddp", "--steps", "5000"], cwd=tmp_path,
