@@ -328,11 +328,12 @@ def test_each_launch_of_an_exported_torchrun_line_gets_a_new_run_directory(tmp_p
     # hand it to engine.worker; the line itself is run by bash as the user would run it
     probe = 'torchrun() { while [ "$1" != --run-dir ]; do shift; done; printf "%s\\n" "$2"; }\n' + line
     dirs = []
-    for _ in range(2):
+    for launch in range(2):
+        if launch:  # into the next second (the name's resolution), not a whole second more
+            time.sleep(1.01 - time.time() % 1.0)
         r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
         dirs.append(r.stdout.strip())
-        time.sleep(1.1)
     assert dirs[0] != dirs[1], dirs
     for d in dirs:
         assert re.fullmatch(re.escape(str(tmp_path / "my runs")) + r"/\d{8}-\d{6}-quickstart-node0", d), d
