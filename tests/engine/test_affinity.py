@@ -75,9 +75,19 @@ def _ddp(tmp_path, mode, **over):
     return out, read_all(tmp_path / "run" / "events.jsonl")
 
 
+@pytest.fixture(scope="module")
+def auto_run(tmp_path_factory):
+    """One auto run serves both auto tests (a whole run is most of their cost): with a loader
+    worker a rank, whose cores the worker reports; the rank's own threads are recorded when its
+    model is built, as without workers."""
+    return _ddp(tmp_path_factory.mktemp("auto"), "auto", **{
+        "data.dataset": "tests.engine.probes:cores_data", "data.num_workers": 1,
+        "data.persistent_workers": False, "train.batch_size": 8})
+
+
 @need_two
-def test_auto_binds_each_cpu_rank_and_all_its_threads_to_a_core_of_its_own(tmp_path):
-    out, evs = _ddp(tmp_path, "auto")
+def test_auto_binds_each_cpu_rank_and_all_its_threads_to_a_core_of_its_own(auto_run):
+    out, evs = auto_run
     for rank in (0, 1):
         threads = json.loads((out / f"rank{rank}.json").read_text())
         assert len(threads) > 1  # the gloo and queue threads too, not only the main one
@@ -98,9 +108,8 @@ def test_none_leaves_the_ranks_where_the_os_puts_them(tmp_path):
 
 
 @need_two
-def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(tmp_path):
-    out, _ = _ddp(tmp_path, "auto", **{"data.dataset": "tests.engine.probes:cores_data", "data.num_workers": 1,
-                                       "data.persistent_workers": False, "train.batch_size": 8})
+def test_loader_workers_of_a_bound_rank_get_the_whole_set_back(auto_run):
+    out, _ = auto_run
     workers = [json.loads(p.read_text()) for p in out.glob("worker*")]
     assert len(workers) >= 2  # one per rank at least (each rank reads its own shard)
     for seen in workers:
