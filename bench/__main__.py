@@ -4,7 +4,9 @@ Runs every benchmark in one invocation (baselines and torchdeck side by side, al
 prints a table per benchmark and a summary of the targets; --json writes all the numbers.
 --quick runs them 3 at a time (--jobs): it proves they run, and its numbers disturb each other;
 a full run is one at a time. (3 on 2 cores: while one lane's processes start, rendezvous or
-poll, a core would idle; a third lane is there to fill it, with the same CPU spent.)
+poll, a core would idle; a third lane is there to fill it, with the same CPU spent.) A quick run's
+processes wait for work with their OpenMP threads asleep (OMP_WAIT_POLICY=PASSIVE): a one-process
+run's two threads spinning for each other while the lanes keep both cores busy doubled its CPU.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import traceback
 ORDER = ["engine_vs_plain", "ddp_vs_plain", "monitoring_cost", "events_rate", "app", "scaling", "imagefolder_vs_plain",
          "cifar_vs_plain", "startup", "first_frame", "deepspeed_vs_plain", "compare_overhead", "loader_start", "launch_vs_torchrun", "lm_vs_plain", "gpu",
          "fleet", "long_run"]
-# Rough CPU-seconds of each quick run on 2 cores (issue 36: measured per process after fe17b83,
-# plain scripts and loader workers included, rounded), to share them out between the lanes
-QUICK_COST = {"deepspeed_vs_plain": 28, "startup": 13, "loader_start": 13, "monitoring_cost": 12,
-              "engine_vs_plain": 8, "imagefolder_vs_plain": 6, "cifar_vs_plain": 5, "ddp_vs_plain": 5,
-              "scaling": 5, "app": 5, "first_frame": 4, "events_rate": 1}
+# Rough seconds each takes in a quick run, 3 lanes on 2 cores (issue 36: its elapsed_s in two runs of
+# the smoke set, 2026-11-28, rounded; waits for processes and fork servers included, which CPU-seconds
+# leave out), to share them out so that the lanes end together
+QUICK_COST = {"deepspeed_vs_plain": 30, "imagefolder_vs_plain": 24, "loader_start": 20, "startup": 16,
+              "cifar_vs_plain": 13, "ddp_vs_plain": 11, "monitoring_cost": 11, "scaling": 10,
+              "engine_vs_plain": 6, "app": 5, "first_frame": 3, "events_rate": 1}
 # Run in this order in one lane: loader_start reads the PNG folder imagefolder_vs_plain wrote
 TOGETHER = [("imagefolder_vs_plain", "loader_start")]
 
@@ -37,6 +40,7 @@ def environment() -> dict:
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "platform": platform.platform(), "load_avg": os.getloadavg(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
@@ -106,10 +110,13 @@ def main(argv=None) -> int:
     if a.jobs > 1 and not a.quick:
         ap.error(f"--jobs {a.jobs} runs benchmarks side by side, each disturbing the others' numbers: "
                  "only with --quick (a full run is one at a time)")
+    if a.quick:  # before any torch import here; every process of the run inherits it (module docstring)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     reps = a.reps or (1 if a.quick else 3)
     jobs = a.jobs or (3 if a.quick else 1)
     t0 = time.monotonic()
-    head = "quick" + (f", {jobs} at a time" if jobs > 1 else "") if a.quick else "full"
+    head = "quick" + (f", {jobs} at a time" if jobs > 1 else "") + \
+        f", OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}" if a.quick else "full"
     env = {}
 
     def header():

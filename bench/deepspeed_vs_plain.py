@@ -23,20 +23,23 @@ HIDDEN = 2048  # mlp width for the memory job
 
 
 def sizes(quick: bool) -> dict:
-    return dict(steps=12, warm=4, batch=32, train=1024, val=64, tutorial_steps=20, mem_steps=3,
-                hidden=256) if quick else \
-        dict(steps=200, warm=40, batch=64, train=16384, val=2048, tutorial_steps=60, mem_steps=30, hidden=HIDDEN)
+    # quick: ZeRO-3 on both sides, so torchdeck's throughput runs give the memory row too (a DeepSpeed
+    # run costs ~15 CPU-s on 2 cores: the suite's smoke run starts two, not three)
+    return dict(steps=12, warm=4, batch=32, train=1024, val=64, tutorial_steps=20, stage=3) if quick else \
+        dict(steps=200, warm=40, batch=64, train=16384, val=2048, tutorial_steps=60, stage=2, mem_steps=30,
+             hidden=HIDDEN)
 
 
 def _throughput(s: dict, reps: int, quick: bool) -> dict:
     root = C.tmpdir(NAME)
     per_step = s["batch"] * RANKS
-    cfg = C.engine_config(strategy="deepspeed", devices=RANKS, backend="gloo", deepspeed={"stage": 2},
+    cfg = C.engine_config(strategy="deepspeed", devices=RANKS, backend="gloo", deepspeed={"stage": s["stage"]},
                           data={"train_size": s["train"], "val_size": s["val"]},
                           train={"batch_size": s["batch"], "max_steps": s["steps"]})
 
     def engine():
-        return C.engine_result(C.run_engine(cfg, root), per_step, s["warm"])
+        res = C.run_engine(cfg, root)
+        return {**C.engine_result(res, per_step, s["warm"]), "peak_rss_mb": _rank_peaks(res["events"])}
 
     def script(data="loader", batched=False):
         steps, warm = (s["tutorial_steps"], min(s["warm"], s["tutorial_steps"] // 2)) if data == "training_data" \
@@ -45,7 +48,7 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
         def go():
             out = C.run_script("bench.baselines.plain_deepspeed",
                                ["--ranks", str(RANKS), "--steps", str(steps), "--batch-size", str(s["batch"]),
-                                "--train-size", str(s["train"]), "--val-size", str(s["val"]), "--stage", "2",
+                                "--train-size", str(s["train"]), "--val-size", str(s["val"]), "--stage", str(s["stage"]),
                                 "--data", data]
                                + (["--batched"] if batched else []), forked=quick, imports=("deepspeed",))
             r = C.script_result(out, per_step, warm)
@@ -67,13 +70,14 @@ def _throughput(s: dict, reps: int, quick: bool) -> dict:
         rows.append(["tutorial as written (training_data=)", t_tp, med(tut, "startup_s"), med(tut, "first_step_s"),
                      t_tp / p_tp if t_tp and p_tp else None])
     rows.append(["torchdeck deepspeed", e_tp, med(eng, "startup_s"), med(eng, "first_step_s"), ratio])
-    text = C.table(f"deepspeed_vs_plain: {RANKS} ranks gloo, ZeRO-2, cnn, batch {s['batch']}/rank, steps "
+    text = C.table(f"deepspeed_vs_plain: {RANKS} ranks gloo, ZeRO-{s['stage']}, cnn, batch {s['batch']}/rank, steps "
                    f"{s['warm']}..{s['steps']} timed, median of {reps}",
                    ["script", "samples/s (global)", "start-up s", "first step s", "vs plain"], rows)
     text += (f"\ntorchdeck/plain {C.fmt(ratio)} (target >= {TARGET}: {C.verdict(ratio, TARGET)}); "
              f"torchdeck/batch-fetch plain {C.fmt(e_tp / b_tp if e_tp and b_tp else None)}")
     if quick:
-        text += "\nquick: torchdeck and the plain script only (batch fetch and the tutorial as written: full run)\n" + C.FORKED_NOTE
+        text += ("\nquick: torchdeck and the plain script only, ZeRO-3 (ZeRO-2, batch fetch and the tutorial as "
+                 "written: full run)\n" + C.FORKED_NOTE)
     return {"engine": eng, "plain": pl, "plain_batched": pb, "tutorial": tut, "ratio": ratio,
             "ratio_batched": e_tp / b_tp if e_tp and b_tp else None, "text": text}
 
@@ -82,12 +86,15 @@ def _peak_rss(cfg: dict, root) -> list[float]:
     """Each rank's peak resident memory (MiB) over a real run, as the rank reports it at its last
     step (peak_mem_mb of its last step event: the kernel's high-water mark, which sampling from
     outside misses on a short run)."""
-    evs = C.run_engine(C.engine_config(**cfg), root)["events"]
+    return _rank_peaks(C.run_engine(C.engine_config(**cfg), root)["events"])
+
+
+def _rank_peaks(evs: list[dict]) -> list[float | None]:
     last = {e["rank"]: e for e in evs if e.get("kind") == "step"}
     return [last[k].get("peak_mem_mb") if k in last else None for k in range(RANKS)]
 
 
-def _memory(s: dict, quick: bool) -> dict:
+def _memory(s: dict) -> dict:
     """Per rank, the peak RSS of the job with the big mlp minus that of the same job with a tiny
     one (width 16): what grows with the model (weights, gradients, optimizer state, buffers), with
     torch's and DeepSpeed's own libraries (the same for both sizes) taken out."""
@@ -97,29 +104,37 @@ def _memory(s: dict, quick: bool) -> dict:
                 train={"batch_size": 32, "max_steps": s["mem_steps"], "log_every_n_steps": 1})
     jobs = [("ddp", {"strategy": "ddp"}), ("zero (ZeroRedundancyOptimizer)", {"strategy": "zero"})]
     jobs += [(f"deepspeed ZeRO-{st}", {"strategy": "deepspeed", "deepspeed": {"stage": st}}) for st in (1, 2, 3)]
-    if quick:  # the suite's smoke run: the one DeepSpeed stage whose memory the table is for, with the
-        # model only (ddp's pair and the tiny-model run it is subtracted from: full run)
-        jobs = [jobs[-1]]
     params = sum(p.numel() for p in _mlp(s["hidden"]).parameters())
     rows, out = [], {}
     for label, over in jobs:
         cfg = C.merge(base, over)
         big = _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": s["hidden"]}}), root)
-        small = [None] * RANKS if quick else _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": 16}}), root)
+        small = _peak_rss(C.merge(cfg, {"model": {"name": "mlp", "hidden": 16}}), root)
         grown = [round(b - t, 1) if b and t else None for b, t in zip(big, small)]
         out[label] = {"model_mb": grown, "peak_rss_mb": big, "tiny_model_peak_rss_mb": small}
         rows.append([label, *grown, max(big) if all(big) else None])
-    ddp = out["ddp"]["model_mb"] if "ddp" in out else [None]
+    ddp = out["ddp"]["model_mb"]
     for row in rows:
         row.append(max(row[1:1 + RANKS]) / max(ddp) if all(row[1:1 + RANKS]) and all(ddp) else None)
     text = C.table(f"memory per rank that grows with the model (peak RSS MiB with the model minus with a tiny "
                    f"one): {RANKS} ranks, mlp {s['hidden']} ({params / 1e6:.1f} M parameters, "
                    f"{params * 4 / 2 ** 20:.0f} MiB fp32), Adam, batch 32, {s['mem_steps']} steps",
                    ["strategy"] + [f"rank {r}" for r in range(RANKS)] + ["peak RSS", "vs ddp"], rows)
-    if quick:
-        text += ("\nquick: deepspeed ZeRO-3 with an mlp 256 only (its peak RSS proves the run; the mlp 2048, ddp, "
-                 "zero, ZeRO-1/2 and the tiny-model runs: full run)")
     return {"per_strategy": out, "params": params, "text": text}
+
+
+def _memory_quick(engine_runs: list[dict]) -> dict:
+    """The suite's smoke run: each rank's peak RSS in torchdeck's ZeRO-3 throughput runs (the
+    measuring is the full run's; the mlp jobs, with ddp's and the tiny-model runs: full run)."""
+    big = [C.median([r["peak_rss_mb"][k] for r in engine_runs]) for k in range(RANKS)]
+    label = "deepspeed ZeRO-3"
+    text = C.table(f"memory per rank: peak RSS MiB of torchdeck's {label} throughput run",
+                   ["strategy"] + [f"rank {r}" for r in range(RANKS)] + ["peak RSS"],
+                   [[label, *big, max(big) if all(big) else None]])
+    text += ("\nquick: the peak RSS of the ZeRO-3 throughput runs (the mlp jobs for ddp, zero, ZeRO-1/2/3, "
+             "each minus a tiny model's: full run)")
+    return {"per_strategy": {label: {"model_mb": [None] * RANKS, "peak_rss_mb": big,
+                                     "tiny_model_peak_rss_mb": [None] * RANKS}}, "params": None, "text": text}
 
 
 def _mlp(hidden: int):
@@ -137,7 +152,7 @@ def run(quick: bool = False, reps: int = 3) -> dict:
                 "text": f"\n### {NAME}\nNOT RUN: deepspeed {INSTALL_HINT}"}
     s = sizes(quick)
     tp = _throughput(s, reps, quick)
-    mem = _memory(s, quick)
+    mem = _memory_quick(tp["engine"]) if quick else _memory(s)
     ratio = tp["ratio"]
     return {"name": NAME, "text": tp["text"] + "\n" + mem["text"], "sizes": s, "reps": reps,
             **{k: v for k, v in tp.items() if k != "text"}, "memory": {k: v for k, v in mem.items() if k != "text"},

@@ -63,7 +63,7 @@ def frame_time(argv: list[str], marker: str, env: dict, timeout: float = 60) -> 
 
 
 def run(quick: bool = False, reps: int = 3) -> dict:
-    reps = max(reps, 3) if quick else max(reps, 7)
+    reps = max(reps, 1) if quick else max(reps, 7)  # quick: one pair after the warm-up (each start ~0.7 CPU-s)
     tmp = C.tmpdir(NAME)
     hello = tmp / "hello.py"
     hello.write_text(HELLO)

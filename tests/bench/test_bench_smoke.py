@@ -65,6 +65,7 @@ def test_bench_quick_runs_every_benchmark(quick):
         "forked from a process that imported torch" in res[n]["text"] for n in (
             "engine_vs_plain", "ddp_vs_plain", "imagefolder_vs_plain", "cifar_vs_plain", "loader_start"))
     assert "forked" not in res["startup"]["text"]
+    assert full or data["env"]["omp_wait_policy"]  # a quick run's idle threads sleep (bench/__main__.py)
 
     evp = res["engine_vs_plain"]
     assert _positive(evp["ratio"])
@@ -142,8 +143,8 @@ def test_bench_quick_runs_every_benchmark(quick):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_bench_quick_deepspeed(quick):
-    """deepspeed_vs_plain (it starts three DeepSpeed runs): throughput of torchdeck and of the
-    tutorial-style script, and each rank's memory that grows with the model, for ZeRO-3."""
+    """deepspeed_vs_plain (a quick run starts two DeepSpeed runs, ZeRO-3): throughput of torchdeck and of
+    the tutorial-style script, and each rank's peak memory for ZeRO-3 (a full run: what grows with the model)."""
     from torchdeck.engine.strategies.deepspeed import installed
 
     data = quick[1]
@@ -156,7 +157,8 @@ def test_bench_quick_deepspeed(quick):
     assert ds["plain"][0]["threads"] == max(1, os.cpu_count() // 2)
     mem = ds["memory"]["per_strategy"]
     full = not data["quick"]
-    # quick mode: one stage with the model (the full run adds ddp, zero, 1, 2 and the tiny-model runs)
+    # quick mode: ZeRO-3's peaks in torchdeck's throughput runs (the full run: mlp jobs for ddp, zero, 1, 2, 3
+    # and the tiny-model runs)
     assert len(mem) == 5 if full else list(mem) == ["deepspeed ZeRO-3"]
     assert full or "quick:" in ds["text"] and "forked from a process that imported torch" in ds["text"]
     assert all(_positive(m) for v in mem.values() for m in v["peak_rss_mb"])
