@@ -11,6 +11,14 @@ checks that each one named exists.
 """
 from __future__ import annotations
 
+import os
+
+# The suite runs 3 processes on CI's 2 cores, each starting ranks: by default libgomp's idle threads
+# spin a while waiting for the next parallel region, burning a core another test's rank needs (a
+# one-process bench run doubled its CPU). Asleep they cost nothing, and no test asserts a speed.
+# Set before anything imports torch; ranks and CLIs the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 LONGEST = [  # ~seconds each on a quiet 2-core machine, 2026-11-28: 340 to 30
     "tests/app/test_configure.py",
     "tests/engine/test_deepspeed.py",
