@@ -78,12 +78,14 @@ async def ready(pilot):
 
 
 async def type_into(pilot, wid: str, text: str) -> None:
-    """Focus an Input, clear it, and type `text` key by key, as a user would. Cleared with
-    Ctrl+U (one edit): a backspace a character re-checked the form for each (9 for 127.0.0.1)."""
+    """Focus an Input and type `text` over what it holds, key by key, as a user would: its text
+    selected (End, Shift+Home) and typed over, or emptied with Ctrl+U when `text` is empty. A
+    backspace a character re-checked the form for each (9 for 127.0.0.1); emptying it first
+    checked it empty too, an error shown (and the screen laid out) only to be taken back."""
     w = pilot.app.screen.query_one("#" + wid, Input)
     w.focus()
     await pilot.pause()
-    await pilot.press("end", "ctrl+u")
+    await pilot.press("end", "shift+home" if text else "ctrl+u")
     await pilot.press(*[("full_stop" if c == "." else c) for c in text])
     await pilot.pause(0.1)
 
