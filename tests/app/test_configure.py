@@ -536,6 +536,21 @@ async def test_a_revalidation_while_a_section_mounts_reads_the_loaded_values(tmp
         assert screen.cfg is not None and screen.cfg.strategy == "ddp"
 
 
+async def test_a_start_checks_the_form_a_few_times_not_once_per_section(tmp_path, presets_dir, monkeypatch):
+    """The sections after the first come in one mount: mounted one per refresh, each was followed by
+    a check of the whole form and a layout of the whole screen (13 checks a start, not 5)."""
+    from torchdeck.app.configure.screen import ConfigureScreen
+
+    checks = []
+    real = ConfigureScreen.revalidate
+    monkeypatch.setattr(ConfigureScreen, "revalidate", lambda self: checks.append(1) or real(self))
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        assert screen.form.complete and screen.cfg is not None
+        assert len(checks) <= 8, len(checks)
+
+
 async def test_loading_over_unsaved_changes_asks_first(tmp_path, presets_dir):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
