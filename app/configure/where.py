@@ -61,6 +61,12 @@ class WhereField:
     def set_slurm(self, partitions: list, why: str) -> None:
         """sinfo's answer: the partition list, and the where choice's words for SLURM."""
         self.slurm_partitions, self.slurm_why = list(partitions), why
+        if any(not self._w[BY_PATH[p].wid].children for p in (WHERE, "slurm.partition")
+               if p in BY_PATH and p in self._mounted_paths):
+            # mounted this turn, its own parts (the option list) not yet: set_options would fail on
+            # them (NoMatches SelectOverlay, at start-up once), so put the answer in a refresh later
+            self.call_after_refresh(self.slurm_again)
+            return
         if WHERE in self._mounted_paths:
             where = self._w[BY_PATH[WHERE].wid]
             value = where.value
