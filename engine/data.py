@@ -434,6 +434,8 @@ class FolderImages(Dataset):
         self.samples, self.classes, self.size = samples, classes, size
         self.targets = [c for _, c in samples]
         self.crop, self.flip = "crop" in augment, "flip" in augment
+        # made once here, not per picture: __getitem__ runs for every sample of every epoch
+        self.mean, self.std = (torch.tensor(v).view(-1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -449,8 +451,7 @@ class FolderImages(Dataset):
             x = x[:, top:top + n, left:left + n]
         if self.flip and torch.rand(1) < 0.5:
             x = x.flip(-1)
-        mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
-        return x.float().div_(255).sub_(mean).div_(std), label
+        return x.float().div_(255).sub_(self.mean).div_(self.std), label
 
 
 def _decoded(samples: list[tuple[str, int]], size: int, share: NodeShare | None, split: str) -> ImageTensors:
